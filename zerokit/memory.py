@@ -1,0 +1,312 @@
+"""The memory model: every byte a ZeRO training job needs, as named terms.
+
+Per GPU (or per rank on a CPU target), per node of host RAM, per node of NVMe. Each term is a
+plain number of bytes with a name a DeepSpeed user recognises, so `plan` can show the breakdown and
+`launch` can measure the same quantities.
+
+Notation: Ψ = parameters, N = data-parallel ranks (GPUs per node x nodes), T = tokens per micro
+batch (micro batch x sequence length), E = bytes of the training dtype (2 for bf16/fp16, 4 for fp32).
+
+Sources (see docs/memory-model.md for the full derivation):
+- Model states: ZeRO paper (Rajbhandari et al. 2020) with DeepSpeed's own estimator convention of
+  18 bytes/param for mixed-precision Adam state (2 grads16 + 4 grads32 + 4 master + 8 Adam moments,
+  deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs). zerokit adds
+  what the estimator leaves out: the 16-bit parameter partition at stage 3 (2Ψ/N), the buffers the
+  config allocates, activations, logits, and the CUDA context.
+- Buffers: reduce buckets allocated at full `reduce_bucket_size` elements whatever the model size,
+  doubled with overlap_comm (stage_1_and_2.py setup_buckets; stage3.py ipg buffer).
+- Activations: Korthikanti et al. 2022 per-layer accounting, re-derived per architecture from what
+  autograd saves in HF's implementations (RMSNorm upcasts to fp32, gated MLP keeps four i-wide tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zerokit.hardware import Cluster
+from zerokit.model_spec import ModelSpec
+from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup
+
+GiB = 2**30
+
+# CUDA context + cuBLAS/NCCL workspaces: planners in the field add 0.65-1 GB (shared/reference
+# memory-and-time.md, "DeepSpeed buffers that users hit"). We take the upper-middle of that range.
+CUDA_CONTEXT_BYTES = int(0.8 * GiB)
+# Fraction of device memory a plan may use; the rest absorbs allocator fragmentation
+# (Colossal-AI's planner uses 0.95).
+DEFAULT_MEMORY_FRACTION = 0.95
+# DeepSpeed's estimator multiplies host-side state by 1.5 for pinned/staging buffers
+# (additional_buffer_factor in estimate_zero2/3_model_states_mem_needs).
+HOST_BUFFER_FACTOR = 1.5
+# ZeRO-Infinity swap buffers in pinned host memory per rank (DeepSpeed defaults:
+# offload_param.buffer_count 5 x buffer_size 1e8 elements).
+PARAM_SWAP_BUFFER_ELEMENTS = 5 * 100_000_000
+
+
+def dtype_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+@dataclass
+class MemoryEstimate:
+    """Named byte counts. Totals are peaks: every per-GPU term is live at the start of backward."""
+
+    per_gpu: dict[str, int] = field(default_factory=dict)
+    per_node_cpu: dict[str, int] = field(default_factory=dict)
+    nvme: dict[str, int] = field(default_factory=dict)  # per node
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def per_gpu_total(self) -> int:
+        return sum(self.per_gpu.values())
+
+    @property
+    def per_node_cpu_total(self) -> int:
+        return sum(self.per_node_cpu.values())
+
+    @property
+    def nvme_total(self) -> int:
+        return sum(self.nvme.values())
+
+    @property
+    def model_states_per_gpu(self) -> int:
+        return sum(self.per_gpu.get(k, 0) for k in MODEL_STATE_TERMS)
+
+    def to_dict(self) -> dict:
+        return {
+            "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu)},
+            "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu)},
+            "nvme_per_node": {"total_bytes": self.nvme_total, "terms": dict(self.nvme)},
+            "notes": list(self.notes),
+        }
+
+
+# The per-GPU terms that DeepSpeed's estimator calls "model states".
+MODEL_STATE_TERMS = ("parameters", "gradients", "master_weights", "optimizer_states", "fp32_gradients",
+                     "stage3_gathered_params")
+
+
+def model_state_bytes_per_param(precision: str) -> dict[str, int]:
+    """Bytes per parameter of each model-state tensor before partitioning.
+
+    Mixed precision: 16-bit params and grads, fp32 master copy, Adam m and v, and the fp32 gradient
+    partition DeepSpeed materialises for the step (its estimator's 18 = 2+4+4+8 beyond the params).
+    fp32: params, grads, Adam m and v; ZeRO stages >= 1 also clone an fp32 master partition
+    (stage_1_and_2.py single_partition_of_fp32_groups is a .clone() even for fp32 models).
+    """
+    if precision == "fp32":
+        return {"parameters": 4, "gradients": 4, "master_weights": 4, "optimizer_states": 8, "fp32_gradients": 0}
+    return {"parameters": 2, "gradients": 2, "master_weights": 4, "optimizer_states": 8, "fp32_gradients": 4}
+
+
+def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, precision: str, attention: str) -> int:
+    """Bytes autograd keeps for one transformer layer's backward, for `tokens` = micro batch x seq.
+
+    Derived from what HF's implementations save (names in comments), not copied from GPT-3's 34sbh:
+    - norms: RMSNorm (Llama family) upcasts to fp32 and saves the fp32 input (4h) and the 16-bit
+      cast (E h) plus its output for the next Linear (E h); fp32 training skips the extra copy.
+      LayerNorm (GPT-2 family) saves its input (E h) and output for the next Linear (E h).
+    - attention: the q/k/v projections' outputs saved by the attention kernel (E (a + 2k) d),
+      the kernel output (E h) and its re-laid-out copy for o_proj (E h); eager attention also
+      keeps the scores and softmax (2 E a s per token) [Korthikanti's 5as^2b without dropout].
+    - MLP: gated (gate, act(gate), up, product: 4 E i) or plain GPT-2 style (fc out and output,
+      plus the three intermediates its Python tanh-GELU keeps: 5 E i).
+    Dropout masks (1 byte/element) are counted when the architecture uses dropout in training.
+    """
+    e = dtype_bytes(precision)
+    h, i = model.hidden_size, model.intermediate_size
+    a, k, d = model.num_attention_heads, model.num_kv_heads, model.head_dim
+    per_token = 0
+    if model.norm == "rmsnorm":
+        upcast = 4 if precision != "fp32" else 0
+        per_token += 2 * ((upcast + e + e) * h + 4)  # fp32 input copy, cast, output; fp32 rsqrt per token
+        if precision == "fp32":
+            per_token += 2 * 4 * h  # fp32: the input itself is what is saved
+    else:
+        per_token += 2 * (2 * e * h + 8)  # input + output, fp32 mean and rstd per token
+    per_token += e * (a + 2 * k) * d  # q, k, v as the attention kernel saves them
+    per_token += 2 * e * h  # attention output and its contiguous copy for o_proj
+    if attention == "eager":
+        per_token += 2 * e * a * seq_len  # scores and softmax probabilities
+    else:
+        per_token += 4 * a  # flash/sdpa keeps only the log-sum-exp (fp32)
+    experts = model.experts_per_token if model.num_experts > 1 else 1
+    if model.gated_mlp:
+        per_token += 4 * e * i * experts  # gate out, act(gate), up out, product (down_proj's input)
+    else:
+        # fc out, tanh-GELU's saved intermediates (tanh out, 0.5x, 1+tanh) and its output
+        per_token += 5 * e * i * experts
+    if model.num_experts > 1:
+        per_token += 4 * model.num_experts  # router logits (fp32)
+    if model.model_type in DROPOUT_ARCHS:
+        per_token += 2 * h  # residual dropout masks after attention and MLP (bool)
+    return per_token * tokens
+
+
+# Architectures whose HF configs enable dropout in training by default (resid_pdrop etc.).
+DROPOUT_ARCHS = frozenset({"gpt2", "gpt_neo", "gptj", "opt", "bloom"})
+
+
+def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload) -> dict[str, int]:
+    """Activations, logits and loss for one micro batch, per GPU."""
+    e = dtype_bytes(setup.precision)
+    tokens = setup.micro_batch_size * workload.seq_len
+    one_layer = activation_bytes_per_layer(model, tokens, workload.seq_len, setup.precision, workload.attention)
+    terms: dict[str, int] = {}
+    if setup.activation_checkpointing:
+        # HF gradient checkpointing keeps each layer's input, then recomputes one layer at a time.
+        terms["activations_checkpoints"] = model.num_layers * tokens * model.hidden_size * e
+        terms["activations_recompute"] = one_layer
+    else:
+        terms["activations"] = model.num_layers * one_layer
+    # Logits (E), the fp32 upcast the HF loss makes (mixed precision only) and log_softmax's output;
+    # the start of backward then adds the fp32 gradient of the logits.
+    v = model.vocab_size
+    upcast = 4 if setup.precision != "fp32" else 0
+    terms["logits_and_loss"] = tokens * v * (e + upcast + 4)
+    terms["logits_grad"] = tokens * v * 4
+    return terms
+
+
+def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
+    """Per-GPU model states for the ZeRO stage and offload choice."""
+    n = cluster.world_size
+    psi = model.params
+    bpp = model_state_bytes_per_param(setup.precision)
+    stage = setup.zero_stage
+    mixed = setup.precision != "fp32"
+
+    def part(nbytes: int, partitioned: bool) -> int:
+        return nbytes * psi // n if partitioned else nbytes * psi
+
+    terms = {
+        "parameters": 0 if setup.offload_param != "none" else part(bpp["parameters"], stage >= 3),
+        "gradients": part(bpp["gradients"], stage >= 2),
+    }
+    if stage == 0 and not mixed:
+        # Plain data parallel in fp32: the torch optimizer updates the params in place.
+        terms.update(master_weights=0, optimizer_states=8 * psi, fp32_gradients=0)
+    else:
+        opt = {k: part(bpp[k], stage >= 1) for k in ("master_weights", "optimizer_states", "fp32_gradients")}
+        if setup.offload_optimizer != "none":
+            opt = dict.fromkeys(opt, 0)
+            if stage >= 2:
+                terms["gradients"] = 0  # the gradient partition is copied to host memory as it is reduced
+        terms.update(opt)
+    if stage == 3:
+        # Gathered working set: the largest layer's full params and grads (DeepSpeed's estimator: 4 x
+        # largest layer in 16-bit).
+        terms["stage3_gathered_params"] = 2 * bpp["parameters"] * model.largest_layer_params
+    return terms
+
+
+def buffer_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs) -> dict[str, int]:
+    """Communication buffers the config allocates on each GPU, from the actual config values."""
+    e = dtype_bytes(setup.precision)
+    stage = setup.zero_stage
+    terms: dict[str, int] = {}
+    if stage in (1, 2) and knobs.contiguous_gradients:
+        # ZeRO-1 stages the fp32 accumulator in the bucket; ZeRO-2 keeps it in the training dtype.
+        bucket_dtype = 4 if stage == 1 else e
+        terms["reduce_buckets"] = knobs.reduce_bucket_size * bucket_dtype * (2 if knobs.overlap_comm else 1)
+    elif stage == 3 and knobs.contiguous_gradients:
+        terms["reduce_buckets"] = knobs.reduce_bucket_size * e
+    if stage == 3 and setup.offload_param == "none":
+        # Params gathered ahead of use; bounded by the bucket and by the model itself.
+        terms["stage3_prefetch"] = min(knobs.stage3_prefetch_bucket_size, model.params) * e
+    return terms
+
+
+def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[dict[str, int], dict[str, int]]:
+    """Host RAM per node and NVMe per node for offloaded states and model loading."""
+    psi = model.params
+    nodes, gpn = cluster.nodes, cluster.gpus_per_node
+    bpp = model_state_bytes_per_param(setup.precision)
+    cpu: dict[str, int] = {}
+    nvme: dict[str, int] = {}
+    opt_bytes = (bpp["master_weights"] + bpp["optimizer_states"] + bpp["fp32_gradients"]) * psi // nodes
+    if setup.offload_optimizer == "cpu":
+        cpu["optimizer_states_offloaded"] = opt_bytes
+    elif setup.offload_optimizer == "nvme" and setup.zero_stage == 3:
+        nvme["optimizer_states"] = opt_bytes
+        # Swap-in buffers for one sub-group of fp32 state at a time, per rank.
+        cpu["optimizer_swap_buffers"] = gpn * 4 * 4 * min(psi // cluster.world_size, 1_000_000_000)
+    elif setup.offload_optimizer == "nvme":
+        cpu["optimizer_states_offloaded"] = opt_bytes  # stage < 3: DeepSpeed falls back to CPU
+    if setup.offload_param == "cpu":
+        cpu["parameters_offloaded"] = bpp["parameters"] * psi // nodes
+    elif setup.offload_param == "nvme":
+        nvme["parameters"] = bpp["parameters"] * psi // nodes
+        cpu["param_swap_buffers"] = gpn * PARAM_SWAP_BUFFER_ELEMENTS * bpp["parameters"]
+    # Loading: without zero.Init every local rank builds the full fp32 model on the host; stage 3
+    # builds under zero.Init, one layer at a time (DeepSpeed's estimator, zero_init=1).
+    if setup.zero_stage == 3:
+        cpu["model_loading"] = 4 * model.largest_layer_params * gpn
+    else:
+        cpu["model_loading"] = 4 * psi * gpn
+    steady = sum(v for k, v in cpu.items() if k != "model_loading")
+    # Loading happens before the offloaded states exist: the peak is the larger of the two phases,
+    # and DeepSpeed's estimator adds 50% for pinned staging buffers on top of it.
+    peak = max(steady, cpu["model_loading"])
+    if steady >= cpu["model_loading"]:
+        cpu["model_loading"] = 0
+    else:
+        cpu = {"model_loading": cpu["model_loading"]}
+    cpu["pinned_staging_buffers"] = int(peak * (HOST_BUFFER_FACTOR - 1))
+    return cpu, nvme
+
+
+def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
+                    knobs: ZeroKnobs | None = None) -> MemoryEstimate:
+    """Everything a training step needs, by term. Peaks are taken at the start of backward."""
+    knobs = knobs or ZeroKnobs.for_hidden_size(model.hidden_size)
+    est = MemoryEstimate()
+    est.per_gpu.update(model_state_terms(model, cluster, setup))
+    est.per_gpu.update(buffer_terms(model, cluster, setup, knobs))
+    est.per_gpu.update(activation_terms(model, setup, workload))
+    if not cluster.accelerator.is_cpu:
+        est.per_gpu["cuda_context"] = CUDA_CONTEXT_BYTES
+    est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)
+    if setup.offload_optimizer == "nvme" and setup.zero_stage < 3:
+        est.notes.append("offload_optimizer nvme with ZeRO stage < 3 silently behaves as CPU offload in DeepSpeed")
+    if not model.exact:
+        est.notes.append("model shapes were derived from a bare parameter count: activations are approximate")
+    return est
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a plan may use: device memory x safety fraction, host RAM and NVMe per node."""
+
+    gpu_bytes: int
+    cpu_bytes: int  # 0 = unknown, not checked
+    nvme_bytes: int  # 0 = none
+
+    @classmethod
+    def of(cls, cluster: Cluster, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> "Budget":
+        acc = cluster.accelerator
+        if acc.is_cpu:
+            # CPU ranks share the node's RAM: each rank gets its share, and host-side offload
+            # comes out of the same RAM (checked in fits()).
+            ram = cluster.cpu_memory_bytes or acc.memory_bytes
+            return cls(int(ram * memory_fraction) // cluster.gpus_per_node, int(ram * memory_fraction), cluster.nvme_bytes)
+        return cls(int(acc.memory_bytes * memory_fraction), cluster.cpu_memory_bytes, cluster.nvme_bytes)
+
+
+def fit_problems(est: MemoryEstimate, cluster: Cluster, budget: Budget) -> list[str]:
+    """Why an estimate does not fit, one reason per exhausted budget; empty when it fits."""
+    from zerokit.units import fmt_bytes
+
+    problems = []
+    if est.per_gpu_total > budget.gpu_bytes:
+        where = "per rank" if cluster.accelerator.is_cpu else "per GPU"
+        problems.append(f"needs {fmt_bytes(est.per_gpu_total)} {where}, budget {fmt_bytes(budget.gpu_bytes)}")
+    host = est.per_node_cpu_total
+    if cluster.accelerator.is_cpu:
+        host += est.per_gpu_total * cluster.gpus_per_node
+    if budget.cpu_bytes and host > budget.cpu_bytes:
+        problems.append(f"needs {fmt_bytes(host)} host RAM per node, have {fmt_bytes(budget.cpu_bytes)}")
+    if est.nvme_total and est.nvme_total > budget.nvme_bytes:
+        have = fmt_bytes(budget.nvme_bytes) if budget.nvme_bytes else "none (give --nvme-path/--nvme-size)"
+        problems.append(f"needs {fmt_bytes(est.nvme_total)} NVMe per node, have {have}")
+    return problems

@@ -1,0 +1,263 @@
+"""The planner: enumerate ZeRO setups, keep those that fit every budget, rank by throughput.
+
+Enumerates stage x offload x precision x activation checkpointing x micro batch. For each family
+(everything but the micro batch) it keeps the fastest micro batch that fits; families are ranked
+by estimated tokens/s, and near-ties (within TIE_TOLERANCE) go to the simpler setup: no offload
+before offload, no recompute before recompute, lower stage before higher. Offload and recompute
+only ever add time in the time model, so a setup that fits without them always wins. bf16 beats
+fp16 on a tie (no loss scaling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zerokit.errors import ZerokitError
+from zerokit.hardware import Cluster
+from zerokit.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, estimate_memory, fit_problems
+from zerokit.model_spec import ModelSpec
+from zerokit.timing import TimeEstimate, estimate_time
+from zerokit.units import fmt_bytes
+from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup, batch_split
+
+TIE_TOLERANCE = 0.01  # relative step-time difference treated as a tie
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest first
+    ("none", "none"), ("cpu", "none"), ("nvme", "none"), ("cpu", "cpu"), ("nvme", "nvme"),
+)
+PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
+            "gradient_accumulation_steps", "activation_checkpointing")
+
+
+@dataclass
+class Evaluation:
+    setup: ZeroSetup
+    fits: bool
+    memory: MemoryEstimate
+    time: TimeEstimate
+    reasons: list[str] = field(default_factory=list)  # why it does not fit
+
+    def to_dict(self) -> dict:
+        return {
+            "setup": self.setup.to_dict(),
+            "fits": self.fits,
+            "memory": self.memory.to_dict(),
+            "time": self.time.to_dict(),
+            "reasons": list(self.reasons),
+        }
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, workload: Workload, setup: ZeroSetup,
+             knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Evaluation:
+    """Memory, time and fit of one setup."""
+    mem = estimate_memory(model, cluster, setup, workload, knobs)
+    reasons = fit_problems(mem, cluster, Budget.of(cluster, memory_fraction))
+    if not cluster.accelerator.supports(setup.precision):
+        reasons.insert(0, f"{setup.precision} is not supported on {cluster.accelerator.name}")
+    return Evaluation(setup, not reasons, mem, estimate_time(model, cluster, setup, workload), reasons)
+
+
+def simplicity(setup: ZeroSetup) -> tuple:
+    """Lower is simpler; used only to break ties in throughput."""
+    offloads = (setup.offload_optimizer != "none") + (setup.offload_param != "none")
+    # bf16 before fp16: same speed, no loss scaling to diverge
+    precision = ("bf16", "fp16", "fp32").index(setup.precision)
+    return (offloads, setup.activation_checkpointing, precision, setup.zero_stage, setup.gradient_accumulation_steps)
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    fits: bool
+    best: Evaluation | None  # the chosen setup, or the least-memory one when nothing fits
+    rejected: list[dict]
+    suggestions: list[str]
+    ds_config: dict | None = None
+
+    @property
+    def choice(self) -> ZeroSetup | None:
+        return self.best.setup if self.best else None
+
+    def to_dict(self) -> dict:
+        budget = Budget.of(self.cluster)
+        out = {
+            "model": self.model.to_dict(),
+            "hardware": self.cluster.to_dict(),
+            "workload": vars(self.workload).copy(),
+            "fits": self.fits,
+            "choice": None,
+            "memory": None,
+            "time": None,
+            "ds_config": self.ds_config,
+            "rejected": self.rejected,
+            "suggestions": self.suggestions,
+            "budget": {"per_gpu_bytes": budget.gpu_bytes, "per_node_cpu_bytes": budget.cpu_bytes,
+                       "nvme_per_node_bytes": budget.nvme_bytes},
+        }
+        if self.best:
+            out["choice"] = {**self.best.setup.to_dict(), "label": self.best.setup.label,
+                             "global_batch": self.best.time.global_batch}
+            out["memory"] = self.best.memory.to_dict()
+            out["time"] = self.best.time.to_dict()
+            out["reasons"] = self.best.reasons
+        return out
+
+
+def _micro_batches(cluster: Cluster, workload: Workload, pins: dict) -> list[tuple[int, int]]:
+    """(micro batch, accumulation) pairs that honour the target global batch exactly."""
+    n = cluster.world_size
+    if "micro_batch_size" in pins:
+        micros = [pins["micro_batch_size"]]
+    elif workload.global_batch:
+        if workload.global_batch % n:
+            raise ZerokitError(
+                f"global batch {workload.global_batch} is not divisible by {n} GPUs: use a multiple of {n}"
+            )
+        per_rank = workload.global_batch // n
+        micros = [m for m in range(1, min(per_rank, max(MICRO_BATCHES)) + 1) if per_rank % m == 0]
+    else:
+        micros = list(MICRO_BATCHES)
+    pairs = []
+    for m in micros:
+        if workload.global_batch:
+            accum = batch_split(workload.global_batch, n, m)
+            if "gradient_accumulation_steps" in pins and pins["gradient_accumulation_steps"] != accum:
+                raise ZerokitError(
+                    f"--global-batch {workload.global_batch} with micro batch {m} on {n} GPUs needs accumulation "
+                    f"{accum}, not {pins['gradient_accumulation_steps']}: drop one of the three"
+                )
+        else:
+            accum = pins.get("gradient_accumulation_steps", 1)
+        pairs.append((m, accum))
+    return pairs
+
+
+def _families(cluster: Cluster, pins: dict) -> list[dict]:
+    acc = cluster.accelerator
+    if "precision" in pins and not acc.supports(pins["precision"]):
+        supported = ", ".join(acc.precisions)
+        raise ZerokitError(f"{pins['precision']} is not supported on {acc.name}: use --precision {supported.split(', ')[0]} "
+                           f"(supported: {supported})")
+    fams = []
+    for stage in (0, 1, 2, 3):
+        for opt, param in OFFLOAD_CHOICES:
+            if param != "none" and stage != 3:
+                continue
+            if opt != "none" and stage == 0:
+                continue
+            if opt == "nvme" and stage != 3 and pins.get("offload_optimizer") != "nvme":
+                continue  # DeepSpeed silently treats it as CPU offload below stage 3
+            for precision in acc.precisions:
+                for ckpt in (False, True):
+                    fam = dict(zero_stage=stage, offload_optimizer=opt, offload_param=param,
+                               precision=precision, activation_checkpointing=ckpt)
+                    if all(fam[k] == v for k, v in pins.items() if k in fam):
+                        fams.append(fam)
+    # A pinned combination outside the enumerated ones (e.g. param offload without optimizer offload).
+    if not fams:
+        fam = {"zero_stage": 2, "offload_optimizer": "none", "offload_param": "none",
+               "precision": acc.precisions[0], "activation_checkpointing": False}
+        fam.update({k: v for k, v in pins.items() if k in fam})
+        fams.append(fam)
+    return fams
+
+
+def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict | None = None,
+              knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Plan:
+    pins = {k: v for k, v in (pins or {}).items() if v is not None}
+    unknown = set(pins) - set(PIN_KEYS)
+    if unknown:
+        raise ZerokitError(f"unknown setup option(s) {sorted(unknown)}: use {', '.join(PIN_KEYS)}")
+    pairs = _micro_batches(cluster, workload, pins)
+    best_per_family: list[Evaluation] = []
+    smallest: Evaluation | None = None
+    family_failures: list[Evaluation] = []
+    for fam in _families(cluster, pins):
+        fitting = []
+        for micro, accum in pairs:
+            ev = evaluate(model, cluster, workload, ZeroSetup(micro_batch_size=micro, gradient_accumulation_steps=accum, **fam),
+                          knobs, memory_fraction)
+            if smallest is None or ev.memory.per_gpu_total < smallest.memory.per_gpu_total:
+                smallest = ev
+            if ev.fits:
+                fitting.append(ev)
+            elif micro == pairs[0][0]:
+                family_failures.append(ev)
+        if fitting:
+            best_per_family.append(min(fitting, key=lambda e: (e.time.step_seconds / e.time.tokens_per_step,
+                                                               simplicity(e.setup))))
+    ranked = sorted(best_per_family, key=lambda e: e.time.tokens_per_second, reverse=True)
+    if ranked:
+        top = ranked[0].time.tokens_per_second
+        ties = [e for e in ranked if e.time.tokens_per_second >= top * (1 - TIE_TOLERANCE)]
+        chosen = min(ties, key=lambda e: simplicity(e.setup))
+    else:
+        chosen = None
+    rejected = []
+    for ev in ranked:
+        if ev is chosen:
+            continue
+        slower = chosen.time.tokens_per_second / ev.time.tokens_per_second - 1
+        reason = (f"fits, but {slower:.0%} slower" if slower > TIE_TOLERANCE
+                  else "fits, as fast: the chosen setup is simpler")
+        rejected.append(_rejection(ev, reason))
+    for ev in family_failures:
+        rejected.append(_rejection(ev, "does not fit: " + "; ".join(ev.reasons)))
+    plan = Plan(model, cluster, workload, chosen is not None, chosen or smallest, rejected, [])
+    if chosen is None and smallest is not None:
+        plan.suggestions = suggest(model, cluster, workload, smallest, knobs, memory_fraction)
+    return plan
+
+
+def _rejection(ev: Evaluation, reason: str) -> dict:
+    return {
+        "setup": ev.setup.to_dict(),
+        "label": ev.setup.label,
+        "reason": reason,
+        "per_gpu_bytes": ev.memory.per_gpu_total,
+        "step_seconds": ev.time.step_seconds,
+        "tokens_per_second": ev.time.tokens_per_second,
+    }
+
+
+def suggest(model: ModelSpec, cluster: Cluster, workload: Workload, frugal: Evaluation,
+            knobs: ZeroKnobs | None, memory_fraction: float) -> list[str]:
+    """What would make the least-memory setup fit: more GPUs, NVMe, more host RAM, shorter sequences."""
+    from dataclasses import replace
+
+    out = []
+    budget = Budget.of(cluster, memory_fraction)
+    mem = frugal.memory
+    setup = frugal.setup
+    gpu_short = mem.per_gpu_total > budget.gpu_bytes
+    if gpu_short:
+        for nodes in (2, 4, 8, 16, 32, 64, 128, 256):
+            bigger = replace(cluster, nodes=cluster.nodes * nodes, hosts=())
+            try:
+                if evaluate(model, bigger, replace(workload, global_batch=None), setup, knobs, memory_fraction).fits:
+                    out.append(f"use {bigger.nodes} nodes of {cluster.gpus_per_node} GPUs ({bigger.world_size} GPUs) "
+                               f"with {setup.label}")
+                    break
+            except ZerokitError:
+                break
+        lo, hi = 0, workload.seq_len
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if evaluate(model, cluster, replace(workload, seq_len=mid), setup, knobs, memory_fraction).fits:
+                lo = mid
+            else:
+                hi = mid
+        if lo >= 1:
+            out.append(f"shorten the sequence to {lo} tokens or less (with {setup.label})")
+        need = mem.per_gpu_total / memory_fraction
+        out.append(f"use GPUs with at least {fmt_bytes(need)} of memory")
+    host_short = budget.cpu_bytes and mem.per_node_cpu_total > budget.cpu_bytes
+    if host_short:
+        if not cluster.nvme_bytes:
+            out.append("offload to NVMe (ZeRO-Infinity): give --nvme-path DIR (and --nvme-size)")
+        out.append(f"use nodes with at least {fmt_bytes(mem.per_node_cpu_total)} of host RAM")
+    if mem.nvme_total > budget.nvme_bytes:
+        out.append(f"provide at least {fmt_bytes(mem.nvme_total)} of NVMe per node")
+    return out

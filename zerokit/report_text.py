@@ -1,0 +1,134 @@
+"""Human-readable tables for plan and check (the --json output carries the same numbers)."""
+
+from __future__ import annotations
+
+from zerokit.units import fmt_bytes, fmt_seconds
+
+TERM_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "master_weights": "fp32 master weights",
+    "optimizer_states": "Adam moments (m, v)",
+    "fp32_gradients": "fp32 gradient partition",
+    "stage3_gathered_params": "stage-3 gathered layer (params+grads)",
+    "reduce_buckets": "reduce buckets",
+    "stage3_prefetch": "stage-3 prefetch bucket",
+    "activations": "activations",
+    "activations_checkpoints": "activation checkpoints (layer inputs)",
+    "activations_recompute": "recomputed layer (backward)",
+    "logits_and_loss": "logits + loss",
+    "logits_grad": "logits gradient",
+    "cuda_context": "CUDA context + workspaces",
+    "optimizer_states_offloaded": "optimizer states (offloaded)",
+    "parameters_offloaded": "parameters (offloaded)",
+    "model_loading": "model loading (peak at start)",
+    "pinned_staging_buffers": "pinned staging buffers (x1.5)",
+    "optimizer_swap_buffers": "optimizer swap buffers",
+    "param_swap_buffers": "parameter swap buffers",
+}
+
+
+def _terms_table(title: str, terms: dict, total: int, budget: int | None) -> list[str]:
+    lines = [f"  {title}"]
+    for k, v in terms.items():
+        if v:
+            lines.append(f"    {TERM_LABELS.get(k, k):<40} {fmt_bytes(v):>12}")
+    tail = f"    {'total':<40} {fmt_bytes(total):>12}"
+    if budget:
+        tail += f"   of {fmt_bytes(budget)} ({total / budget:.0%})"
+    lines.append(tail)
+    return lines
+
+
+def format_memory(memory, budget, cluster) -> list[str]:
+    where = "per rank (host RAM)" if cluster.accelerator.is_cpu else "per GPU"
+    lines = _terms_table(f"memory {where}", memory.per_gpu, memory.per_gpu_total, budget.gpu_bytes)
+    if memory.per_node_cpu:
+        lines += _terms_table("host RAM per node", memory.per_node_cpu, memory.per_node_cpu_total, budget.cpu_bytes)
+    if memory.nvme:
+        lines += _terms_table("NVMe per node", memory.nvme, memory.nvme_total, budget.nvme_bytes)
+    for note in memory.notes:
+        lines.append(f"  note: {note}")
+    return lines
+
+
+def format_time(t, world_size: int) -> list[str]:
+    lines = [
+        "  time",
+        f"    step                                     {fmt_seconds(t.step_seconds):>12}"
+        f"  (compute {fmt_seconds(t.compute_seconds)}, comm {fmt_seconds(t.communication_seconds)}, "
+        f"offload {fmt_seconds(t.offload_seconds)})",
+        f"    tokens/s (all GPUs)                      {t.tokens_per_second:>12,.0f}",
+        f"    global batch                             {t.global_batch:>12}",
+    ]
+    if t.steps is not None:
+        lines += [
+            f"    steps (epochs x per epoch)               {t.steps:>12,}  ({t.steps_per_epoch:,} per epoch)",
+            f"    total                                    {fmt_seconds(t.total_seconds):>12}"
+            f"  ({t.gpu_hours(world_size):,.1f} GPU-hours)",
+        ]
+    return lines
+
+
+def format_plan(plan) -> str:
+    from zerokit.memory import Budget
+
+    m, c, w = plan.model, plan.cluster, plan.workload
+    exact = "exact" if m.exact else "estimated from --params"
+    out = [
+        f"model     {m.name}: {m.params:,} parameters ({exact}), {m.num_layers} layers, hidden {m.hidden_size}, "
+        f"vocab {m.vocab_size}",
+        f"hardware  {c.nodes} node(s) x {c.gpus_per_node} {c.accelerator.name} "
+        f"({fmt_bytes(c.accelerator.memory_bytes)} each)"
+        + (f", host RAM {fmt_bytes(c.cpu_memory_bytes)}/node" if c.cpu_memory_bytes else "")
+        + (f", NVMe {fmt_bytes(c.nvme_bytes)}/node" if c.nvme_bytes else ""),
+        f"workload  seq {w.seq_len}, attention {w.attention}"
+        + (f", global batch {w.global_batch}" if w.global_batch else ""),
+        "",
+    ]
+    if plan.best is None:
+        out.append("NOTHING FITS")
+        return "\n".join(out)
+    s = plan.best.setup
+    out.append(("FITS: " if plan.fits else "DOES NOT FIT. Least-memory setup: ") + s.label)
+    out.append(f"  ZeRO stage {s.zero_stage}, offload optimizer {s.offload_optimizer}, offload params {s.offload_param}, "
+               f"{s.precision}, micro batch {s.micro_batch_size} x accumulation {s.gradient_accumulation_steps}, "
+               f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}")
+    for r in plan.best.reasons:
+        out.append(f"  - {r}")
+    out += format_memory(plan.best.memory, Budget.of(c), c)
+    out += format_time(plan.best.time, c.world_size)
+    if plan.suggestions:
+        out.append("  to make it fit:")
+        out += [f"    - {x}" for x in plan.suggestions]
+    if plan.rejected:
+        out.append("  other setups:")
+        for r in plan.rejected[:12]:
+            out.append(f"    {r['label']:<44} {fmt_bytes(r['per_gpu_bytes']):>11}  {r['reason']}")
+        if len(plan.rejected) > 12:
+            out.append(f"    ... {len(plan.rejected) - 12} more (see --json)")
+    return "\n".join(out)
+
+
+def format_check(result) -> str:
+    from zerokit.memory import Budget
+
+    out = [f"check {result.config_path} (world size {result.world_size})"]
+    for f in result.findings:
+        out.append(f"  {f.level}: {f.key}: {f.message}")
+    if result.deepspeed_error:
+        out.append(f"  error: DeepSpeed rejects it: {result.deepspeed_error}")
+    if not result.valid:
+        out.append("INVALID")
+        return "\n".join(out)
+    out.append("  DeepSpeed's config classes accept it")
+    ev = result.evaluation
+    if ev is None:
+        out.append("VALID (no --model given: memory not checked)")
+        return "\n".join(out)
+    out.append(("FITS: " if ev.fits else "DOES NOT FIT: ") + ev.setup.label)
+    for r in ev.reasons:
+        out.append(f"  - {r}")
+    cluster = result.cluster
+    out += format_memory(ev.memory, Budget.of(cluster), cluster) + format_time(ev.time, cluster.world_size)
+    return "\n".join(out)

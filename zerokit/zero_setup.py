@@ -1,0 +1,155 @@
+"""The typed objects a plan is made of: the ZeRO setup chosen, the workload, DeepSpeed's buffer knobs.
+
+Validation lives here, in one place; everything downstream (memory, timing, planner, render) can
+trust these objects.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from zerokit.errors import ZerokitError
+
+STAGES = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+PRECISIONS = ("bf16", "fp16", "fp32")
+ATTENTION_IMPLS = ("sdpa", "flash", "eager")
+
+
+@dataclass(frozen=True)
+class ZeroSetup:
+    """One candidate training setup: what the planner enumerates and what render turns into JSON."""
+
+    zero_stage: int = 2
+    offload_optimizer: str = "none"  # none | cpu | nvme
+    offload_param: str = "none"  # none | cpu | nvme (stage 3 only)
+    precision: str = "bf16"  # bf16 | fp16 | fp32
+    micro_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    activation_checkpointing: bool = False
+
+    def __post_init__(self):
+        if self.zero_stage not in STAGES:
+            raise ZerokitError(f"ZeRO stage must be one of 0, 1, 2, 3, got {self.zero_stage}")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in OFFLOAD_DEVICES:
+                raise ZerokitError(f"{name.replace('_', '-')} must be none, cpu or nvme, got {getattr(self, name)!r}")
+        if self.precision not in PRECISIONS:
+            raise ZerokitError(f"precision must be bf16, fp16 or fp32, got {self.precision!r}")
+        if self.offload_param != "none" and self.zero_stage != 3:
+            raise ZerokitError("parameter offload needs ZeRO stage 3: use --stage 3 or --offload-param none")
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            raise ZerokitError("optimizer offload needs ZeRO stage 1, 2 or 3: use --stage 1 or higher")
+        if self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
+            raise ZerokitError("micro batch and gradient accumulation must be at least 1")
+
+    @property
+    def is_infinity(self) -> bool:
+        """ZeRO-Infinity: stage 3 with something offloaded to NVMe."""
+        return self.zero_stage == 3 and "nvme" in (self.offload_optimizer, self.offload_param)
+
+    @property
+    def label(self) -> str:
+        parts = [f"ZeRO-{self.zero_stage}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"opt->{self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"param->{self.offload_param}")
+        parts.append(self.precision)
+        parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
+        if self.activation_checkpointing:
+            parts.append("ckpt")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_(self, **changes) -> "ZeroSetup":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: sequence length, batch, how much data."""
+
+    seq_len: int = 2048
+    global_batch: int | None = None  # samples per optimizer step; None = derive from micro batch
+    samples: int | None = None  # training samples per epoch (sequences of seq_len tokens)
+    epochs: float = 1.0
+    attention: str = "sdpa"  # sdpa/flash keep no s^2 scores; eager stores them
+
+    def __post_init__(self):
+        if self.seq_len < 1:
+            raise ZerokitError(f"sequence length must be at least 1, got {self.seq_len}")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ZerokitError(f"global batch must be at least 1, got {self.global_batch}")
+        if self.samples is not None and self.samples < 1:
+            raise ZerokitError(f"samples must be at least 1, got {self.samples}")
+        if not self.epochs > 0:
+            raise ZerokitError(f"epochs must be positive, got {self.epochs}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ZerokitError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
+
+
+def batch_split(global_batch: int, world_size: int, micro_batch: int) -> int:
+    """Gradient accumulation for a target global batch: global = micro x accumulation x world size.
+
+    Raises if the numbers do not divide, naming the sizes that would.
+    """
+    per_step = micro_batch * world_size
+    if global_batch % per_step:
+        raise ZerokitError(
+            f"global batch {global_batch} is not divisible by micro batch {micro_batch} x {world_size} GPUs "
+            f"= {per_step}: choose a global batch that is a multiple of {per_step}"
+        )
+    return global_batch // per_step
+
+
+def steps_per_epoch(samples: int, global_batch: int) -> int:
+    """Optimizer steps in one epoch; a last partial batch still costs a step."""
+    return math.ceil(samples / global_batch)
+
+
+@dataclass(frozen=True)
+class ZeroKnobs:
+    """DeepSpeed's buffer settings, in elements, as they appear in zero_optimization.
+
+    Defaults follow the HF integration (reduce bucket h^2, prefetch 0.9 h^2, persistence 10 h), which is
+    what render writes, so the memory model prices what the rendered config will actually allocate.
+    """
+
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    sub_group_size: int = 1_000_000_000
+
+    @classmethod
+    def for_hidden_size(cls, hidden_size: int | None) -> "ZeroKnobs":
+        if not hidden_size:
+            return cls()
+        h2 = hidden_size * hidden_size
+        return cls(
+            reduce_bucket_size=h2,
+            allgather_bucket_size=h2,
+            stage3_prefetch_bucket_size=int(0.9 * h2),
+            stage3_param_persistence_threshold=10 * hidden_size,
+        )
+
+    @classmethod
+    def from_zero_config(cls, zero: dict) -> "ZeroKnobs":
+        """Knobs from a ds_config's zero_optimization block; DeepSpeed's defaults for absent keys."""
+        d = cls()
+        vals = {}
+        for f in d.__dataclass_fields__:
+            v = zero.get(f, getattr(d, f))
+            vals[f] = getattr(d, f) if v == "auto" else (bool(v) if isinstance(getattr(d, f), bool) else int(float(v)))
+        return cls(**vals)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
