@@ -1,0 +1,29 @@
+# Two commands for a newcomer: `make demo` (set up, then plan/render/check/launch the bundled tiny
+# model on this machine's CPU) and `make test` (set up, then the test suite).
+SHELL := /bin/bash
+VENV := .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export ZEROKIT_CACHE_DIR ?= $(CURDIR)/.cache/zerokit
+DEMO := runs/demo
+
+.PHONY: setup demo test bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	zerokit plan tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64 --global-batch 8 --samples 256
+	zerokit render tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64 --global-batch 8 -o $(DEMO)/ds_config.json
+	zerokit check $(DEMO)/ds_config.json --model tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64
+	zerokit launch --model tiny-llama --config $(DEMO)/ds_config.json --gpu cpu --gpus-per-node 2 --seq-len 64 \
+		--steps 20 --save-every 10 --output-dir $(DEMO)/run
+
+test: setup
+	python -m pytest -q -p no:cacheprovider
+
+bench: setup
+	python bench/plan_latency.py
+
+clean:
+	rm -rf runs .cache/zerokit
