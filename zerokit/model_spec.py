@@ -1,0 +1,622 @@
+"""Exact model specs: parameter counts and shapes for any HF causal LM, or a bare parameter count.
+
+The dataclass below is the contract the memory/time models and the planner rely on. Loading an HF
+config instantiates the model on the meta device (no weights), and caches the result per config so
+a repeated plan does not import torch.
+
+Public functions:
+
+* ``load_model_spec(model, trust_remote_code=False) -> ModelSpec``: exact counts for a bundled
+  name (``zerokit/data/models/<name>/config.json``), a local directory holding ``config.json``, a
+  path to a ``config.json`` file, or a HuggingFace hub id.
+* ``spec_from_params(params, hidden_size=None, num_layers=None, vocab_size=None, seq_len=None)``:
+  plausible Llama-like shapes for a bare parameter count (pure Python, ``exact=False``).
+* ``bundled_models() -> list[str]``: the names ``load_model_spec`` accepts without a path.
+* ``spec_cache_dir() -> Path``: where cached specs live.
+
+Counting rules (the same numbers DeepSpeed's ``model_to_params`` gives on a real model):
+
+* ``params``: unique parameters, deduplicated by object identity (tied weights counted once). Meta
+  tensors all have ``data_ptr() == 0``, so DeepSpeed's data_ptr dedupe cannot be used on meta.
+* ``largest_layer_params``: max over modules of the numel of the module's *direct* parameters
+  (``parameters(recurse=False)``), DeepSpeed's definition in ``zero/stage3.py``. With the fused
+  expert modules of recent transformers (e.g. ``MixtralExperts``) that is all experts of a layer.
+
+Cache: after a meta count the spec is written (atomically) to
+``$ZEROKIT_CACHE_DIR/model_specs/<sha256>.json`` (default ``~/.cache/zerokit/model_specs/``), keyed by
+the sha256 of the canonical config JSON (sorted keys, compact separators), the installed
+transformers version (read from package metadata, which does not import it), the
+``trust_remote_code`` flag and this module's schema version. A cache hit imports neither torch nor
+transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from zerokit.errors import ZerokitError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params: int  # exact trainable parameter count, tied weights counted once
+    largest_layer_params: int  # DeepSpeed's definition: the module with most DIRECT parameters
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # per expert for MoE
+    vocab_size: int
+    tied_embeddings: bool = False
+    gated_mlp: bool = True  # Llama-style gate/up/down (3 matrices) vs GPT-2 style (2)
+    num_experts: int = 1  # routed experts per MoE layer (1 = dense)
+    experts_per_token: int = 1
+    embedding_params: int = 0  # input embedding (+ untied LM head) parameters: no matmul FLOPs for the input side
+    model_type: str = "unknown"  # HF model_type, e.g. "llama"; "params" for a bare count
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    exact: bool = True  # False when shapes were guessed from a bare parameter count
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched per token (MoE runs experts_per_token of num_experts experts)."""
+        if self.num_experts <= 1:
+            return self.params
+        mlp_mats = 3 if self.gated_mlp else 2
+        per_expert = mlp_mats * self.hidden_size * self.intermediate_size
+        idle = (self.num_experts - self.experts_per_token) * per_expert * self.num_layers
+        return self.params - idle
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["active_params"] = self.active_params
+        return d
+
+
+# Bump when the counting or field-reading rules change: old cache entries then stop matching.
+_SCHEMA_VERSION = 1
+_CONFIG_NAME = "config.json"
+
+
+# --------------------------------------------------------------------------------------------
+# Bundled configs and the cache (pure Python)
+# --------------------------------------------------------------------------------------------
+
+
+def _bundled_root():
+    try:
+        from importlib.resources import files
+
+        return files("zerokit.data") / "models"
+    except Exception:  # pragma: no cover - a broken install; fall back to the source tree
+        return Path(__file__).resolve().parent / "data" / "models"
+
+
+def bundled_models() -> list[str]:
+    """Names of the bundled model configs (``zerokit/data/models/<name>/config.json``)."""
+    root = _bundled_root()
+    try:
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / _CONFIG_NAME).is_file())
+    except (OSError, FileNotFoundError):
+        return []
+
+
+def spec_cache_dir() -> Path:
+    """Where cached specs live: ``$ZEROKIT_CACHE_DIR/model_specs`` or ``~/.cache/zerokit/model_specs``."""
+    root = os.environ.get("ZEROKIT_CACHE_DIR")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "zerokit"
+    return base / "model_specs"
+
+
+def _transformers_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("transformers")
+    except Exception:
+        return "none"
+
+
+def _cache_key(config: dict, trust_remote_code: bool) -> str:
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    material = f"zerokit-model-spec/{_SCHEMA_VERSION}\n{_transformers_version()}\n{int(bool(trust_remote_code))}\n{canonical}"
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+_SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
+
+
+def _cache_read(key: str, name: str) -> ModelSpec | None:
+    path = spec_cache_dir() / f"{key}.json"
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        if entry.get("key") != key or entry.get("schema") != _SCHEMA_VERSION:
+            return None
+        data = entry["spec"]
+        if set(data) != _SPEC_FIELDS - {"name"}:
+            return None
+        return ModelSpec(name=name, **data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # missing or corrupt: recount
+
+
+def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None:
+    directory = spec_cache_dir()
+    data = asdict(spec)
+    data.pop("name")
+    entry = {
+        "schema": _SCHEMA_VERSION,
+        "key": key,
+        "source": source,
+        "transformers": _transformers_version(),
+        "count_seconds": round(seconds, 3),
+        "spec": data,
+    }
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(entry, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; cache entries hold nothing private
+            os.replace(tmp, directory / f"{key}.json")
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError:
+        pass  # an unwritable cache only costs a recount next time
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving the `model` argument
+# --------------------------------------------------------------------------------------------
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_HINT = "pass a directory containing a HuggingFace config.json, a bundled name, a hub id, or --params N"
+
+
+def _read_config_file(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ZerokitError(f"cannot read {path}: {exc.__class__.__name__}: {exc}; {_HINT}") from None
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ZerokitError(f"{path} is not valid JSON ({exc}): fix the file or {_HINT}") from None
+    if not isinstance(config, dict):
+        raise ZerokitError(f"{path} does not hold a JSON object: a HuggingFace config.json is a mapping; {_HINT}")
+    if not config.get("model_type"):
+        raise ZerokitError(
+            f"{path} has no model_type: it is not a HuggingFace transformers config.json; {_HINT}"
+        )
+    return config
+
+
+def _resolve_local(model: str) -> tuple[Path, str] | None:
+    """(config.json path, display name) for a local path or a bundled name; None for a hub id."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        cfg = path / _CONFIG_NAME
+        if not cfg.is_file():
+            raise ZerokitError(f"model directory {model} has no config.json: {_HINT}")
+        return cfg, path.resolve().name or model
+    if path.is_file():
+        return path, path.resolve().parent.name if path.name == _CONFIG_NAME else path.stem
+    if "/" not in model and "\\" not in model:
+        try:
+            cfg = _bundled_root() / model / _CONFIG_NAME
+            if cfg.is_file():
+                return Path(str(cfg)), model
+        except OSError:
+            pass
+    if model.startswith((".", "/", "~")) or model.endswith(".json") or not _HUB_ID.match(model):
+        names = ", ".join(bundled_models())
+        raise ZerokitError(f"model directory {model} does not exist: {_HINT} (bundled: {names})")
+    return None
+
+
+def _fetch_hub_config(model: str) -> tuple[Path, dict]:
+    """Download (or reuse HF's local cache of) config.json for a hub id, without transformers."""
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub import errors as hf_errors
+    except ImportError:
+        raise ZerokitError(
+            f"{model} is not a bundled name or a local path, and huggingface_hub is not installed to fetch it: "
+            f"pip install 'zerokit[train]', or {_HINT}"
+        ) from None
+    names = ", ".join(bundled_models())
+    try:
+        path = Path(hf_hub_download(repo_id=model, filename=_CONFIG_NAME))
+    except hf_errors.GatedRepoError:
+        raise ZerokitError(
+            f"hub model {model} is gated: accept its license on huggingface.co and run `hf auth login`, "
+            f"or use a local copy / bundled name ({names})"
+        ) from None
+    except hf_errors.RepositoryNotFoundError:
+        raise ZerokitError(
+            f"no model {model} on the HuggingFace hub (nor a local path or bundled name): check the id, "
+            f"log in for private repos, or use one of: {names}"
+        ) from None
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled):
+        # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
+        raise ZerokitError(
+            f"cannot reach the HuggingFace hub to fetch {model} and it is not cached locally: "
+            f"connect to the internet, or pass a local directory / bundled name ({names})"
+        ) from None
+    except hf_errors.EntryNotFoundError:
+        raise ZerokitError(f"hub model {model} has no config.json: {_HINT}") from None
+    except hf_errors.HfHubHTTPError as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise ZerokitError(f"fetching {model} from the HuggingFace hub failed ({msg}): {_HINT}") from None
+    except Exception as exc:  # network stack errors, invalid ids, ...
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise ZerokitError(
+            f"cannot fetch {model} from the HuggingFace hub ({exc.__class__.__name__}: {msg}): {_HINT}"
+        ) from None
+    return path, _read_config_file(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Counting on the meta device (imports torch + transformers)
+# --------------------------------------------------------------------------------------------
+
+
+def _first(obj, names, default=None):
+    for n in names:
+        try:
+            v = getattr(obj, n)
+        except Exception:
+            continue
+        if v is not None:
+            return v
+    return default
+
+
+def _text_config(cfg):
+    get = getattr(cfg, "get_text_config", None)
+    if get is not None:
+        try:
+            return get(decoder=True)
+        except TypeError:
+            return get()
+        except Exception:
+            pass
+    return _first(cfg, ["text_config", "llm_config", "language_config"], cfg)
+
+
+_GATE_NAME = re.compile(r"(^|\.)(gate_proj|gate_up_proj|w1|w3|wi_0|gate_up)(\.|$)")
+
+
+def _measure(model, cfg) -> dict:
+    """Exact counts from an instantiated module; shapes from the (text) config with fallbacks."""
+    import torch
+
+    unique: dict[int, int] = {}
+    for p in model.parameters():
+        unique[id(p)] = p.numel()
+    params = sum(unique.values())
+    largest = 0
+    for m in model.modules():
+        largest = max(largest, sum(p.numel() for p in m.parameters(recurse=False)))
+
+    tc = _text_config(cfg)
+    hidden = int(_first(tc, ["hidden_size", "n_embd", "d_model", "n_embed", "dim", "model_dim"], 0))
+    layers = int(_first(tc, ["num_hidden_layers", "n_layer", "num_layers", "n_layers"], 0))
+    heads = int(_first(tc, ["num_attention_heads", "n_head", "num_heads", "n_heads"], 1))
+
+    # KV heads: GQA attribute; Falcon/GPT-BigCode multi_query (the new Falcon decoder uses num_kv_heads).
+    model_type = str(getattr(cfg, "model_type", None) or getattr(tc, "model_type", None) or "unknown")
+    if getattr(tc, "new_decoder_architecture", False):
+        kv = _first(tc, ["num_kv_heads", "num_key_value_heads"], heads)
+    elif getattr(tc, "multi_query", False):
+        kv = 1
+    else:
+        kv = _first(tc, ["num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"], heads)
+    kv = int(kv)
+
+    head_dim = _first(tc, ["head_dim", "kv_channels", "attention_head_size"], None)
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        head_dim = hidden // heads if heads else 0
+
+    experts = int(_first(tc, ["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"], 1) or 1)
+    if experts > 1:
+        top_k = int(_first(tc, ["num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts"], 1) or 1)
+        inter = _first(tc, ["moe_intermediate_size", "expert_intermediate_size", "intermediate_size", "ffn_dim"], None)
+    else:
+        experts, top_k = 1, 1
+        inter = _first(tc, ["intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff", "inner_hidden_size"], None)
+    if not isinstance(inter, int) or inter <= 0:
+        inter = 4 * hidden  # GPT-2 n_inner=None, BLOOM, Falcon: 4h
+
+    in_emb = model.get_input_embeddings()
+    in_w = getattr(in_emb, "weight", None)
+    vocab = int(in_w.shape[0]) if in_w is not None else int(_first(tc, ["vocab_size"], 0))
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out_w = getattr(out_emb, "weight", None) if out_emb is not None else None
+    tied = out_w is not None and in_w is not None and out_w is in_w
+    embedding = (in_w.numel() if in_w is not None else 0) + (out_w.numel() if out_w is not None and not tied else 0)
+
+    names = [n for n, _ in model.named_parameters()]
+    gated = any(_GATE_NAME.search(n) for n in names)
+
+    cls = {type(m).__name__.lower() for m in model.modules()}
+    if any("rmsnorm" in c for c in cls):
+        norm = "rmsnorm"
+    elif any("layernorm" in c or "layer_norm" in c for c in cls) or any(
+        isinstance(m, torch.nn.LayerNorm) for m in model.modules()
+    ):
+        norm = "layernorm"
+    else:
+        norm = "rmsnorm"
+
+    return dict(
+        params=int(params),
+        largest_layer_params=int(largest),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=int(head_dim),
+        intermediate_size=int(inter),
+        vocab_size=vocab,
+        tied_embeddings=bool(tied),
+        gated_mlp=bool(gated),
+        num_experts=experts,
+        experts_per_token=top_k,
+        embedding_params=int(embedding),
+        model_type=model_type,
+        norm=norm,
+        exact=True,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
+
+
+def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: str | None) -> dict:
+    try:
+        import torch
+        import transformers
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    except ImportError as exc:
+        raise ZerokitError(
+            f"exact counts for {source} need torch and transformers ({exc.name} is missing): "
+            "pip install 'zerokit[train]', or plan with --params N"
+        ) from None
+
+    model_type = config.get("model_type")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING and not (trust_remote_code and "auto_map" in config):
+        hint = " (it has auto_map: pass trust_remote_code / --trust-remote-code)" if "auto_map" in config else ""
+        raise ZerokitError(
+            f"{source}: model_type {model_type!r} is unknown to transformers {transformers.__version__}{hint}: "
+            "upgrade transformers, or plan with --params N"
+        )
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        try:
+            if hub_id is not None and trust_remote_code:
+                cfg = AutoConfig.from_pretrained(hub_id, trust_remote_code=True)
+            elif trust_remote_code and "auto_map" in config:
+                cfg = AutoConfig.from_pretrained(str(Path(source).parent), trust_remote_code=True)
+            else:
+                cfg = CONFIG_MAPPING[model_type].from_dict(dict(config))
+        except ZerokitError:
+            raise
+        except Exception as exc:
+            raise ZerokitError(f"transformers cannot parse the config of {source} ({_first_line(exc)}): {_HINT}") from None
+        model = None
+        errors = []
+        start = time.perf_counter()
+        # Causal LM first; vision/audio-language models have a generation head under
+        # ImageTextToText; the bare AutoModel (no LM head) is the last resort.
+        autos = [AutoModelForCausalLM, getattr(transformers, "AutoModelForImageTextToText", None), AutoModel]
+        for auto in [a for a in autos if a is not None]:
+            try:
+                with torch.device("meta"):
+                    model = auto.from_config(cfg, trust_remote_code=trust_remote_code)
+                break
+            except Exception as exc:  # no causal-LM class for this config, or a model bug
+                errors.append(_first_line(exc))
+        if model is None:
+            raise ZerokitError(
+                f"transformers cannot build {source} (model_type {model_type!r}): {errors[-1]}; plan with --params N"
+            )
+        try:
+            measured = _measure(model, cfg)
+            measured["_seconds"] = time.perf_counter() - start
+            return measured
+        except Exception as exc:
+            raise ZerokitError(f"cannot measure {source} ({_first_line(exc)}): plan with --params N") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def load_model_spec(model: str, trust_remote_code: bool = False) -> ModelSpec:
+    """Exact spec for a bundled name, a local dir/config.json, or a hub id (meta-device count, cached).
+
+    Raises ZerokitError (one line) for a missing path, a directory without config.json, malformed
+    JSON, an unknown model_type, or an unreachable / unknown hub id.
+    """
+    if not isinstance(model, str) or not model.strip():
+        raise ZerokitError(f"no model given: {_HINT}")
+    model = model.strip()
+    local = _resolve_local(model)
+    hub_id = None
+    if local is not None:
+        path, name = local
+        config = _read_config_file(path)
+    else:
+        hub_id = name = model
+        path, config = _fetch_hub_config(model)
+
+    key = _cache_key(config, trust_remote_code)
+    cached = _cache_read(key, name)
+    if cached is not None:
+        return cached
+
+    measured = _count_on_meta(config, str(path), trust_remote_code, hub_id)
+    seconds = measured.pop("_seconds")  # instantiate + count on meta, imports excluded
+    spec = ModelSpec(name=name, **measured)
+    _cache_write(key, spec, hub_id or str(path), seconds)
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes from a bare parameter count (pure Python)
+# --------------------------------------------------------------------------------------------
+
+# Published Llama-family shapes (hidden, layers, intermediate, heads, kv_heads), from the HF
+# config.json of each: GPT-3-Small-sized Llama analog, TinyLlama-1.1B, Llama-3.2-3B, Llama-2-7B,
+# Llama-2-13B, Llama-1-33B, Llama-2-70B, Llama-3.1-405B. A bare count picks the anchor whose
+# size is nearest in log space, then solves the layer count; between anchors depth grows and
+# width steps, the way these families scale.
+_ANCHORS = (
+    (768, 12, 2048, 12, 12),
+    (1024, 24, 2816, 16, 16),
+    (2048, 22, 5632, 32, 4),
+    (3072, 28, 8192, 24, 8),
+    (4096, 32, 11008, 32, 32),
+    (5120, 40, 13824, 40, 40),
+    (6656, 60, 17920, 52, 52),
+    (8192, 80, 28672, 64, 8),
+    (16384, 126, 53248, 128, 8),
+)
+_DEFAULT_VOCAB = 32000  # Llama / Llama-2 / Mistral tokenizer
+
+
+def _llama_intermediate(h: int) -> int:
+    """Llama's SwiGLU width rule: 2/3 of 4h, rounded up to a multiple of 256."""
+    return 256 * math.ceil((8 * h / 3) / 256)
+
+
+def _heads_for(h: int) -> int:
+    head_dim = 128 if h >= 1536 else 64
+    return max(1, h // head_dim)
+
+
+def _layer_params(h: int, inter: int, heads: int, kv: int) -> int:
+    head_dim = h // heads
+    attn = 2 * h * h + 2 * h * kv * head_dim  # q, o + k, v
+    mlp = 3 * h * inter  # gate, up, down
+    return attn + mlp + 2 * h  # two RMSNorm weights
+
+
+def _shape_for_hidden(h: int) -> tuple[int, int, int]:
+    for ah, _, ai, aheads, akv in _ANCHORS:
+        if ah == h:
+            return ai, aheads, akv
+    heads = _heads_for(h)
+    return _llama_intermediate(h), heads, heads
+
+
+def spec_from_params(
+    params: float,
+    hidden_size: int | None = None,
+    num_layers: int | None = None,
+    vocab_size: int | None = None,
+    seq_len: int | None = None,
+) -> ModelSpec:
+    """A plausible Llama-like (untied, SwiGLU, RMSNorm) ModelSpec for a bare parameter count.
+
+    ``params`` is kept exactly; shapes are guessed (``exact=False``). Rule: total ≈ L·(4h² + 3·h·I)
+    + 2·V·h (I ≈ 8h/3; GQA where the family uses it). With no shape given, h/I/heads come from the
+    published Llama anchor nearest in log-size and L is solved for the count; ``hidden_size`` fixes
+    h and solves L; ``num_layers`` alone solves h (multiple of 128); both given are taken as is.
+    ``vocab_size`` defaults to 32000. ``seq_len`` is accepted for interface symmetry: RoPE models
+    have no position parameters, so it does not change the shapes. Pure Python: no torch.
+    """
+    try:
+        total = int(params)
+    except (TypeError, ValueError, OverflowError):
+        raise ZerokitError(f"--params must be a number, got {params!r}") from None
+    if total <= 0:
+        raise ZerokitError(f"--params must be positive, got {params!r}")
+    for label, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("vocab_size", vocab_size), ("seq_len", seq_len)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ZerokitError(f"{label} must be a positive integer, got {value!r}")
+    V = vocab_size or _DEFAULT_VOCAB
+
+    if hidden_size is None and num_layers is None:
+        def anchor_total(a):
+            h, L, inter, heads, kv = a
+            return L * _layer_params(h, inter, heads, kv) + 2 * V * h + h
+
+        anchor = min(_ANCHORS, key=lambda a: abs(math.log(anchor_total(a)) - math.log(total)))
+        h, _, inter, heads, kv = anchor
+        # Below the smallest anchor, shrink the width so at least one layer fits the count.
+        while h > 64 and total - 2 * V * h < _layer_params(h, inter, heads, kv):
+            h = max(64, (h // 2) // 64 * 64)
+            inter, heads, kv = _llama_intermediate(h), max(1, h // 64), max(1, h // 64)
+    elif hidden_size is not None:
+        h = hidden_size
+        inter, heads, kv = _shape_for_hidden(h)
+    else:
+        # num_layers only: the width (multiple of 128) whose Llama-rule total is nearest.
+        best = None
+        for h_try in range(128, 65536 + 1, 128):
+            i_try, he, kvh = _shape_for_hidden(h_try)
+            err = abs(num_layers * _layer_params(h_try, i_try, he, kvh) + 2 * V * h_try - total)
+            if best is None or err < best[0]:
+                best = (err, h_try)
+        h = best[1]
+        inter, heads, kv = _shape_for_hidden(h)
+
+    if num_layers is not None:
+        L = num_layers
+    else:
+        L = max(1, round((total - 2 * V * h - h) / _layer_params(h, inter, heads, kv)))
+
+    head_dim = max(1, h // heads)
+    largest = max(V * h, h * inter, h * h)
+    return ModelSpec(
+        name=f"params-{_human(total)}",
+        params=total,
+        largest_layer_params=largest,
+        hidden_size=h,
+        num_layers=L,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=V,
+        tied_embeddings=False,
+        gated_mlp=True,
+        num_experts=1,
+        experts_per_token=1,
+        embedding_params=2 * V * h,
+        model_type="params",
+        norm="rmsnorm",
+        exact=False,
+    )
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "bundled_models", "spec_cache_dir"]
