@@ -1,0 +1,649 @@
+"""Check a ds_config the way DeepSpeed will read it, and read back the ZeRO setup it implies.
+
+- validate_with_deepspeed: DeepSpeed's own DeepSpeedConfig (its pydantic models reject unknown keys inside
+  zero_optimization, bf16, fp16, offload blocks; its batch assertion runs for the given world size).
+- lint_config: what DeepSpeed accepts silently but gets wrong (unknown top-level keys are ignored, NVMe
+  optimizer offload below stage 3 quietly becomes CPU offload, ...) and what fails only at run time.
+- fill_auto: replace "auto" as the HF Trainer does (transformers/integrations/deepspeed.py).
+- setup_from_config: the ZeroSetup and ZeroKnobs a config implies, for the memory model.
+
+deepspeed is imported only inside the functions that need it (validate_with_deepspeed, lint_config).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+from zerokit.errors import ZerokitError
+from zerokit.zero_setup import ZeroKnobs, ZeroSetup
+
+AUTO = "auto"
+
+# The keys transformers' HfTrainerDeepSpeedConfig fills when they are "auto" (trainer_config_process and
+# trainer_config_finalize in transformers/integrations/deepspeed.py). "auto" anywhere else stays "auto":
+# DeepSpeed's pydantic models then silently drop it (DeepSpeedConfigModel.__init__) and use their default.
+TRAINER_FILLED_KEYS = (
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "gradient_clipping",
+    "optimizer.params.lr",
+    "optimizer.params.betas",
+    "optimizer.params.eps",
+    "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr",
+    "scheduler.params.warmup_max_lr",
+    "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps",
+    "fp16.enabled",
+    "bf16.enabled",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+)
+
+# What the Trainer fills those keys with under TrainingArguments' defaults (transformers 5.x). The scheduler's
+# total_num_steps depends on the data; DeepSpeedConfig does not read it, so a placeholder equal to the warm-up
+# stands in for it (the smallest value WarmupDecayLR takes without a warning).
+TRAINER_DEFAULTS = {
+    "train_micro_batch_size_per_gpu": 8,
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 1.0,
+    "optimizer.params.lr": 5e-5,
+    "optimizer.params.betas": [0.9, 0.999],
+    "optimizer.params.eps": 1e-8,
+    "optimizer.params.weight_decay": 0.0,
+    "scheduler.params.warmup_min_lr": 0,
+    "scheduler.params.warmup_num_steps": 1,
+    "fp16.enabled": False,
+    "bf16.enabled": False,
+}
+
+# DeepSpeedZeroConfig's stage-3 fields are written with their "stage3_" alias in configs; populate_by_name
+# lets DeepSpeed take the plain field name too. ZeroKnobs uses the alias.
+_ZERO_FIELD_TO_ALIAS = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+}
+
+FP16_ONLY_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                  "min_loss_scale", "auto_cast", "fp16_master_weights_and_grads")
+# Optimizers DeepSpeed has a CPU implementation of, used when the optimizer is offloaded
+# (engine._configure_basic_optimizer: DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion).
+CPU_OFFLOAD_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "error" | "warning"
+    key: str  # dotted path in the config, e.g. "zero_optimization.offload_param"
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.key}: {self.message}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _get(config: Mapping, dotted: str, default=None):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _set(config: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+def auto_keys(config: Mapping, prefix: str = "") -> list[str]:
+    """Dotted paths of every "auto" value in config."""
+    out = []
+    for k, v in config.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.extend(auto_keys(v, path + "."))
+        elif v == AUTO:
+            out.append(path)
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _import_deepspeed_config():
+    try:
+        import deepspeed.runtime.config as ds_config  # noqa: PLC0415 (heavy: only when checking)
+    except ImportError as e:
+        raise ZerokitError(f"checking against DeepSpeed needs deepspeed installed ({e}): pip install 'zerokit[train]'") from None
+    return ds_config
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what DeepSpeed knows
+
+
+class _KeyRecorder(dict):
+    """A dict that records which keys are looked up: DeepSpeedConfig's reads name every top-level key it knows."""
+
+    def __init__(self, *args, seen: set | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = seen if seen is not None else set()
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.seen.add(key)
+        return super().__contains__(key)
+
+    def keys(self):  # `key in param_dict.keys()` is DeepSpeed's usual idiom
+        outer = self
+
+        class _Keys:
+            def __contains__(self, key):
+                outer.seen.add(key)
+                return dict.__contains__(outer, key)
+
+            def __iter__(self):
+                return iter(dict.keys(outer))
+
+        return _Keys()
+
+    def __copy__(self):  # DeepSpeedConfig reads from copy.copy(param_dict): share the record
+        return _KeyRecorder(self, seen=self.seen)
+
+
+def _model_keys(cls) -> set[str]:
+    """Field names and aliases of a pydantic model class."""
+    out = set()
+    for name, field in cls.model_fields.items():
+        out.add(name)
+        if field.alias:
+            out.add(field.alias)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _schema() -> SimpleNamespace:
+    """Key sets from DeepSpeed's own code: its top-level reads and its config models' fields."""
+    ds_config = _import_deepspeed_config()
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config  # noqa: PLC0415
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # noqa: PLC0415
+    from deepspeed.runtime.zero.offload_config import (  # noqa: PLC0415
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    recorder = _KeyRecorder({"train_micro_batch_size_per_gpu": 1})
+    with _world(1):
+        ds_config.DeepSpeedConfig(recorder)
+    removed = dict(getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}))
+    # read outside DeepSpeedConfig.__init__'s default path: sequence parallelism (under an initialised dist)
+    top = (recorder.seen | {"sequence_parallel_size"}) - set(removed)
+    return SimpleNamespace(
+        top=frozenset(top),
+        removed=removed,
+        models={
+            "zero_optimization": DeepSpeedZeroConfig,
+            "zero_optimization.offload_optimizer": DeepSpeedZeroOffloadOptimizerConfig,
+            "zero_optimization.offload_param": DeepSpeedZeroOffloadParamConfig,
+            "bf16": DeepSpeedBF16Config,
+            "bfloat16": DeepSpeedBF16Config,
+            "fp16": DeepSpeedFP16Config,
+        },
+        zero=frozenset(_model_keys(DeepSpeedZeroConfig)),
+    )
+
+
+class _world:
+    """Make DeepSpeedConfig see `world_size` ranks without a process group.
+
+    DeepSpeedConfig.__init__ takes the world size from deepspeed.comm (dist.get_rank / dist.get_world_size) and
+    falls back to rank 0 of 1 when no process group is initialised, so its batch assertion
+    (train_batch_size == micro x accumulation x world size) would always check a single-rank run. For the
+    duration of the call, the module's `dist` name is replaced by a shim that answers rank 0 and the world size
+    asked for. Only that module's reference changes; deepspeed.comm itself is untouched.
+    """
+
+    def __init__(self, world_size: int):
+        self.shim = SimpleNamespace(get_rank=lambda group=None: 0, get_world_size=lambda group=None: world_size)
+
+    def __enter__(self):
+        import deepspeed.runtime.config as ds_config  # noqa: PLC0415
+
+        self.module, self.saved = ds_config, ds_config.dist
+        ds_config.dist = self.shim
+        return self
+
+    def __exit__(self, *exc):
+        self.module.dist = self.saved
+        return False
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fill "auto"
+
+
+def fill_auto(config: dict, setup_or_values=None, world_size: int = 1, hidden_size: int | None = None) -> dict:
+    """A copy of config with "auto" replaced on the keys the HF Trainer fills, with what it would fill them.
+
+    setup_or_values: a ZeroSetup (micro batch, accumulation, precision), or a mapping of dotted config keys to
+    values (e.g. {"optimizer.params.lr": 1e-4, "train_micro_batch_size_per_gpu": 4}), or None. Anything not given
+    takes TrainingArguments' default (TRAINER_DEFAULTS); train_batch_size is micro x accumulation x world size;
+    warmup_max_lr is the learning rate. Bucket sizes: h^2, int(0.9 h^2), 10 h from hidden_size as the Trainer does;
+    without a hidden size, DeepSpeed's defaults (what DeepSpeed uses for a key whose value is "auto").
+    "auto" on keys the Trainer does not fill is left alone, as the Trainer leaves it.
+    """
+    out = copy.deepcopy(config)
+    values = dict(TRAINER_DEFAULTS)
+    if isinstance(setup_or_values, ZeroSetup):
+        s = setup_or_values
+        values.update({
+            "train_micro_batch_size_per_gpu": s.micro_batch_size,
+            "gradient_accumulation_steps": s.gradient_accumulation_steps,
+            "bf16.enabled": s.precision == "bf16",
+            "fp16.enabled": s.precision == "fp16",
+        })
+    elif isinstance(setup_or_values, Mapping):
+        unknown = [k for k in setup_or_values if k not in TRAINER_FILLED_KEYS]
+        if unknown:
+            raise ZerokitError(f"cannot fill {unknown[0]!r}: the HF Trainer fills only {', '.join(TRAINER_FILLED_KEYS)}")
+        values.update(setup_or_values)
+    elif setup_or_values is not None:
+        raise TypeError(f"setup_or_values must be a ZeroSetup or a mapping, got {type(setup_or_values).__name__}")
+
+    # The batch triple: concrete values in the config win over the fill values (a consistent Trainer agrees).
+    micro = _get(out, "train_micro_batch_size_per_gpu")
+    accum = _get(out, "gradient_accumulation_steps")
+    micro = values["train_micro_batch_size_per_gpu"] if micro in (None, AUTO) else micro
+    accum = values["gradient_accumulation_steps"] if accum in (None, AUTO) else accum
+    values.setdefault("train_batch_size", micro * accum * world_size if _is_int(micro) and _is_int(accum) else None)
+    values.setdefault("scheduler.params.warmup_max_lr", values["optimizer.params.lr"])
+    values.setdefault("scheduler.params.total_num_steps", values["scheduler.params.warmup_num_steps"])
+    buckets = ZeroKnobs.for_hidden_size(hidden_size)
+    values.setdefault("zero_optimization.reduce_bucket_size", buckets.reduce_bucket_size)
+    values.setdefault("zero_optimization.stage3_prefetch_bucket_size", buckets.stage3_prefetch_bucket_size)
+    values.setdefault("zero_optimization.stage3_param_persistence_threshold", buckets.stage3_param_persistence_threshold)
+
+    for key in TRAINER_FILLED_KEYS:
+        if _get(out, key) == AUTO:
+            if values.get(key) is None:
+                raise ZerokitError(f"cannot fill {key} = \"auto\": give the micro batch and accumulation as integers")
+            _set(out, key, copy.deepcopy(values[key]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validate with DeepSpeed
+
+
+def _locate(config: Mapping, title: str, loc: tuple) -> str:
+    """The dotted config path of a pydantic error location inside model `title`."""
+    prefixes = [p for p, cls in _schema().models.items() if cls.__name__ == title]
+    for prefix in prefixes:
+        if _get(config, prefix) is not None:
+            return ".".join([prefix, *map(str, loc)])
+    for key, value in config.items():  # a model zerokit does not map: find the block holding that location
+        if isinstance(value, Mapping) and loc and str(loc[0]) in value:
+            return ".".join([key, *map(str, loc)])
+    return ".".join(map(str, loc)) or title
+
+
+def _explain_validation_error(config: Mapping, e) -> str:
+    err = e.errors()[0]
+    loc = tuple(err.get("loc", ()))
+    path = _locate(config, e.title, loc)
+    if err.get("type") == "extra_forbidden":
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        model = _schema().models.get(parent)
+        name = str(loc[-1]) if loc else path
+        hint = _did_you_mean(name, _model_keys(model)) if model else ""
+        if name == "aio" and parent == "zero_optimization":
+            hint = "move \"aio\" to the top level of the config"
+        elif name in FP16_ONLY_KEYS and parent in ("bf16", "bfloat16"):
+            hint = f"{name} is an fp16 setting: bf16 needs no loss scaling, remove it"
+        return f"DeepSpeed does not know {path}: {hint or 'remove it'}"
+    msg = " ".join(str(err.get("msg", "invalid value")).split())
+    if not loc:  # a check across the block's fields (a model validator): the input is the whole block
+        return f"DeepSpeed rejects {path}: {msg}"
+    return f"DeepSpeed rejects {path} = {json.dumps(err.get('input'), default=str)}: {msg}"
+
+
+def validate_with_deepspeed(config: dict, world_size: int) -> None:
+    """Raise ZerokitError (one line) unless DeepSpeed's own DeepSpeedConfig accepts config for world_size ranks.
+
+    "auto" on the keys the HF Trainer fills must be filled first (fill_auto): DeepSpeed would compare the
+    string "auto" in its batch assertion.
+    """
+    if not _is_int(world_size) or world_size < 1:
+        raise ZerokitError(f"world size must be a positive integer, got {world_size}")
+    unfilled = [k for k in auto_keys(config) if k in TRAINER_FILLED_KEYS]
+    if unfilled:
+        raise ZerokitError(
+            f"{unfilled[0]} is \"auto\" (filled by the HF Trainer at start-up): fill it before validating "
+            "(zerokit.ds_check.fill_auto) or give a concrete value"
+        )
+    ds_config = _import_deepspeed_config()
+    import pydantic  # noqa: PLC0415 (deepspeed depends on it)
+
+    try:
+        with _world(world_size):
+            ds_config.DeepSpeedConfig(copy.deepcopy(config))
+    except pydantic.ValidationError as e:
+        raise ZerokitError(_explain_validation_error(config, e)) from None
+    except AssertionError as e:
+        text = " ".join(str(e).split())
+        if "train_batch_size is not equal" in text or "has to be greater than 0" in text:
+            raise ZerokitError(f"DeepSpeed's batch check fails for {world_size} ranks ({text}): {_batch_fix(config, world_size)}") from None
+        raise ZerokitError(f"DeepSpeed rejects the config: {text}") from None
+    except (ValueError, TypeError, KeyError, ds_config.DeepSpeedConfigError) as e:
+        text = " ".join(str(e).split())
+        raise ZerokitError(f"DeepSpeed rejects the config: {text}") from None
+
+
+def _batch_fix(config: Mapping, world_size: int) -> str:
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accum = config.get("gradient_accumulation_steps", 1)
+    if _is_int(micro) and _is_int(accum) and micro > 0 and accum > 0:
+        return (f"set train_batch_size to {micro * accum * world_size} (= micro {micro} x accumulation {accum} "
+                f"x {world_size} ranks), or drop it and let DeepSpeed derive it")
+    return "make train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# lint
+
+
+def _derive_batch(tb, micro, accum, world_size: int):
+    """The batch triple DeepSpeed ends up with: DeepSpeedConfig._set_batch_related_parameters, floor division
+    included. None when neither train_batch_size nor the micro batch is given (DeepSpeed asserts)."""
+    if tb is not None and micro is not None and accum is not None:
+        return tb, micro, accum
+    if tb is not None and micro is not None:
+        return tb, micro, tb // micro // world_size
+    if tb is not None and accum is not None:
+        return tb, tb // world_size // accum, accum
+    if micro is not None and accum is not None:
+        return micro * accum * world_size, micro, accum
+    if tb is not None:
+        return tb, tb // world_size, 1
+    if micro is not None:
+        return micro * world_size, micro, 1
+    return None
+
+
+def _batch_findings(config: Mapping, world_size: int) -> list[Finding]:
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    raw = {k: config.get(k) for k in keys}
+    out = [Finding("error", k, f"must be a positive integer, got {json.dumps(v)}")
+           for k, v in raw.items() if v not in (None, AUTO) and (not _is_int(v) or v < 1)]
+    if out or AUTO in raw.values():
+        return out
+    derived = _derive_batch(*raw.values(), world_size)
+    if derived is None:
+        return [Finding("error", "train_batch_size",
+                        "neither train_batch_size nor train_micro_batch_size_per_gpu is set: DeepSpeed needs one")]
+    tb, micro, accum = derived
+    if micro >= 1 and accum >= 1 and tb == micro * accum * world_size:
+        return []
+    if raw["train_micro_batch_size_per_gpu"] is not None:
+        fix = _batch_fix(config, world_size)
+    else:
+        fix = f"use a train_batch_size that is a multiple of {world_size * (raw['gradient_accumulation_steps'] or 1)}"
+    return [Finding("error", "train_batch_size",
+                    f"{tb} != micro batch {micro} x accumulation {accum} x {world_size} ranks: {fix}")]
+
+
+def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding]:
+    """Problems DeepSpeed lets through silently or reports only at run time; errors first.
+
+    accelerator: a zerokit.hardware.Accelerator, to check the precision against; None skips that rule.
+    """
+    schema = _schema()
+    out: list[Finding] = []
+    zero = config.get("zero_optimization")
+    zero = zero if isinstance(zero, Mapping) else {}
+    zero_keys = set(schema.zero)
+
+    # top level: DeepSpeed ignores keys it does not read
+    for key in config:
+        if key in schema.top:
+            continue
+        if key in schema.removed:
+            out.append(Finding("error", key, " ".join(schema.removed[key].split())))
+        elif key in ("offload_optimizer", "offload_param"):
+            out.append(Finding("error", key, "offload settings belong inside zero_optimization: move the block there"))
+        elif key in zero_keys:
+            out.append(Finding("error", key, f"a ZeRO setting at the top level is ignored: move it into zero_optimization"))
+        else:
+            hint = _did_you_mean(key, schema.top)
+            out.append(Finding("error" if hint else "warning", key,
+                               f"DeepSpeed ignores unknown top-level keys: {hint or 'remove it if it is not for your own script'}"))
+
+    # misplaced or unknown keys inside blocks DeepSpeed's pydantic models reject
+    for block, cls in schema.models.items():
+        node = _get(config, block)
+        if not isinstance(node, Mapping):
+            continue
+        for key in node:
+            if key in _model_keys(cls):
+                continue
+            where = f"{block}.{key}"
+            if key == "aio" and block == "zero_optimization":
+                out.append(Finding("error", where, "aio belongs at the top level of the config: move it there"))
+            elif key in FP16_ONLY_KEYS and block in ("bf16", "bfloat16"):
+                out.append(Finding("error", where, f"{key} is an fp16 setting; bf16 has no loss scaling: remove it"))
+            else:
+                hint = _did_you_mean(key, _model_keys(cls))
+                out.append(Finding("error", where, f"DeepSpeed rejects unknown key {key!r}: {hint or 'remove it'}"))
+
+    out.extend(_batch_findings(config, world_size))
+
+    fp16_on = _get(config, "fp16.enabled") is True
+    bf16_on = (_get(config, "bf16.enabled") if "bf16" in config else _get(config, "bfloat16.enabled")) is True
+    if fp16_on and bf16_on:
+        out.append(Finding("error", "fp16.enabled", "fp16 and bf16 are both enabled: DeepSpeed allows one; disable one"))
+    if accelerator is not None:
+        for name, on in (("fp16", fp16_on), ("bf16", bf16_on)):
+            if on and not accelerator.supports(name):
+                usable = ", ".join(p for p in accelerator.precisions if p != name)
+                out.append(Finding("error", f"{name}.enabled", f"{accelerator.name} does not support {name}: use {usable}"))
+
+    stage = zero.get("stage", 0)
+    stage = stage if _is_int(stage) else 0
+    opt_dev = _get(zero, "offload_optimizer.device", "none") or "none"
+    param_dev = _get(zero, "offload_param.device", "none") or "none"
+    opt_type = _get(config, "optimizer.type")
+    opt_params = _get(config, "optimizer.params", {})
+    opt_params = opt_params if isinstance(opt_params, Mapping) else {}
+    force_ds_cpu = config.get("zero_force_ds_cpu_optimizer", True)
+
+    if opt_dev in ("cpu", "nvme") and stage >= 1:
+        if opt_type is None:
+            if force_ds_cpu is not False:
+                # accelerate (under the HF Trainer too) swaps a torch optimizer for DeepSpeedCPUAdam itself
+                # (map_pytorch_optim_to_deepspeed); a plain script's torch optimizer makes the engine raise.
+                out.append(Finding(
+                    "warning", "optimizer",
+                    "optimizer offload with no optimizer block: fine under the HF Trainer/accelerate, but a plain "
+                    "DeepSpeed script must pass DeepSpeedCPUAdam or DeepSpeed raises (zero_force_ds_cpu_optimizer); "
+                    "add an optimizer block of type AdamW",
+                ))
+        elif str(opt_type).lower() not in CPU_OFFLOAD_OPTIMIZERS:
+            out.append(Finding(
+                "error", "optimizer.type",
+                f"offload_optimizer runs the optimizer step on the CPU and DeepSpeed has CPU kernels only for "
+                f"Adam, AdamW, Adagrad and Lion, not {opt_type}: use AdamW or drop the offload",
+            ))
+        elif str(opt_type).lower() in ("adam", "adamw") and opt_params.get("torch_adam") is True:
+            out.append(Finding(
+                "warning", "optimizer.params.torch_adam",
+                "torch_adam replaces DeepSpeedCPUAdam with torch.optim.AdamW for the offloaded step (several times "
+                "slower; ZeRO-3's offload fast path needs DeepSpeedCPUAdam): remove torch_adam",
+            ))
+    elif (accelerator is not None and accelerator.is_cpu and str(opt_type).lower() in ("adam", "adamw")
+          and opt_params.get("torch_adam") is not True):
+        out.append(Finding(
+            "warning", "optimizer.params.torch_adam",
+            "without offload DeepSpeed's Adam is FusedAdam, a JIT build of minutes on a CPU-only machine: "
+            "set optimizer.params.torch_adam true",
+        ))
+    if "max_grad_norm" in opt_params:
+        out.append(Finding("error", "optimizer.params.max_grad_norm",
+                           "DeepSpeed raises on max_grad_norm as an optimizer parameter: use top-level gradient_clipping"))
+
+    if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save",
+                               zero.get("gather_16bit_weights_on_model_save")) is not True:
+        out.append(Finding(
+            "warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+            "ZeRO-3 keeps each weight partitioned: without this, save_pretrained/save_16bit_model write empty "
+            "weights; set it true",
+        ))
+    if opt_dev == "nvme" and stage < 3:
+        out.append(Finding(
+            "warning", "zero_optimization.offload_optimizer.device",
+            f"NVMe optimizer offload needs ZeRO-3: at stage {stage} DeepSpeed silently offloads to CPU memory "
+            "instead; use stage 3 or device cpu",
+        ))
+    if param_dev != "none" and stage != 3:
+        out.append(Finding("error", "zero_optimization.offload_param",
+                           f"parameter offload needs ZeRO stage 3 (stage is {stage}): set stage 3 or remove offload_param"))
+    for block, dev in (("offload_optimizer", opt_dev), ("offload_param", param_dev)):
+        if dev == "nvme" and not _get(zero, f"{block}.nvme_path"):
+            out.append(Finding("error", f"zero_optimization.{block}.nvme_path",
+                               "NVMe offload needs nvme_path, a folder on the NVMe drive: add it"))
+
+    for key in auto_keys(config):
+        if key not in TRAINER_FILLED_KEYS:
+            out.append(Finding("warning", key,
+                               "\"auto\" here is not filled by the HF Trainer: DeepSpeed drops it and uses its default; "
+                               "give a value"))
+    return sorted(out, key=lambda f: f.level != "error")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# read a setup back
+
+
+def _precision(config: Mapping) -> str:
+    bf16 = config.get("bf16", config.get("bfloat16")) or {}
+    fp16 = config.get("fp16") or {}
+    for name, block in (("bf16", bf16), ("fp16", fp16)):
+        enabled = block.get("enabled", False) if isinstance(block, Mapping) else False
+        if enabled == AUTO:
+            raise ZerokitError(f"{name}.enabled is \"auto\": fill it first (fill_auto) with the precision the Trainer uses")
+        if enabled is True:
+            return name
+    return "fp32"
+
+
+def _offload_device(zero: Mapping, block: str, deprecated_flag: str) -> str:
+    node = zero.get(block)
+    if isinstance(node, Mapping):
+        return str(node.get("device", "none") or "none")
+    return "cpu" if zero.get(deprecated_flag) is True else "none"
+
+
+def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_size: int | None = None
+                      ) -> tuple[ZeroSetup, ZeroKnobs]:
+    """The ZeroSetup and ZeroKnobs a ds_config implies, with DeepSpeed's defaults for missing keys.
+
+    "auto" values are first filled as the HF Trainer would (fill_auto with auto_values and hidden_size).
+    Missing batch keys are derived as DeepSpeed derives them. overlap_comm defaults to True at stage 3 only
+    (DeepSpeedZeroConfig.overlap_comm_valid); the other knobs to DeepSpeedZeroConfig's defaults.
+    """
+    if auto_keys(config):
+        config = fill_auto(config, auto_values, world_size, hidden_size)
+    for f in _batch_findings(config, world_size):
+        raise ZerokitError(f"{f.key}: {f.message}")
+    _, micro, accum = _derive_batch(config.get("train_batch_size"), config.get("train_micro_batch_size_per_gpu"),
+                                    config.get("gradient_accumulation_steps"), world_size)
+
+    zero = config.get("zero_optimization", {})
+    if isinstance(zero, bool):  # DeepSpeed's deprecated boolean form: true = stage 1
+        zero = {"stage": 1 if zero else 0}
+    zero = {_ZERO_FIELD_TO_ALIAS.get(k, k): v for k, v in (zero or {}).items()}
+    stage = zero.get("stage", 0)
+    if stage == AUTO:
+        stage = 0  # DeepSpeed drops "auto" and uses its default
+    setup = ZeroSetup(
+        zero_stage=int(stage),
+        offload_optimizer=_offload_device(zero, "offload_optimizer", "cpu_offload"),
+        offload_param=_offload_device(zero, "offload_param", "cpu_offload_param"),
+        precision=_precision(config),
+        micro_batch_size=int(micro),
+        gradient_accumulation_steps=int(accum),
+        activation_checkpointing="activation_checkpointing" in config,
+    )
+    knobs = ZeroKnobs.from_zero_config(zero)
+    if zero.get("overlap_comm") in (None, AUTO):
+        knobs = ZeroKnobs(**{**knobs.to_dict(), "overlap_comm": setup.zero_stage == 3})
+    return setup, knobs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# files
+
+
+def load_config_file(path) -> dict:
+    """A ds_config from a JSON file; one-line ZerokitError when missing, unreadable, malformed or not an object."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ZerokitError(f"config file {p} does not exist: check the path") from None
+    except IsADirectoryError:
+        raise ZerokitError(f"{p} is a folder, not a config file: give the path of the JSON file") from None
+    except UnicodeDecodeError:
+        raise ZerokitError(f"config file {p} is not UTF-8 text: give a JSON ds_config") from None
+    except OSError as e:
+        raise ZerokitError(f"cannot read config file {p}: {e.strerror}") from None
+
+    def no_duplicates(pairs):
+        seen = {}
+        for k, v in pairs:
+            if k in seen:
+                raise ZerokitError(f"config file {p} has the key {k!r} twice: keep one (DeepSpeed rejects duplicates)")
+            seen[k] = v
+        return seen
+
+    try:
+        obj = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as e:
+        raise ZerokitError(f"config file {p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(obj, dict):
+        raise ZerokitError(f"config file {p} holds a JSON {type(obj).__name__}, not an object: a ds_config is {{...}}")
+    return obj

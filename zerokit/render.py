@@ -1,0 +1,183 @@
+"""Render a ZeroSetup into a DeepSpeed ds_config from the Jinja2 templates in templates/.
+
+Two profiles, one template each (the shared blocks are the partials templates/_*.j2):
+- "deepspeed": for a plain `deepspeed.initialize` script; every value concrete.
+- "hf": for the HF Trainer / accelerate; "auto" on exactly the keys the Trainer fills.
+
+Only jinja2 is needed here: no torch, no deepspeed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from zerokit.errors import ZerokitError
+from zerokit.hardware import Cluster
+from zerokit.model_spec import ModelSpec
+from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
+
+PROFILES = ("deepspeed", "hf")
+TEMPLATE_NAMES = {profile: f"ds_config.{profile}.json.j2" for profile in PROFILES}
+
+
+def template_dir():
+    """The folder holding the .j2 templates, as an importlib Traversable (a Path in practice).
+
+    An installed wheel ships them as the package `zerokit.templates`; a plain checkout has them at
+    <repo>/templates (pyproject maps that folder onto the package only when building).
+    """
+    try:
+        d = resources.files("zerokit.templates")
+        probe = d.joinpath(TEMPLATE_NAMES["deepspeed"])
+        if probe.is_file():
+            # templates/ has no __init__.py, so files() gives a namespace MultiplexedPath; the file's folder is a
+            # plain Path (a zip import would give a zipfile.Path, which is as good to the loader)
+            return probe.parent if isinstance(probe, Path) else d
+    except ModuleNotFoundError:
+        pass
+    d = Path(__file__).resolve().parent.parent / "templates"
+    if (d / TEMPLATE_NAMES["deepspeed"]).is_file():
+        return d
+    raise ZerokitError(f"zerokit's templates are missing (looked in the package zerokit.templates and {d}): reinstall zerokit")
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+
+    base = template_dir()
+
+    def load(name: str) -> str | None:
+        f = base.joinpath(name)
+        return f.read_text(encoding="utf-8") if f.is_file() else None
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=False,
+    )
+    env.filters["j"] = json.dumps  # every value goes through JSON: strings quoted, paths escaped, bools lowercase
+    return env
+
+
+def _total_steps(total_steps, workload, global_batch):
+    if total_steps is not None:
+        if int(total_steps) != total_steps or total_steps < 1:
+            raise ZerokitError(f"total steps must be a positive whole number, got {total_steps}")
+        return int(total_steps)
+    if workload is not None and workload.samples:
+        return math.ceil(steps_per_epoch(workload.samples, global_batch) * workload.epochs)
+    return None
+
+
+def render_ds_config(
+    setup: ZeroSetup,
+    cluster: Cluster,
+    model: ModelSpec | None,
+    workload: Workload | None = None,
+    profile: str = "deepspeed",
+    knobs: ZeroKnobs | None = None,
+    lr: float = 2e-5,
+    weight_decay=0.0,
+    warmup_steps=0,
+    total_steps=None,
+    gradient_clipping=1.0,
+    steps_per_print=10,
+) -> dict:
+    """The ds_config dict for `setup` on `cluster`, rendered from the profile's template.
+
+    knobs None: the HF integration's hidden-size buckets (ZeroKnobs.for_hidden_size); in the hf profile those
+    bucket keys are then left "auto" for the Trainer to fill with the same values. Explicit knobs are written
+    as given in both profiles (so the memory model prices what runs).
+    total_steps None: taken from the workload (samples x epochs) when it has samples; the deepspeed profile
+    then uses WarmupDecayLR, or WarmupLR (constant after warm-up) when the length is unknown.
+    """
+    if profile not in PROFILES:
+        raise ZerokitError(f"unknown config profile {profile!r}: use one of {', '.join(PROFILES)}")
+    acc = cluster.accelerator
+    if not acc.supports(setup.precision):
+        raise ZerokitError(
+            f"{acc.name} does not support {setup.precision}: use one of {', '.join(acc.precisions)}"
+        )
+    uses_nvme = "nvme" in (setup.offload_optimizer, setup.offload_param)
+    if uses_nvme and not cluster.nvme_path:
+        raise ZerokitError("NVMe offload needs a path on the NVMe drive: give --nvme-path DIR")
+    world = cluster.world_size
+    train_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * world
+    if workload is not None and workload.global_batch is not None and workload.global_batch != train_batch:
+        raise ZerokitError(
+            f"global batch {workload.global_batch} != micro batch {setup.micro_batch_size} x accumulation "
+            f"{setup.gradient_accumulation_steps} x {world} GPUs = {train_batch}: change the accumulation or the global batch"
+        )
+    if warmup_steps < 0:
+        raise ZerokitError(f"warmup steps must be 0 or more, got {warmup_steps}")
+    if not lr > 0:
+        raise ZerokitError(f"learning rate must be positive, got {lr}")
+    total = _total_steps(total_steps, workload, train_batch)
+    context = {
+        "setup": setup,
+        "knobs": knobs or ZeroKnobs.for_hidden_size(model.hidden_size if model else None),
+        "knobs_auto": knobs is None,
+        "train_batch_size": train_batch,
+        "gradient_clipping": gradient_clipping,
+        "steps_per_print": steps_per_print,
+        "lr": lr,
+        "weight_decay": weight_decay,
+        # DeepSpeed >= 0.19.6 rejects warmup_num_steps <= 0 (lr_schedules.WarmupLR); the HF Trainer clamps to 1 too.
+        "warmup_num_steps": max(1, int(warmup_steps)),
+        "total_steps": total,
+        # CPU-only machines: DeepSpeed's FusedAdam is a slow JIT build, so use torch.optim.AdamW. Not with optimizer
+        # offload: torch_adam wins over DeepSpeedCPUAdam in engine.get_optimizer_configuration, which is the
+        # optimizer offload is built for (ZeRO-3's offload fast path requires it).
+        "torch_adam": acc.is_cpu and setup.offload_optimizer == "none",
+        "nvme_path": cluster.nvme_path,
+        "aio": uses_nvme,
+    }
+    text = _environment().get_template(TEMPLATE_NAMES[profile]).render(**context)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:  # a template bug, not a user error
+        raise RuntimeError(f"template {TEMPLATE_NAMES[profile]} rendered invalid JSON ({e}):\n{text}") from e
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write obj as indented JSON: a temporary file in the same folder, then os.replace.
+
+    A reader sees the old file or the complete new one, never half of it.
+    """
+    path = Path(path)
+    text = json.dumps(obj, indent=2) + "\n"
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable folder") from None
+    try:
+        # mkstemp creates the file 0600; give it what a plain open() would (or the old file's mode)
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable path") from None
+        raise
