@@ -165,3 +165,15 @@ def test_hostfile_sets_nodes_and_gpus(tmp_path):
 def test_debug_shows_traceback():
     r = zk("--debug", "plan", "--params", "7e9", "--gpu", "b200-typo")
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_check_accepts_an_hf_profile_config_with_auto(tmp_path):
+    out = tmp_path / "hf.json"
+    hw = ["--gpu", "a100-80gb", "--gpus-per-node", "8", "--seq-len", "2048"]
+    r = zk("render", "llama-3-8b", *hw, "--global-batch", "64", "--profile", "hf", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "auto" in out.read_text()
+    r = zk("check", str(out), "--model", "llama-3-8b", *hw, "--micro-batch", "1", "--grad-accum", "8", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert result["valid"] and result["evaluation"]["setup"]["micro_batch_size"] == 1

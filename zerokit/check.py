@@ -43,8 +43,11 @@ class CheckResult:
         }
 
 
-def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool = False,
-                 memory_fraction: float | None = None) -> CheckResult:
+def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool | None = None,
+                 memory_fraction: float | None = None, trainer_values: dict | None = None) -> CheckResult:
+    """trainer_values: for an HF-profile config with "auto", what the Trainer will fill (dotted keys, e.g.
+    {"train_micro_batch_size_per_gpu": 4}); the rest takes TrainingArguments' defaults, as the Trainer would.
+    activation_checkpointing: None = what the config says (its activation_checkpointing block)."""
     from dataclasses import replace
 
     from zerokit import ds_check
@@ -55,14 +58,20 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     result.findings = ds_check.lint_config(config, cluster.world_size, cluster.accelerator)
     if any(f.level == "error" for f in result.findings):
         return result
+    hidden = model.hidden_size if model is not None else None
+    concrete = config
+    if ds_check.auto_keys(config):
+        # "auto" is filled by the HF Trainer at run time: validate what it will fill in.
+        concrete = ds_check.fill_auto(config, trainer_values, cluster.world_size, hidden)
     try:
-        ds_check.validate_with_deepspeed(config, cluster.world_size)
+        ds_check.validate_with_deepspeed(concrete, cluster.world_size)
     except ZerokitError as e:
         result.deepspeed_error = str(e)
         return result
     if model is not None:
-        setup, knobs = ds_check.setup_from_config(config, cluster.world_size)
-        setup = replace(setup, activation_checkpointing=activation_checkpointing)
+        setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
+        if activation_checkpointing is not None:
+            setup = replace(setup, activation_checkpointing=activation_checkpointing)
         result.evaluation = evaluate(model, cluster, workload, setup, knobs, memory_fraction or DEFAULT_MEMORY_FRACTION)
     return result
 
@@ -75,6 +84,12 @@ def run_check(args) -> CheckResult:
     has_model = bool(getattr(args, "model", None) or getattr(args, "params", None))
     model = load_model(args) if has_model else None
     cluster = load_cluster(args)
-    return check_config(config, args.config, model, cluster, load_workload(args),
-                        activation_checkpointing=args.activation_checkpointing == "on")
+    trainer_values = {}
+    if args.micro_batch_size:
+        trainer_values["train_micro_batch_size_per_gpu"] = args.micro_batch_size
+    if args.gradient_accumulation_steps:
+        trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
+    ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
+    return check_config(config, args.config, model, cluster, load_workload(args), activation_checkpointing=ckpt,
+                        trainer_values=trainer_values or None)
 

@@ -119,7 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", parents=[mdl, wl, hw], help="validate an existing ds_config.json and check that it fits")
     p.add_argument("config", help="ds_config.json to check")
     p.add_argument("--model", dest="model", help="HF model id, local directory or bundled name")
-    p.add_argument("--activation-checkpointing", choices=("on", "off"), default="off")
+    p.add_argument("--activation-checkpointing", choices=("on", "off"),
+                   help="override what the config says (its activation_checkpointing block)")
+    p.add_argument("--micro-batch", type=_positive_int, dest="micro_batch_size",
+                   help='for "auto" configs: the per-device batch the HF Trainer will fill in (default: its default, 8)')
+    p.add_argument("--grad-accum", type=_positive_int, dest="gradient_accumulation_steps",
+                   help='for "auto" configs: the accumulation the HF Trainer will fill in (default 1)')
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
 

@@ -139,8 +139,13 @@ def _did_you_mean(word: str, choices) -> str:
 
 
 def _import_deepspeed_config():
+    import contextlib
+    import sys
+
     try:
-        import deepspeed.runtime.config as ds_config  # noqa: PLC0415 (heavy: only when checking)
+        # DeepSpeed logs its accelerator choice to stdout on import: keep stdout for --json output.
+        with contextlib.redirect_stdout(sys.stderr):
+            import deepspeed.runtime.config as ds_config  # noqa: PLC0415 (heavy: only when checking)
     except ImportError as e:
         raise ZerokitError(f"checking against DeepSpeed needs deepspeed installed ({e}): pip install 'zerokit[train]'") from None
     return ds_config
