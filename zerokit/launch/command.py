@@ -1,0 +1,338 @@
+"""The `deepspeed` launcher command for a run: a pure function from a LaunchSpec to (argv, env).
+
+Nothing here starts a process or touches the file system (render_sbatch reads its template).
+The argv is what DeepSpeed's own runner (deepspeed/launcher/runner.py, 0.19) parses:
+
+  local    deepspeed --num_gpus G --master_port P --module zerokit.launch.train ARGS...
+  pdsh     deepspeed --hostfile H --launcher pdsh --num_nodes N --num_gpus G [--master_addr A]
+                     --master_port P [--ssh_port S] [--no_ssh_check] --module zerokit.launch.train ARGS...
+  openmpi  deepspeed --hostfile H --launcher openmpi [--master_addr A] --master_port P
+  mpich              [--no_ssh_check] --module zerokit.launch.train ARGS...
+  slurm    deepspeed --hostfile H --launcher slurm --num_nodes N --num_gpus G --master_addr A
+                     --master_port P --no_ssh_check /abs/zerokit/launch/command.py zerokit.launch.train ARGS...
+
+--include/--exclude replace --num_nodes/--num_gpus (DeepSpeed refuses both together). openmpi and
+mpich take no --num_nodes/--num_gpus/--include/--exclude (DeepSpeed's runners refuse them): every
+slot of the hostfile runs; resolve_resources() checks the hostfile agrees with the spec.
+
+Slurm: DeepSpeed's SlurmRunner ignores --module (it runs `srun ... python -u USER_SCRIPT`) and sets
+no RANK/LOCAL_RANK/WORLD_SIZE for the tasks srun starts. So for slurm the user script is this file,
+run as a script: its __main__ block maps SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS to
+RANK/LOCAL_RANK/WORLD_SIZE when they are unset and then runs the module like `python -m`. The
+path must be the same on every node (a shared install, as DeepSpeed also assumes for python).
+MASTER_ADDR/MASTER_PORT are in the returned env so `srun --export=ALL` hands them to every task.
+
+Environment: the returned env is for the `deepspeed` process (merge it into os.environ). With
+local and slurm the ranks inherit it. pdsh/openmpi/mpich ranks on other hosts only get PYTHON*,
+UCX*, NCCL*-style variables and what .deepspeed_env says: write spec.env there with
+zerokit.hostfile.write_deepspeed_env(<directory deepspeed starts in>, env).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+if __name__ == "__main__":  # launcher slurm's entry script: make `zerokit` importable like `python -m` does
+    import os
+    import sys
+
+    sys.path[0] = os.getcwd()
+    sys.path.append(str(Path(__file__).resolve().parents[2]))  # a checkout that is not pip-installed
+
+from zerokit.errors import ZerokitError  # noqa: E402
+
+LAUNCHERS = ("local", "pdsh", "openmpi", "mpich", "slurm")
+MULTI_NODE = ("pdsh", "openmpi", "mpich", "slurm")
+DEFAULT_MODULE = "zerokit.launch.train"
+
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch and how. num_gpus is per node (on CPU it is the number of ranks per node)."""
+
+    launcher: str = "local"
+    num_gpus: int = 1
+    num_nodes: int = 1
+    hostfile: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    master_addr: str | None = None
+    master_port: int = 29500
+    no_ssh_check: bool = False
+    ssh_port: int | None = None
+    module: str = DEFAULT_MODULE
+    script_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    bind_cores_to_rank: bool = False
+    deepspeed_bin: str = "deepspeed"
+
+    def __post_init__(self):
+        validate(self)
+
+
+def validate(spec: LaunchSpec) -> None:
+    """Every check on a LaunchSpec, in one place. Raises ZerokitError with the fix."""
+    launcher = spec.launcher
+    if launcher not in LAUNCHERS:
+        raise ZerokitError(f"unknown launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    for name in ("num_gpus", "num_nodes", "master_port"):
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ZerokitError(f"{name} must be an integer, got {value!r}")
+    if spec.num_gpus < 1:
+        raise ZerokitError(f"num_gpus must be at least 1 (ranks per node), got {spec.num_gpus}")
+    if spec.num_nodes < 1:
+        raise ZerokitError(f"num_nodes must be at least 1, got {spec.num_nodes}")
+    if not 1 <= spec.master_port <= 65535:
+        raise ZerokitError(f"master_port {spec.master_port} is not a TCP port: use 1024-65535, e.g. 29500")
+    if spec.include and spec.exclude:
+        raise ZerokitError("include and exclude are mutually exclusive (DeepSpeed refuses both): give only one")
+    if not spec.deepspeed_bin:
+        raise ZerokitError("deepspeed_bin is empty: give the deepspeed launcher, e.g. 'deepspeed' or '.venv/bin/deepspeed'")
+    if not isinstance(spec.module, str) or not _MODULE.match(spec.module):
+        raise ZerokitError(f"module {spec.module!r} is not a dotted Python module name, e.g. zerokit.launch.train")
+    if not isinstance(spec.script_args, list) or not all(isinstance(a, str) for a in spec.script_args):
+        raise ZerokitError("script_args must be a list of strings")
+    for key, value in spec.env.items():
+        if not isinstance(key, str) or not _ENV_KEY.match(key):
+            raise ZerokitError(f"environment name {key!r} is not valid: use letters, digits and '_'")
+        if not isinstance(value, str):
+            raise ZerokitError(f"environment value of {key} must be a string, got {type(value).__name__}")
+    if spec.ssh_port is not None:
+        if launcher != "pdsh":
+            raise ZerokitError(f"ssh_port only applies to launcher pdsh, not {launcher}: drop it")
+        if not isinstance(spec.ssh_port, int) or not 1 <= spec.ssh_port <= 65535:
+            raise ZerokitError(f"ssh_port {spec.ssh_port!r} is not a TCP port: use e.g. 22")
+    if spec.bind_cores_to_rank and launcher != "local":
+        raise ZerokitError(
+            f"bind_cores_to_rank works only with launcher local (DeepSpeed's {launcher} runner drops it): drop it"
+        )
+    if spec.master_addr is not None and (not spec.master_addr or any(c.isspace() for c in spec.master_addr)):
+        raise ZerokitError(f"master_addr {spec.master_addr!r} is not a host name or IP address")
+
+    if launcher == "local":
+        if spec.num_nodes != 1:
+            raise ZerokitError(
+                f"launcher local runs on this machine only but num_nodes={spec.num_nodes}: "
+                "use num_nodes 1 or a multi-node launcher (pdsh, openmpi, mpich, slurm) with a hostfile"
+            )
+        if spec.hostfile:
+            raise ZerokitError("launcher local does not use a hostfile: drop it, or use launcher pdsh for hosts in a hostfile")
+        return
+    if not spec.hostfile:
+        raise ZerokitError(f"launcher {launcher} needs a hostfile ('HOST slots=N' per node): give one")
+    if launcher in ("openmpi", "mpich") and (spec.include or spec.exclude):
+        raise ZerokitError(
+            f"DeepSpeed's {launcher} launcher does not support include/exclude: "
+            "write a hostfile with only the hosts and slots to use"
+        )
+    if launcher == "slurm" and not spec.master_addr:
+        raise ZerokitError(
+            "launcher slurm needs master_addr (DeepSpeed would ssh to find it): give the first node, "
+            "e.g. $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1); render_sbatch does this"
+        )
+
+
+def slurm_entry_script() -> str:
+    """Absolute path of this file, the user script for launcher slurm (see the module docstring)."""
+    return str(Path(__file__).resolve())
+
+
+def build_launch_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
+    """The `deepspeed` argv for `spec` and the environment to add for the launcher process. Pure."""
+    validate(spec)
+    argv = [spec.deepspeed_bin]
+    env = dict(spec.env)
+    launcher = spec.launcher
+
+    if launcher != "local":
+        argv += ["--hostfile", spec.hostfile, "--launcher", launcher]
+    if spec.include:
+        argv += ["--include", spec.include]
+    elif spec.exclude:
+        argv += ["--exclude", spec.exclude]
+    elif launcher in ("pdsh", "slurm"):
+        argv += ["--num_nodes", str(spec.num_nodes), "--num_gpus", str(spec.num_gpus)]
+    elif launcher == "local":
+        argv += ["--num_gpus", str(spec.num_gpus)]
+    # openmpi/mpich: DeepSpeed's runners refuse --num_nodes/--num_gpus; the hostfile decides.
+
+    if spec.master_addr and launcher != "local":
+        argv += ["--master_addr", spec.master_addr]
+    argv += ["--master_port", str(spec.master_port)]
+    if launcher == "pdsh" and spec.ssh_port is not None:
+        argv += ["--ssh_port", str(spec.ssh_port)]
+    if launcher == "slurm" or (launcher in MULTI_NODE and spec.no_ssh_check):
+        argv.append("--no_ssh_check")
+    if spec.bind_cores_to_rank:
+        argv.append("--bind_cores_to_rank")
+
+    if launcher == "slurm":
+        argv += [slurm_entry_script(), spec.module]
+        env["MASTER_ADDR"] = spec.master_addr
+        env["MASTER_PORT"] = str(spec.master_port)
+    else:
+        argv += ["--module", spec.module]
+    argv += list(spec.script_args)
+    return argv, env
+
+
+def resolve_resources(spec: LaunchSpec, hosts: dict[str, int]) -> dict[str, list[int]]:
+    """The host -> slot ids DeepSpeed will run `spec` on, given the parsed hostfile `hosts`.
+
+    Also refuses a spec the hostfile cannot satisfy (DeepSpeed would silently start ranks on
+    slots a host does not have, or ignore the spec's counts). Pure: parse the file with
+    zerokit.hostfile.parse_hostfile first.
+    """
+    from zerokit.hostfile import apply_filters  # noqa: PLC0415
+
+    validate(spec)
+    if spec.launcher == "local":
+        raise ZerokitError("launcher local does not use a hostfile")
+    active = apply_filters(hosts, spec.include, spec.exclude)
+    if spec.include or spec.exclude:
+        return active
+    if spec.launcher in ("openmpi", "mpich"):
+        slots = set(hosts.values())
+        if len(hosts) != spec.num_nodes or slots != {spec.num_gpus}:
+            raise ZerokitError(
+                f"launcher {spec.launcher} runs every slot of the hostfile ({len(hosts)} hosts, slots {sorted(slots)}) "
+                f"but the spec asks for {spec.num_nodes} nodes x {spec.num_gpus}: edit the hostfile to match"
+            )
+        return active
+    if spec.num_nodes > len(hosts):
+        raise ZerokitError(
+            f"num_nodes {spec.num_nodes} but the hostfile lists {len(hosts)} hosts: add hosts or lower num_nodes"
+        )
+    chosen = list(hosts)[: spec.num_nodes]
+    short = [h for h in chosen if hosts[h] < spec.num_gpus]
+    if short:
+        raise ZerokitError(
+            f"num_gpus {spec.num_gpus} per node but {short[0]} has slots={hosts[short[0]]} in the hostfile: "
+            "lower num_gpus or fix the hostfile"
+        )
+    return {h: list(range(spec.num_gpus)) for h in chosen}
+
+
+# ----------------------------------------------------------------------------------------------
+# sbatch script
+
+
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
+_SBATCH_WORD = re.compile(r"^[A-Za-z0-9_.,+@%/=-]+$")
+_HOSTFILE_MARK = "ZKHOSTFILEMARK"
+_MASTER_MARK = "ZKMASTERADDRMARK"
+
+
+def render_sbatch(
+    spec: LaunchSpec,
+    job_name: str,
+    nodes: int,
+    gpus_per_node: int,
+    time_limit: str,
+    partition: str | None = None,
+    output_dir: str = ".",
+) -> str:
+    """An sbatch script that runs `spec` with DeepSpeed's slurm launcher inside the allocation.
+
+    nodes/gpus_per_node set both the #SBATCH request and the spec's num_nodes/num_gpus (they
+    override the spec's); the spec's launcher, hostfile, master_addr and ssh_port are replaced too,
+    so any spec will do (e.g. LaunchSpec(module=..., script_args=..., env=...)). The script writes a hostfile from `scontrol show hostnames`, takes the
+    first node as MASTER_ADDR, exports spec.env and execs `deepspeed --launcher slurm ...`.
+    Slurm opens the --output file before the script runs: create output_dir before sbatch.
+    """
+    import jinja2  # noqa: PLC0415
+
+    for name, value in (("job_name", job_name), ("output_dir", output_dir)) + (
+        (("partition", partition),) if partition is not None else ()
+    ):
+        if not isinstance(value, str) or not _SBATCH_WORD.match(value):
+            raise ZerokitError(f"sbatch {name} {value!r} must be one word without spaces or quotes")
+    if not isinstance(time_limit, str) or not _SLURM_TIME.match(time_limit):
+        raise ZerokitError(
+            f"sbatch time limit {time_limit!r} is not a Slurm time: use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00"
+        )
+    if spec.include or spec.exclude:
+        raise ZerokitError("render_sbatch runs on the whole allocation: drop include/exclude and size the job with nodes")
+    spec = replace(
+        spec,
+        launcher="slurm",
+        num_nodes=nodes,
+        num_gpus=gpus_per_node,
+        hostfile=_HOSTFILE_MARK,
+        master_addr=_MASTER_MARK,
+        ssh_port=None,
+    )
+    argv, _ = build_launch_command(spec)
+    def word(a: str) -> str:
+        return {_HOSTFILE_MARK: '"$HOSTFILE"', _MASTER_MARK: '"$MASTER_ADDR"'}.get(a) or shlex.quote(a)
+
+    script_at = argv.index(slurm_entry_script())
+    lines, i = [word(argv[0])], 1
+    while i < script_at:  # one launcher option (and its value) per line
+        if i + 1 < script_at and not argv[i + 1].startswith("--"):
+            lines.append(f"{word(argv[i])} {word(argv[i + 1])}")
+            i += 2
+        else:
+            lines.append(word(argv[i]))
+            i += 1
+    lines.append(" ".join(word(a) for a in argv[script_at:]))
+    from zerokit.render import template_dir  # noqa: PLC0415 (installed package, else the checkout's templates/)
+
+    base = template_dir()
+
+    def load(name: str) -> str | None:
+        f = base.joinpath(name)
+        return f.read_text(encoding="utf-8") if f.is_file() else None
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env.get_template("sbatch.sh.j2").render(
+        job_name=job_name,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        time_limit=time_limit,
+        partition=partition,
+        output_dir=output_dir,
+        master_port=spec.master_port,
+        exports=[(k, shlex.quote(v)) for k, v in spec.env.items()],
+        command=" \\\n    ".join(lines),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry for launcher slurm: `python -u command.py MODULE ARGS...` (see the module docstring).
+
+
+def _slurm_entry(argv: list[str]) -> None:
+    import os  # noqa: PLC0415
+    import runpy  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    if not argv:
+        raise SystemExit("usage: python command.py MODULE [ARGS...]")
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        os.environ["WORLD_SIZE"] = os.environ.get("SLURM_NTASKS", "1")
+        tasks_per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        if tasks_per_node.isdigit():
+            os.environ.setdefault("LOCAL_SIZE", tasks_per_node)
+    sys.argv = list(argv)
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _slurm_entry(sys.argv[1:])
