@@ -32,7 +32,7 @@ import accelerate.commands.estimate as est
 cfg = json.load(open({str(CONFIG_DIR / 'config.json')!r}))
 est.verify_on_hub = lambda repo, token=None: types.SimpleNamespace(config=cfg, library_name="transformers")
 parser = est.estimate_command_parser()
-args = parser.parse_args([{str(CONFIG_DIR)!r}, "--library_name", "transformers", "--dtypes", "bfloat16"])
+args = parser.parse_args([{str(CONFIG_DIR)!r}, "--library_name", "transformers", "--dtypes", "float16"])
 est.estimate_command(args)
 """
 
