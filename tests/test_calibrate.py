@@ -1,0 +1,150 @@
+"""zerokit calibrate: measurements, the profile file, and applying it to an Accelerator."""
+
+import json
+import os
+
+import pytest
+
+from zerokit import hardware
+from zerokit.calibrate import apply_profile, efficiency_from_run, load_profile
+from zerokit.errors import ZerokitError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _profile(**over):
+    prof = {
+        "zerokit_hardware_profile": 1,
+        "created": "2026-01-01T00:00:00+00:00",
+        "quick": True,
+        "device": {"type": "cpu", "name": "test cpu", "count": 1, "memory_bytes": 16 * 2**30, "cpu_cores": 2},
+        "matmul_size": 1024,
+        "matmul_tflops": {"bf16": 0.05, "fp16": None, "fp32": 0.04},
+        "collectives": {"backend": "gloo", "world_size": 2, "all_reduce_busbw_gbps": 1.5, "all_gather_busbw_gbps": 0.2},
+        "h2d_gbps": None,
+        "d2h_gbps": None,
+        "cpu_adam_params_per_s": 2.0e8,
+        "torch_adamw_params_per_s": 3.0e7,
+        "notes": [],
+    }
+    prof.update(over)
+    return prof
+
+
+def _write(tmp_path, prof, name="prof.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(prof) if not isinstance(prof, str) else prof)
+    return str(p)
+
+
+def test_apply_profile_changes_cpu_accelerator(tmp_path):
+    cpu = hardware.accelerator("cpu")
+    acc = apply_profile(cpu, _write(tmp_path, _profile()))
+    assert acc.fp32_tflops == 0.04 and acc.bf16_tflops == 0.05
+    assert acc.bf16 is True and acc.fp16 is False and acc.fp16_tflops == 0.0
+    assert acc.efficiency == 1.0
+    assert acc.intra_node_bw == 1.5
+    assert acc.memory_bytes == 16 * 2**30
+    assert acc.pcie_bw == cpu.pcie_bw  # no copies measured on CPU
+    assert acc.inter_node_bw == cpu.inter_node_bw  # not measurable on one node
+    assert "zerokit calibrate" in acc.source
+    assert acc != cpu and acc.name == cpu.name
+
+
+def test_apply_profile_gpu(tmp_path):
+    prof = _profile(
+        device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 8, "memory_bytes": 85520809984},
+        matmul_tflops={"bf16": 700.0, "fp16": 710.0, "fp32": 50.0},
+        collectives={"backend": "nccl", "world_size": 2, "all_reduce_busbw_gbps": 360.0, "all_gather_busbw_gbps": 350.0},
+        h2d_gbps=50.0, d2h_gbps=45.0,
+    )
+    acc = apply_profile(hardware.accelerator("h100-80gb"), _write(tmp_path, prof))
+    assert (acc.bf16_tflops, acc.fp16_tflops, acc.fp32_tflops) == (700.0, 710.0, 50.0)
+    assert acc.intra_node_bw == 360.0 and acc.pcie_bw == 45.0 and acc.efficiency == 1.0
+    assert acc.peak_flops("bf16") == 700e12
+
+
+def test_build_cluster_uses_profile(tmp_path):
+    path = _write(tmp_path, _profile())
+    cl = hardware.build_cluster(gpu="cpu", hardware_profile=path)
+    assert cl.accelerator.fp32_tflops == 0.04 and cl.accelerator.efficiency == 1.0
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json {",
+        json.dumps([1, 2]),
+        json.dumps({"matmul_tflops": {"fp32": 1.0}}),  # no schema marker
+        json.dumps(_profile(matmul_tflops={"bf16": 1.0})),  # no fp32
+        json.dumps(_profile(matmul_tflops={"fp32": -1.0})),
+        json.dumps(_profile(matmul_tflops={"fp32": 1.0, "bf16": "fast"})),
+        json.dumps(_profile(device={"name": "x"})),
+    ],
+)
+def test_bad_profile_raises(tmp_path, content):
+    path = _write(tmp_path, content)
+    with pytest.raises(ZerokitError):
+        apply_profile(hardware.accelerator("cpu"), path)
+
+
+def test_missing_profile_raises(tmp_path):
+    with pytest.raises(ZerokitError, match="calibrate"):
+        apply_profile(hardware.accelerator("cpu"), str(tmp_path / "nope.json"))
+
+
+def test_profile_device_mismatch(tmp_path):
+    with pytest.raises(ZerokitError, match="cpu"):
+        apply_profile(hardware.accelerator("a100-80gb"), _write(tmp_path, _profile()))
+
+
+def test_efficiency_from_run():
+    assert efficiency_from_run(10.0, 20.0, 0.4) == pytest.approx(0.2)
+    assert efficiency_from_run(10.0, 5.0, 0.4) == pytest.approx(0.8)
+    assert efficiency_from_run(10.0, 1.0, 0.4) == 1.0  # clamped
+    assert efficiency_from_run(1.0, 1e6, 0.4) == 0.01
+    for bad in [(0, 1, 0.4), (1, -1, 0.4), (1, 1, 0), (float("nan"), 1, 0.4)]:
+        with pytest.raises(ZerokitError):
+            efficiency_from_run(*bad)
+
+
+def test_measure_matmul_cpu():
+    pytest.importorskip("torch")
+    from zerokit.calibrate import measure_matmul
+
+    assert measure_matmul("fp32", 128, "cpu", min_time_s=0.05) > 0
+    assert measure_matmul("bf16", 128, "cpu", min_time_s=0.05) > 0
+    with pytest.raises(ZerokitError, match="fp16"):
+        measure_matmul("fp16", 128, "cpu")
+
+
+def test_torch_adamw_rate():
+    pytest.importorskip("torch")
+    from zerokit.calibrate import measure_torch_adamw
+
+    assert measure_torch_adamw(100_000, "cpu", min_time_s=0.05) > 0
+
+
+@pytest.mark.slow
+def test_quick_calibration_end_to_end(tmp_path):
+    pytest.importorskip("torch")
+    from zerokit.calibrate import run_calibration
+
+    ext = os.path.join(REPO, ".cache", "torch_extensions")
+    if os.path.isdir(ext):
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", ext)
+    out = tmp_path / "sub" / "profile.json"
+    prof = run_calibration(out, quick=True)
+    on_disk = load_profile(out)
+    assert on_disk == json.loads(json.dumps(prof))
+    for key in ("device", "matmul_tflops", "collectives", "cpu_adam_params_per_s", "torch_adamw_params_per_s", "notes"):
+        assert key in on_disk
+    assert on_disk["device"]["type"] == "cpu"
+    assert on_disk["matmul_tflops"]["fp32"] > 0 and on_disk["matmul_tflops"]["bf16"] > 0
+    assert on_disk["matmul_tflops"]["fp16"] is None and any("fp16" in n for n in on_disk["notes"])
+    coll = on_disk["collectives"]
+    assert coll["backend"] == "gloo" and coll["all_reduce_busbw_gbps"] > 0 and coll["all_gather_busbw_gbps"] > 0
+    assert on_disk["torch_adamw_params_per_s"] > 0
+    assert on_disk["cpu_adam_params_per_s"] is None or on_disk["cpu_adam_params_per_s"] > 0
+    acc = apply_profile(hardware.accelerator("cpu"), str(out))
+    assert acc.fp32_tflops == on_disk["matmul_tflops"]["fp32"] and acc.efficiency == 1.0
