@@ -99,73 +99,92 @@ def model_state_bytes_per_param(precision: str) -> dict[str, int]:
     return {"parameters": 2, "gradients": 2, "master_weights": 4, "optimizer_states": 8, "fp32_gradients": 4}
 
 
-def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, precision: str, attention: str) -> int:
+def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, precision: str, attention: str,
+                               on_cpu: bool = False) -> int:
     """Bytes autograd keeps for one transformer layer's backward, for `tokens` = micro batch x seq.
 
-    Derived from what HF's implementations save (names in comments), not copied from GPT-3's 34sbh:
-    - norms: RMSNorm (Llama family) upcasts to fp32 and saves the fp32 input (4h) and the 16-bit
-      cast (E h) plus its output for the next Linear (E h); fp32 training skips the extra copy.
-      LayerNorm (GPT-2 family) saves its input (E h) and output for the next Linear (E h).
-    - attention: the q/k/v projections' outputs saved by the attention kernel (E (a + 2k) d),
-      the kernel output (E h) and its re-laid-out copy for o_proj (E h); eager attention also
-      keeps the scores and softmax (2 E a s per token) [Korthikanti's 5as^2b without dropout].
-    - MLP: gated (gate, act(gate), up, product: 4 E i) or plain GPT-2 style (fc out and output,
-      plus the three intermediates its Python tanh-GELU keeps: 5 E i).
-    Dropout masks (1 byte/element) are counted when the architecture uses dropout in training.
+    Derived from what HF's implementations save (names in comments), not copied from GPT-3's 34sbh,
+    and checked against FakeTensorMode traces of the real modules (tests/test_activation_trace.py):
+    - norms: RMSNorm (Llama family) upcasts to fp32 and saves the fp32 input (4h), the 16-bit cast
+      (E h) and its output for the next Linear (E h); in fp32: input, normalised input, output (12h).
+      LayerNorm (GPT-2 family) saves its input (E h), output (E h) and fp32 mean/rstd per token.
+    - attention: q, k, v as the attention kernel saves them (E (a + 2k) d) and the kernel output
+      (E h), which o_proj saves too (flash/sdpa write it in (b, s, a, d) layout: no copy); the
+      flash kernel keeps a fp32 log-sum-exp per head. Eager attention repeats K/V to all heads and
+      keeps the fp32 softmax output and its cast ((4 + E) a s per token; Korthikanti's 5as^2b term).
+    - attention dropout: eager adds the mask and dropped probabilities (1 + E bytes per score); sdpa
+      with dropout on CPU falls back to the math kernel, measured at 14 bytes per score (torch 2.13);
+      on GPUs flash attention regenerates the mask and keeps nothing extra.
+    - MLP: gated (gate out, act(gate), up out, product: 4 E i) or plain (fc out and act out: 2 E i),
+      plus three i-wide intermediates when the activation is a Python tanh-GELU (gelu_new, gelu_fast).
+    - residual dropout: a bool mask per branch (2h bytes per token).
     """
     e = dtype_bytes(precision)
     h, i = model.hidden_size, model.intermediate_size
     a, k, d = model.num_attention_heads, model.num_kv_heads, model.head_dim
-    per_token = 0
-    if model.norm == "rmsnorm":
-        upcast = 4 if precision != "fp32" else 0
-        per_token += 2 * ((upcast + e + e) * h + 4)  # fp32 input copy, cast, output; fp32 rsqrt per token
-        if precision == "fp32":
-            per_token += 2 * 4 * h  # fp32: the input itself is what is saved
-    else:
-        per_token += 2 * (2 * e * h + 8)  # input + output, fp32 mean and rstd per token
-    per_token += e * (a + 2 * k) * d  # q, k, v as the attention kernel saves them
-    per_token += 2 * e * h  # attention output and its contiguous copy for o_proj
+    per_token = 2 * _norm_bytes_per_token(model, precision)
+    scores = a * seq_len  # attention scores per token
     if attention == "eager":
-        per_token += 2 * e * a * seq_len  # scores and softmax probabilities
+        # HF's eager path repeats K/V to every head (repeat_kv) and keeps the fp32 softmax output
+        # plus its cast back to the training dtype for the second matmul.
+        per_token += e * 3 * a * d + e * h
+        per_token += (4 + (e if precision != "fp32" else 0)) * scores
+        if model.attention_dropout > 0:
+            per_token += (1 + e) * scores
     else:
-        per_token += 4 * a  # flash/sdpa keeps only the log-sum-exp (fp32)
+        per_token += e * (a + 2 * k) * d + e * h
+        per_token += 4 * a
+        if model.attention_dropout > 0 and on_cpu:
+            per_token += 14 * scores
     experts = model.experts_per_token if model.num_experts > 1 else 1
-    if model.gated_mlp:
-        per_token += 4 * e * i * experts  # gate out, act(gate), up out, product (down_proj's input)
-    else:
-        # fc out, tanh-GELU's saved intermediates (tanh out, 0.5x, 1+tanh) and its output
-        per_token += 5 * e * i * experts
+    mlp = 4 * e * i if model.gated_mlp else 2 * e * i
+    if model.mlp_activation in PYTHON_GELUS:
+        mlp += 3 * e * i
+    per_token += mlp * experts
     if model.num_experts > 1:
         per_token += 4 * model.num_experts  # router logits (fp32)
-    if model.model_type in DROPOUT_ARCHS:
-        per_token += 2 * h  # residual dropout masks after attention and MLP (bool)
+    if model.hidden_dropout > 0:
+        per_token += 2 * h
     return per_token * tokens
 
 
-# Architectures whose HF configs enable dropout in training by default (resid_pdrop etc.).
-DROPOUT_ARCHS = frozenset({"gpt2", "gpt_neo", "gptj", "opt", "bloom"})
+# HF activations implemented as Python expressions: autograd keeps their intermediates.
+PYTHON_GELUS = frozenset({"gelu_new", "gelu_fast"})
 
 
-def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload) -> dict[str, int]:
+def _norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
+    """What one RMSNorm / LayerNorm keeps per token (see activation_bytes_per_layer)."""
+    e = dtype_bytes(precision)
+    h = model.hidden_size
+    if model.norm == "rmsnorm":
+        # mixed: fp32 input copy, 16-bit cast, output; fp32: input, normalised input, output
+        return (12 if precision == "fp32" else 4 + 2 * e) * h + 4
+    return 2 * e * h + 4
+
+
+def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_cpu: bool = False) -> dict[str, int]:
     """Activations, logits and loss for one micro batch, per GPU."""
     e = dtype_bytes(setup.precision)
     tokens = setup.micro_batch_size * workload.seq_len
-    one_layer = activation_bytes_per_layer(model, tokens, workload.seq_len, setup.precision, workload.attention)
+    one_layer = activation_bytes_per_layer(model, tokens, workload.seq_len, setup.precision, workload.attention,
+                                           on_cpu)
     terms: dict[str, int] = {}
+    final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
     if setup.activation_checkpointing:
         # HF gradient checkpointing keeps each layer's input, then recomputes one layer at a time.
         terms["activations_checkpoints"] = model.num_layers * tokens * model.hidden_size * e
-        terms["activations_recompute"] = one_layer
+        terms["activations_recompute"] = one_layer + final_norm
     else:
-        terms["activations"] = model.num_layers * one_layer
-    # Logits (E), the fp32 upcast the HF loss makes (mixed precision only) and log_softmax's output;
-    # the start of backward then adds the fp32 gradient of the logits.
+        terms["activations"] = model.num_layers * one_layer + final_norm
+    # Logits as the LM head writes them (E) and the fp32 tensor the HF loss keeps (upcast /
+    # log-softmax); the start of backward adds the fp32 gradient of the logits and, in mixed
+    # precision, its cast back to E. Measured: traces of Llama configs under FakeTensorMode give
+    # exactly 6V (bf16) / 8V (fp32) bytes per token kept, plus 6V / 4V in backward.
     v = model.vocab_size
-    upcast = 4 if setup.precision != "fp32" else 0
-    terms["logits_and_loss"] = tokens * v * (e + upcast + 4)
-    terms["logits_grad"] = tokens * v * 4
+    terms["logits_and_loss"] = tokens * v * (e + 4)
+    terms["logits_grad"] = tokens * v * (4 + (e if setup.precision != "fp32" else 0))
     return terms
+
 
 
 def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
@@ -263,7 +282,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est = MemoryEstimate()
     est.per_gpu.update(model_state_terms(model, cluster, setup))
     est.per_gpu.update(buffer_terms(model, cluster, setup, knobs))
-    est.per_gpu.update(activation_terms(model, setup, workload))
+    est.per_gpu.update(activation_terms(model, setup, workload, cluster.accelerator.is_cpu))
     if not cluster.accelerator.is_cpu:
         est.per_gpu["cuda_context"] = CUDA_CONTEXT_BYTES
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)

@@ -64,6 +64,9 @@ class ModelSpec:
     embedding_params: int = 0  # input embedding (+ untied LM head) parameters: no matmul FLOPs for the input side
     model_type: str = "unknown"  # HF model_type, e.g. "llama"; "params" for a bare count
     norm: str = "rmsnorm"  # rmsnorm | layernorm
+    mlp_activation: str = "silu"  # HF hidden_act / activation_function
+    attention_dropout: float = 0.0  # training-time dropout on attention probabilities
+    hidden_dropout: float = 0.0  # training-time dropout on the residual branches
     exact: bool = True  # False when shapes were guessed from a bare parameter count
 
     @property
@@ -83,7 +86,7 @@ class ModelSpec:
 
 
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _CONFIG_NAME = "config.json"
 
 
@@ -365,7 +368,17 @@ def _measure(model, cfg) -> dict:
     else:
         norm = "rmsnorm"
 
+    act = _first(tc, ["hidden_act", "activation_function", "hidden_activation"], "silu")
+    attn_drop = _first(tc, ["attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"], 0.0)
+    hidden_drop = _first(tc, ["resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"], 0.0)
+
+    def _prob(v) -> float:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
     return dict(
+        mlp_activation=str(act),
+        attention_dropout=_prob(attn_drop),
+        hidden_dropout=_prob(hidden_drop),
         params=int(params),
         largest_layer_params=int(largest),
         hidden_size=hidden,
