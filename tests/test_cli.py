@@ -177,3 +177,17 @@ def test_check_accepts_an_hf_profile_config_with_auto(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout)
     assert result["valid"] and result["evaluation"]["setup"]["micro_batch_size"] == 1
+
+
+def test_plan_trace_replaces_analytic_activations_with_a_traced_measure():
+    args = ["plan", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64", "--global-batch", "8",
+            "--stage", "2", "--precision", "fp32", "--micro-batch", "4", "--json"]
+    analytic = json.loads(zk(*args).stdout)
+    traced = json.loads(zk(*args, "--trace").stdout)
+    a_terms, t_terms = analytic["memory"]["per_gpu"]["terms"], traced["memory"]["per_gpu"]["terms"]
+    assert "activations_traced" in t_terms and "activations" not in t_terms
+    analytic_act = sum(a_terms[k] for k in ("activations", "logits_and_loss", "logits_grad"))
+    assert t_terms["activations_traced"] == pytest.approx(analytic_act, rel=0.03)
+    assert any("traced under FakeTensorMode" in n for n in traced["memory"]["notes"])
+    r = zk("plan", "--params", "7e9", "--trace")
+    assert "--trace needs a model config" in one_line_error(r)

@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `zerokit plan ... | head`: the reader left; not an error
+        sys.stdout = None
+        return EXIT_OK
     except Exception as e:  # an unexpected failure: still one line unless --debug
         if args.debug:
             raise

@@ -633,3 +633,11 @@ def _human(n: int) -> str:
 
 
 __all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "bundled_models", "spec_cache_dir"]
+
+
+def config_source(model: str) -> str:
+    """A path transformers can load the config from: a local config.json, or the cached hub download."""
+    local = _resolve_local(model)
+    if local is not None:
+        return str(local[0])
+    return str(_fetch_hub_config(model)[0])

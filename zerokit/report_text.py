@@ -18,6 +18,7 @@ TERM_LABELS = {
     "activations_recompute": "recomputed layer (backward)",
     "logits_and_loss": "logits + loss",
     "logits_grad": "logits gradient",
+    "activations_traced": "activations + logits (traced)",
     "cuda_context": "CUDA context + workspaces",
     "optimizer_states_offloaded": "optimizer states (offloaded)",
     "parameters_offloaded": "parameters (offloaded)",
