@@ -452,7 +452,7 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
         elif key in ("offload_optimizer", "offload_param"):
             out.append(Finding("error", key, "offload settings belong inside zero_optimization: move the block there"))
         elif key in zero_keys:
-            out.append(Finding("error", key, f"a ZeRO setting at the top level is ignored: move it into zero_optimization"))
+            out.append(Finding("error", key, "a ZeRO setting at the top level is ignored: move it into zero_optimization"))
         else:
             hint = _did_you_mean(key, schema.top)
             out.append(Finding("error" if hint else "warning", key,

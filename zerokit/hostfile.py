@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from zerokit.errors import ZerokitError
+from zerokit.fsutil import atomic_write_text
 
 # DeepSpeed: r'^(\S+)\s+slots=(\d+)' searched on the stripped line.
 _LINE = re.compile(r"^(\S+)\s+slots=(\d+)(.*)$")
@@ -221,18 +221,5 @@ def write_deepspeed_env(dir: str | os.PathLike, env: dict[str, str]) -> Path:
     if not d.is_dir():
         raise ZerokitError(f"cannot write {deepspeed_env_name()}: {dir} is not a directory; create it first")
     target = d / deepspeed_env_name()
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_text(target, text, mode=0o644)
     return target

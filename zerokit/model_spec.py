@@ -37,12 +37,12 @@ import json
 import math
 import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from zerokit.errors import ZerokitError
+from zerokit.fsutil import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -166,20 +166,8 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
     }
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(entry, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; cache entries hold nothing private
-            os.replace(tmp, directory / f"{key}.json")
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        # cache entries hold nothing private: 0644
+        atomic_write_text(directory / f"{key}.json", json.dumps(entry, indent=1, sort_keys=True), mode=0o644)
     except OSError:
         pass  # an unwritable cache only costs a recount next time
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -47,8 +45,9 @@ def template_dir():
     raise ZerokitError(f"zerokit's templates are missing (looked in the package zerokit.templates and {d}): reinstall zerokit")
 
 
-@lru_cache(maxsize=1)
-def _environment():
+@lru_cache(maxsize=2)
+def template_environment(keep_trailing_newline: bool = False):
+    """The Jinja2 environment over templates/: strict (an undefined name is an error), no escaping."""
     import jinja2
 
     base = template_dir()
@@ -61,7 +60,7 @@ def _environment():
         loader=jinja2.FunctionLoader(load),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
-        keep_trailing_newline=False,
+        keep_trailing_newline=keep_trailing_newline,
     )
     env.filters["j"] = json.dumps  # every value goes through JSON: strings quoted, paths escaped, bools lowercase
     return env
@@ -140,7 +139,7 @@ def render_ds_config(
         "nvme_path": cluster.nvme_path,
         "aio": uses_nvme,
     }
-    text = _environment().get_template(TEMPLATE_NAMES[profile]).render(**context)
+    text = template_environment().get_template(TEMPLATE_NAMES[profile]).render(**context)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:  # a template bug, not a user error
@@ -148,36 +147,10 @@ def render_ds_config(
 
 
 def write_json_atomic(path, obj) -> None:
-    """Write obj as indented JSON: a temporary file in the same folder, then os.replace.
+    """Write obj as indented JSON atomically (zerokit.fsutil.atomic_write_text)."""
+    from zerokit.fsutil import atomic_write_text
 
-    A reader sees the old file or the complete new one, never half of it.
-    """
-    path = Path(path)
-    text = json.dumps(obj, indent=2) + "\n"
-    directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
     except OSError as e:
-        raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable folder") from None
-    try:
-        # mkstemp creates the file 0600; give it what a plain open() would (or the old file's mode)
-        try:
-            mode = path.stat().st_mode & 0o777
-        except OSError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable path") from None
-        raise
+        raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable path") from None

@@ -271,7 +271,6 @@ def apply_trace_to_plan(plan, model: str | None) -> None:
     batch, sequence length, precision and checkpointing, then the fit is checked again. It costs
     seconds to a minute (TinyLlama-1.1B at seq 2048: ~30-60 s on 2 cores), so only the chosen setup is traced.
     """
-    from zerokit.hardware import Cluster  # noqa: F401 (type only)
     from zerokit.memory import Budget, fit_problems
     from zerokit.model_spec import config_source
 

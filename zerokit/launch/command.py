@@ -247,7 +247,6 @@ def render_sbatch(
     first node as MASTER_ADDR, exports spec.env and execs `deepspeed --launcher slurm ...`.
     Slurm opens the --output file before the script runs: create output_dir before sbatch.
     """
-    import jinja2  # noqa: PLC0415
 
     for name, value in (("job_name", job_name), ("output_dir", output_dir)) + (
         (("partition", partition),) if partition is not None else ()
@@ -283,20 +282,9 @@ def render_sbatch(
             lines.append(word(argv[i]))
             i += 1
     lines.append(" ".join(word(a) for a in argv[script_at:]))
-    from zerokit.render import template_dir  # noqa: PLC0415 (installed package, else the checkout's templates/)
+    from zerokit.render import template_environment  # noqa: PLC0415 (installed package, else the checkout's templates/)
 
-    base = template_dir()
-
-    def load(name: str) -> str | None:
-        f = base.joinpath(name)
-        return f.read_text(encoding="utf-8") if f.is_file() else None
-
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(load),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    env = template_environment(keep_trailing_newline=True)
     return env.get_template("sbatch.sh.j2").render(
         job_name=job_name,
         nodes=nodes,
