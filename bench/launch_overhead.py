@@ -1,0 +1,119 @@
+"""Wall time of `zerokit launch` vs the same job started with a hand-written deepspeed command.
+
+Both run the same training script (zerokit.launch.train), the same ds_config, the same packed tokens,
+2 CPU ranks, tiny-llama, a few steps; they alternate (A B A B ...) so machine load hits both alike.
+`zerokit launch` adds: validation and tokenization, the fit check (planner imports), writing the
+config/tokens/launch.json, the runner, and the report. The ratio says what that costs end to end.
+
+    python bench/launch_overhead.py [--reps 3] [--steps 6]
+    -> prints a table, writes bench/results/launch_overhead.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONFIG = {
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0, "torch_adam": True}},
+    "gradient_clipping": 1.0, "zero_optimization": {"stage": 2, "reduce_bucket_size": 16384,
+                                                    "allgather_bucket_size": 16384},
+    "steps_per_print": 1000000,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(argv, env) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-3000:])
+    return dt, p.returncode
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "launch_overhead.txt"))
+    args = ap.parse_args(argv)
+
+    from zerokit.launch import data as zdata
+
+    work = Path(tempfile.mkdtemp(prefix="zk-bench-"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cfg = work / "ds_config.json"
+    cfg.write_text(json.dumps(CONFIG))
+    files = zdata.resolve_data_files(None)
+    tok = str(zdata.bundled_tokenizer())
+    arr, total = zdata.tokenize_files(files, tok, args.seq_len)
+    prepared = zdata.write_tokens(arr, total, files, tok, args.seq_len, work / "tokens")
+    ds = str(Path(sys.executable).parent / "deepspeed")
+    model = str(zdata.bundled_dir("models") / "tiny-llama")
+
+    rows = {"zerokit launch": [], "hand-written deepspeed": []}
+    try:
+        for i in range(args.reps):
+            a_out, b_out = work / f"zk{i}", work / f"ds{i}"
+            a = [sys.executable, "-m", "zerokit", "launch", "--model", "tiny-llama", "--config", str(cfg),
+                 "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", str(args.seq_len), "--steps", str(args.steps),
+                 "--output-dir", str(a_out)]
+            b = [ds, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "zerokit.launch.train",
+                 "--model", model, "--tokens", str(prepared.tokens_path), "--tokenizer", tok, "--ds-config", str(cfg),
+                 "--output-dir", str(b_out), "--steps", str(args.steps)]
+            for name, cmd in (("zerokit launch", a), ("hand-written deepspeed", b)):
+                dt, rc = timed(cmd, env)
+                if rc != 0:
+                    print(f"{name} failed with exit code {rc}", file=sys.stderr)
+                    return 1
+                rows[name].append(dt)
+                print(f"rep {i + 1}/{args.reps}  {name:<24} {dt:7.2f} s", flush=True)
+            # the hand-written run leaves its /dev/shm buffers behind (DeepSpeed's CPU launcher does)
+            for f in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{b[4]}_*"):
+                f.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    zk, hw = statistics.median(rows["zerokit launch"]), statistics.median(rows["hand-written deepspeed"])
+    lines = [
+        f"launch overhead: tiny-llama, 2 CPU ranks (gloo), ZeRO-2 fp32, seq {args.seq_len}, {args.steps} steps, "
+        f"{args.reps} alternating repetitions",
+        f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"{'':<24} {'median':>8} {'min':>8} {'max':>8}   runs",
+    ]
+    for name, v in rows.items():
+        lines.append(f"{name:<24} {statistics.median(v):8.2f} {min(v):8.2f} {max(v):8.2f}   "
+                     + " ".join(f"{x:.2f}" for x in v))
+    lines.append(f"ratio zerokit/hand-written (medians): {zk / hw:.2f}x  (+{zk - hw:.2f} s)")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

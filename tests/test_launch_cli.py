@@ -1,0 +1,212 @@
+"""`zerokit launch` through the real CLI (`python -m zerokit launch ...` in a subprocess).
+
+Bad inputs: exit code, one-line `error:` on stderr, no traceback, no output directory left behind.
+--dry-run: prints the exact command and config, starts and writes nothing. One real end-to-end run
+(2 CPU ranks, tiny-llama, --plan) checks the files a run leaves and the predicted-vs-measured report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytest.importorskip("transformers")
+
+
+def zk(*args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run([sys.executable, "-m", "zerokit", "launch", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or str(REPO), env=env, timeout=timeout)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), p.stderr
+    for n in needles:
+        assert n in last, last
+    return last
+
+
+BASE = ["--model", "tiny-llama", "--gpus-per-node", "2", "--seq-len", "32", "--steps", "2", "--gpu", "cpu"]
+
+
+def test_missing_data_file(tmp_path):
+    out = tmp_path / "run"
+    p = zk(*BASE, "--plan", "--data", tmp_path / "nope.txt", "--output-dir", out)
+    assert_one_line_error(p, 2, "nope.txt", "does not exist")
+    assert not out.exists()
+
+
+def test_empty_data(tmp_path):
+    (tmp_path / "tiny.txt").write_text("too short")
+    out = tmp_path / "run"
+    p = zk(*BASE, "--plan", "--data", tmp_path / "tiny.txt", "--output-dir", out)
+    assert_one_line_error(p, 2, "fewer than one sequence of 32")
+    assert not out.exists()
+
+
+def test_malformed_jsonl(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": "fine"}\n{not json}\n')
+    p = zk(*BASE, "--plan", "--data", tmp_path / "d.jsonl", "--output-dir", tmp_path / "run")
+    assert_one_line_error(p, 2, "d.jsonl:2")
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_directory_without_config(tmp_path):
+    (tmp_path / "model").mkdir()
+    p = zk("--model", tmp_path / "model", "--gpus-per-node", "2", "--steps", "2", "--plan", "--output-dir", tmp_path / "run")
+    assert_one_line_error(p, 2, "no config.json")
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_that_does_not_fit(tmp_path):
+    cfg = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+           "zero_optimization": {"stage": 0}}
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    p = zk(*BASE, "--config", tmp_path / "ds.json", "--gpu-memory", "1MB", "--output-dir", out)
+    assert_one_line_error(p, 1, "does not fit")
+    assert "DOES NOT FIT" in p.stderr  # the breakdown is printed before the error line
+    assert not out.exists()
+
+
+def test_malformed_hostfile(tmp_path):
+    (tmp_path / "hosts").write_text("worker-0 slots=two\n")
+    p = zk("--model", "tiny-llama", "--plan", "--steps", "2", "--gpu", "cpu", "--hostfile", tmp_path / "hosts",
+           "--output-dir", tmp_path / "run")
+    assert_one_line_error(p, 2, "hosts")
+    assert not (tmp_path / "run").exists()
+
+
+def test_unreachable_host(tmp_path):
+    (tmp_path / "hosts").write_text("localhost slots=1\nno-such-host.invalid slots=1\n")
+    p = zk("--model", "tiny-llama", "--plan", "--steps", "2", "--seq-len", "32", "--gpu", "cpu",
+           "--hostfile", tmp_path / "hosts", "--output-dir", tmp_path / "run")
+    assert_one_line_error(p, 2, "no-such-host.invalid")
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_without_checkpoint(tmp_path):
+    p = zk(*BASE, "--plan", "--resume", "--output-dir", tmp_path / "run")
+    assert_one_line_error(p, 2, "--resume")
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_prints_command_and_runs_nothing(tmp_path):
+    out = tmp_path / "run"
+    p = zk(*BASE, "--plan", "--micro-batch", "2", "--save-every", "1", "--master-port", "29999", "--dry-run",
+           "--output-dir", out)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    cmd = next(x for x in lines if "--module zerokit.launch.train" in x)
+    assert "--num_gpus 2" in cmd and "--master_port 29999" in cmd and "--steps 2" in cmd and "--save-every 1" in cmd
+    assert f"--output-dir {out}" in cmd
+    assert any(x.startswith("export PYTHONPATH=") for x in lines)
+    cfg = json.loads(p.stdout[p.stdout.index("{"): p.stdout.rindex("}") + 1])
+    assert cfg["train_micro_batch_size_per_gpu"] == 2
+    assert not out.exists()
+    assert not any(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29999_*"))
+
+
+@pytest.mark.slow
+def test_launch_end_to_end_with_report(tmp_path):
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "run"
+    p = zk(*BASE[:-4], "--steps", "6", "--gpu", "cpu", "--plan", "--stage", "2", "--precision", "fp32",
+           "--micro-batch", "2", "--grad-accum", "2", "--save-every", "3", "--output-dir", out)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for f in ("ds_config.json", "launch.json", "data/tokens.npy", "data/tokens.json", "report.txt", "report.json",
+              "metrics/rank0.jsonl", "metrics/rank1.jsonl", "checkpoints/latest", "final/config.json"):
+        assert (out / f).exists(), f
+    assert (out / "checkpoints" / "latest").read_text() == "step6"
+    rep = json.loads((out / "report.json").read_text())
+    names = {r["name"]: r for r in rep["rows"]}
+    mem = names["peak memory per rank (max over ranks)"]
+    assert mem["predicted"] > 0 and mem["measured"] > 0
+    assert names["step time (median, steady state)"]["measured"] > 0
+    assert rep["steps"] == 6 and rep["restarts"] == 0 and len(rep["per_rank"]) == 2
+    assert "predicted" in p.stdout and "measured" in p.stdout
+    # the same output dir again without --resume: refused, nothing touched
+    before = sorted(str(x) for x in out.rglob("*"))
+    p2 = zk(*BASE, "--plan", "--output-dir", out)
+    assert_one_line_error(p2, 2, "--resume")
+    assert sorted(str(x) for x in out.rglob("*")) == before
+    # --resume with other data (here: another sequence length): refused, nothing touched
+    p3 = zk(*BASE[:4], "--seq-len", "16", "--steps", "8", "--gpu", "cpu", "--plan", "--resume", "--output-dir", out)
+    assert_one_line_error(p3, 2, "--resume: the data or --seq-len differ")
+    assert sorted(str(x) for x in out.rglob("*")) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# data and step arithmetic (in-process, fast)
+
+
+def test_bundled_tokenizer_and_corpus():
+    from zerokit.launch import data as zdata
+
+    tok = zdata.load_tokenizer(str(zdata.bundled_tokenizer()))
+    assert len(tok) == 2048 and tok.eos_token_id == 2 and tok.pad_token_id == 0 and tok.bos_token_id == 1
+    size = zdata.bundled_corpus().stat().st_size
+    assert 50_000 < size < 400_000
+    arr, total = zdata.tokenize_files([zdata.bundled_corpus()], str(zdata.bundled_tokenizer()), 64)
+    assert arr.shape == (total // 64, 64) and int(arr.max()) < 2048
+
+
+def test_data_directory_txt_and_jsonl(tmp_path):
+    from zerokit.errors import ZerokitError
+    from zerokit.launch import data as zdata
+
+    (tmp_path / "a.txt").write_text("The river flows north.\nIt is cold.\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text('{"text": "Ada found a lantern."}\n\n{"text": "Bram counted owls."}\n')
+    (tmp_path / "ignored.csv").write_text("x")
+    files = zdata.resolve_data_files(str(tmp_path))
+    assert [f.name for f in files] == ["a.txt", "b.jsonl"]
+    docs = list(zdata.read_documents(files))
+    assert docs == ["The river flows north.\nIt is cold.\n", "Ada found a lantern.", "Bram counted owls."]
+    tok = zdata.load_tokenizer(str(zdata.bundled_tokenizer()))
+    arr, total = zdata.tokenize_and_pack(files, tok, 4)
+    # documents are joined with EOS, the tail shorter than one block is dropped
+    assert arr.shape[1] == 4 and arr.shape[0] == total // 4
+    assert (arr == tok.eos_token_id).sum() >= 2
+    (tmp_path / "c.jsonl").write_text('{"txt": "wrong field"}\n')
+    with pytest.raises(ZerokitError, match='c.jsonl:1: expected an object with a "text"'):
+        list(zdata.read_documents([tmp_path / "c.jsonl"]))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ZerokitError, match="holds no .txt or .jsonl"):
+        zdata.resolve_data_files(str(tmp_path / "empty"))
+
+
+def test_tokens_cache_round_trip(tmp_path):
+    from zerokit.launch import data as zdata
+
+    f = tmp_path / "d.txt"
+    f.write_text("Ada found a lantern near Amberly. " * 40)
+    tok = str(zdata.bundled_tokenizer())
+    arr, total = zdata.tokenize_files([f], tok, 16)
+    prep = zdata.write_tokens(arr, total, [f], tok, 16, tmp_path / "data")
+    assert zdata.cached_tokens([f], tok, 16, tmp_path / "data") == prep
+    assert zdata.cached_tokens([f], tok, 32, tmp_path / "data") is None  # other seq_len: not this cache
+    back = zdata.load_tokens(prep.tokens_path)
+    assert back.shape == arr.shape and (back == arr).all()
+
+
+def test_steps_for_counts_like_the_trainer():
+    from zerokit.launch.cli import steps_for
+
+    assert steps_for(100, 2, 4, 2, 7, None) == 7  # --steps wins
+    # 100 sequences / 2 ranks = 50 per rank; micro 4 -> 13 micro batches per epoch; accumulation 2 -> 6 steps
+    assert steps_for(100, 2, 4, 2, None, None) == 6
+    assert steps_for(100, 2, 4, 2, None, 2.0) == 13
+    assert steps_for(3, 2, 4, 8, None, 0.1) == 1  # at least one step

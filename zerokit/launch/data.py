@@ -1,0 +1,211 @@
+"""Training data for `zerokit launch`: find the files, pick the tokenizer, tokenize and pack to seq_len.
+
+DATA is a .txt or .jsonl file (one JSON object per line with a "text" field) or a directory of them
+(searched recursively, sorted by path). With no DATA the bundled tiny corpus is used, so the main
+command runs without a download. Documents are tokenized, joined with the tokenizer's EOS token and cut
+into blocks of exactly seq_len tokens (the remainder is dropped).
+
+The tokenized blocks are written once by the CLI to `<output_dir>/data/tokens.npy` (with a JSON
+fingerprint beside it) and every rank memory-maps that file: ranks do not tokenize.
+
+Only the standard library is imported at module level; numpy/transformers inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from zerokit.errors import ZerokitError
+
+DATA_SUFFIXES = (".txt", ".jsonl")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def bundled_dir(name: str) -> Path:
+    """A directory under zerokit/data (corpus, tokenizer, models)."""
+    return Path(str(resources.files("zerokit.data").joinpath(name)))
+
+
+def bundled_corpus() -> Path:
+    return bundled_dir("corpus") / "tiny_corpus.txt"
+
+
+def bundled_tokenizer() -> Path:
+    return bundled_dir("tokenizer")
+
+
+def resolve_data_files(data: str | os.PathLike | None) -> list[Path]:
+    """The list of text files DATA names. Raises ZerokitError with a one-line reason."""
+    if data is None or str(data) == "":
+        return [bundled_corpus()]
+    p = Path(data).expanduser()
+    if not p.exists():
+        raise ZerokitError(f"data {str(data)!r} does not exist: give a .txt/.jsonl file or a directory of them")
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in DATA_SUFFIXES)
+        if not files:
+            raise ZerokitError(f"data directory {str(data)!r} holds no .txt or .jsonl files")
+        return files
+    if p.suffix.lower() not in DATA_SUFFIXES:
+        raise ZerokitError(f"data file {str(data)!r} is not .txt or .jsonl: convert it, or give a directory of such files")
+    return [p]
+
+
+def read_documents(files: list[Path]):
+    """Yield documents: each .txt file is one document; each .jsonl line's "text" is one."""
+    for f in files:
+        if f.suffix.lower() == ".txt":
+            try:
+                text = f.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise ZerokitError(f"data file {f} is not UTF-8 text") from None
+            if text.strip():
+                yield text
+            continue
+        with open(f, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ZerokitError(f"{f}:{lineno}: not valid JSON ({e.msg}): one JSON object per line") from None
+                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                    raise ZerokitError(f'{f}:{lineno}: expected an object with a "text" string field')
+                if rec["text"].strip():
+                    yield rec["text"]
+
+
+def resolve_tokenizer(model: str | None) -> str:
+    """Where the tokenizer comes from: the model's own (local dir with tokenizer files, or a hub id),
+    else the bundled one."""
+    if model:
+        p = Path(model).expanduser()
+        if p.is_dir():
+            if any((p / f).exists() for f in TOKENIZER_FILES):
+                return str(p)
+            return str(bundled_tokenizer())
+        if not p.exists() and "/" in model and not model.startswith((".", "/")):
+            return model  # a hub id such as meta-llama/Llama-3.2-1B
+    return str(bundled_tokenizer())
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds; report one line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ZerokitError(f"cannot load tokenizer {name_or_path!r}: {msg}") from None
+    return tok
+
+
+def _eos_id(tok) -> int | None:
+    if tok.eos_token_id is not None:
+        return int(tok.eos_token_id)
+    if getattr(tok, "sep_token_id", None) is not None:
+        return int(tok.sep_token_id)
+    return None
+
+
+def tokenize_and_pack(files: list[Path], tok, seq_len: int):
+    """An int32 numpy array [n_blocks, seq_len] and the total token count (before dropping the tail)."""
+    import numpy as np
+
+    if seq_len < 2:
+        raise ZerokitError(f"sequence length must be at least 2 for causal LM training, got {seq_len}")
+    eos = _eos_id(tok)
+    ids: list[int] = []
+    for doc in read_documents(files):
+        # long documents: tokenize in line chunks so the fast tokenizer never sees one huge string
+        out = tok(doc.splitlines(keepends=True), add_special_tokens=False)["input_ids"]
+        for piece in out:
+            ids.extend(piece)
+        if eos is not None:
+            ids.append(eos)
+    total = len(ids)
+    n = total // seq_len
+    if n < 1:
+        where = files[0] if len(files) == 1 else f"{len(files)} files"
+        raise ZerokitError(
+            f"data {where} has {total} tokens, fewer than one sequence of {seq_len}: add text or lower --seq-len"
+        )
+    arr = np.asarray(ids[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+    return arr, total
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    tokens_path: Path
+    num_sequences: int
+    seq_len: int
+    total_tokens: int
+    tokenizer: str
+    max_token_id: int
+
+
+def fingerprint(files: list[Path], tokenizer: str, seq_len: int) -> str:
+    h = hashlib.sha256()
+    h.update(f"{tokenizer}|{seq_len}".encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"|{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def tokenize_files(files: list[Path], tokenizer: str, seq_len: int):
+    """Tokenize and pack in memory (validation step; nothing written). Returns (array, total_tokens)."""
+    tok = load_tokenizer(tokenizer)
+    return tokenize_and_pack(files, tok, seq_len)
+
+
+def write_tokens(arr, total_tokens: int, files: list[Path], tokenizer: str, seq_len: int, out_dir: Path) -> PreparedData:
+    """Write tokens.npy + tokens.json atomically under out_dir (created)."""
+    import numpy as np
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".tokens.npy.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        np.save(fh, arr)
+    os.replace(tmp, out_dir / "tokens.npy")
+    meta = {
+        "fingerprint": fingerprint(files, tokenizer, seq_len),
+        "files": [str(f) for f in files],
+        "tokenizer": tokenizer,
+        "seq_len": seq_len,
+        "num_sequences": int(arr.shape[0]),
+        "total_tokens": int(total_tokens),
+        "max_token_id": int(arr.max()),
+    }
+    tmpj = out_dir / f".tokens.json.tmp{os.getpid()}"
+    tmpj.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmpj, out_dir / "tokens.json")
+    return PreparedData(out_dir / "tokens.npy", meta["num_sequences"], seq_len, meta["total_tokens"], tokenizer,
+                        meta["max_token_id"])
+
+
+def cached_tokens(files: list[Path], tokenizer: str, seq_len: int, out_dir: Path) -> PreparedData | None:
+    """The tokens already written under out_dir for exactly these files/tokenizer/seq_len, else None."""
+    meta_path, npy = out_dir / "tokens.json", out_dir / "tokens.npy"
+    if not (meta_path.is_file() and npy.is_file()):
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if meta.get("fingerprint") != fingerprint(files, tokenizer, seq_len):
+        return None
+    return PreparedData(npy, meta["num_sequences"], seq_len, meta["total_tokens"], tokenizer, meta["max_token_id"])
+
+
+def load_tokens(path: str | os.PathLike):
+    """The packed [n, seq_len] int32 array (memory-mapped)."""
+    import numpy as np
+
+    return np.load(path, mmap_mode="r")

@@ -1,0 +1,216 @@
+"""After a run: zerokit's prediction next to what the run measured.
+
+Pure functions of (prediction dict, metrics records, run info) so they are testable without a run:
+
+    measured = summarize_metrics(read_metrics(output_dir))
+    report = build_report(prediction, measured, run)
+    text = format_report(report)
+    write_report(output_dir, report)        # report.txt + report.json (atomic)
+
+prediction (from prediction_from_evaluation(planner Evaluation, steps)):
+    {"setup": "ZeRO-2 fp32 mb=2x2", "per_rank_memory_bytes": int, "memory_terms": {name: bytes},
+     "step_seconds": float, "tokens_per_second": float, "total_seconds": float | None, "steps": int,
+     "per_node_cpu_bytes": int}
+metrics: the JSON records of output_dir/metrics/rank{R}.jsonl (events "start", "step", "end").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+from zerokit.units import fmt_bytes, fmt_seconds
+
+
+def read_metrics(output_dir: str | os.PathLike) -> dict[int, list[dict]]:
+    """rank -> records, in file order; lines cut short by a kill are skipped."""
+    out: dict[int, list[dict]] = {}
+    mdir = Path(output_dir) / "metrics"
+    for f in sorted(mdir.glob("rank*.jsonl")):
+        try:
+            rank = int(f.stem[4:])
+        except ValueError:
+            continue
+        recs = []
+        for line in f.read_text().splitlines():
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        out[rank] = recs
+    return out
+
+
+def _steady(recs: list[dict]) -> list[dict]:
+    """Step records without the first step of each attempt (start-up, JIT, allocator warm-up), and with
+    only the last record of a step that was redone after a restart."""
+    by_step: dict[int, dict] = {}
+    first_of_attempt: set[tuple] = set()
+    seen_attempts: set = set()
+    for r in recs:
+        if r.get("event") != "step":
+            continue
+        a = (r.get("run_id"), r.get("attempt", 0))
+        if a not in seen_attempts:
+            seen_attempts.add(a)
+            first_of_attempt.add((a, r["step"]))
+        by_step[r["step"]] = r
+    steady = [r for s, r in sorted(by_step.items())
+              if ((r.get("run_id"), r.get("attempt", 0)), s) not in first_of_attempt]
+    return steady or [r for _, r in sorted(by_step.items())]
+
+
+def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
+    """Per-rank peak memory, median step time, tokens/s; job-wide throughput and training time."""
+    ranks = {}
+    global_tps, step_times, train_s = [], [], []
+    steps_done = 0
+    method = None
+    for rank, recs in sorted(metrics.items()):
+        steps = [r for r in recs if r.get("event") == "step"]
+        ends = [r for r in recs if r.get("event") == "end"]
+        steady = _steady(recs)
+        peaks = [r.get("peak_allocated_bytes") for r in steps + ends if r.get("peak_allocated_bytes")]
+        reserved = [r.get("peak_reserved_bytes") for r in steps + ends if r.get("peak_reserved_bytes")]
+        st = statistics.median([r["step_time"] for r in steady]) if steady else None
+        ranks[rank] = {
+            "peak_memory_bytes": max(peaks) if peaks else None,
+            "peak_reserved_bytes": max(reserved) if reserved else None,
+            "step_seconds": st,
+            "tokens_per_second": statistics.median([r["tokens_per_s"] for r in steady]) if steady else None,
+            "steps": max((r["step"] for r in steps), default=0),
+        }
+        method = method or next((r.get("memory_method") for r in recs if r.get("memory_method")), None)
+        if rank == 0:
+            global_tps = [r["global_tokens_per_s"] for r in steady if "global_tokens_per_s" in r]
+            step_times = [r["step_time"] for r in steady]
+            train_s = [r["train_s"] for r in ends if "train_s" in r]
+            steps_done = ranks[rank]["steps"]
+    peaks = [v["peak_memory_bytes"] for v in ranks.values() if v["peak_memory_bytes"]]
+    return {
+        "ranks": ranks,
+        "world_size": len(ranks),
+        "memory_method": method,
+        "peak_memory_bytes_max": max(peaks) if peaks else None,
+        "step_seconds": statistics.median(step_times) if step_times else None,
+        "tokens_per_second": statistics.median(global_tps) if global_tps else None,
+        "train_seconds": train_s[-1] if train_s else None,
+        "steps": steps_done,
+    }
+
+
+def prediction_from_evaluation(ev, steps: int | None) -> dict:
+    """The planner's Evaluation as the plain dict build_report takes."""
+    mem, t = ev.memory, ev.time
+    return {
+        "setup": ev.setup.label,
+        "fits": ev.fits,
+        "per_rank_memory_bytes": int(mem.per_gpu_total),
+        "memory_terms": {k: int(v) for k, v in mem.per_gpu.items()},
+        "per_node_cpu_bytes": int(getattr(mem, "per_node_cpu_total", 0) or 0),
+        "step_seconds": float(t.step_seconds),
+        "tokens_per_second": float(t.tokens_per_second),
+        "steps": steps,
+        "total_seconds": float(t.step_seconds) * steps if steps else t.total_seconds,
+    }
+
+
+def _ratio(measured, predicted):
+    if measured is None or not predicted:
+        return None
+    return measured / predicted
+
+
+def build_report(prediction: dict | None, measured: dict, run: dict | None = None) -> dict:
+    """Rows of (quantity, predicted, measured, measured/predicted), plus per-rank memory and the run's
+    restart accounting."""
+    p = prediction or {}
+    run = run or {}
+    rows = [
+        {"name": "peak memory per rank (max over ranks)", "unit": "bytes",
+         "predicted": p.get("per_rank_memory_bytes"), "measured": measured.get("peak_memory_bytes_max")},
+        {"name": "step time (median, steady state)", "unit": "s",
+         "predicted": p.get("step_seconds"), "measured": measured.get("step_seconds")},
+        {"name": "throughput (all ranks)", "unit": "tokens/s",
+         "predicted": p.get("tokens_per_second"), "measured": measured.get("tokens_per_second")},
+        {"name": "training loop (steps + checkpoints)", "unit": "s",
+         "predicted": p.get("total_seconds"), "measured": measured.get("train_seconds")},
+        {"name": "total wall time (incl. start-up, restarts)", "unit": "s",
+         "predicted": None, "measured": run.get("wall_s")},
+    ]
+    for r in rows:
+        r["ratio"] = _ratio(r["measured"], r["predicted"])
+    per_rank = []
+    for rank, m in sorted(measured.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
+        per_rank.append({"rank": int(rank), "predicted_bytes": p.get("per_rank_memory_bytes"),
+                         "measured_bytes": m.get("peak_memory_bytes"),
+                         "measured_reserved_bytes": m.get("peak_reserved_bytes"),
+                         "ratio": _ratio(m.get("peak_memory_bytes"), p.get("per_rank_memory_bytes")),
+                         "step_seconds": m.get("step_seconds"), "tokens_per_second": m.get("tokens_per_second")})
+    return {
+        "setup": p.get("setup"),
+        "memory_method": measured.get("memory_method"),
+        "steps": measured.get("steps"),
+        "world_size": measured.get("world_size"),
+        "rows": rows,
+        "per_rank": per_rank,
+        "memory_terms_predicted": p.get("memory_terms") or {},
+        "restarts": run.get("restarts", 0),
+        "redone_steps": run.get("redone_steps", 0),
+        "returncode": run.get("returncode"),
+        "prediction": prediction,
+        "measured": measured,
+    }
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return fmt_bytes(value)
+    if unit == "s":
+        return fmt_seconds(value)
+    if unit == "tokens/s":
+        return f"{value:,.0f} tok/s"
+    return str(value)
+
+
+def format_report(report: dict) -> str:
+    out = []
+    head = "run report"
+    if report.get("setup"):
+        head += f": {report['setup']}"
+    out.append(head + f"  ({report.get('steps') or 0} steps, {report.get('world_size') or 0} ranks)")
+    out.append(f"  {'':<44} {'predicted':>14} {'measured':>14} {'meas/pred':>10}")
+    for r in report["rows"]:
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+        out.append(f"  {r['name']:<44} {_fmt(r['predicted'], r['unit']):>14} {_fmt(r['measured'], r['unit']):>14} {ratio:>10}")
+    if report["per_rank"]:
+        method = report.get("memory_method") or "unknown"
+        out.append(f"  peak memory by rank (measured as {method}):")
+        for r in report["per_rank"]:
+            ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+            extra = f"  reserved {fmt_bytes(r['measured_reserved_bytes'])}" if r.get("measured_reserved_bytes") else ""
+            out.append(f"    rank {r['rank']:<3} predicted {_fmt(r['predicted_bytes'], 'bytes'):>11}  "
+                       f"measured {_fmt(r['measured_bytes'], 'bytes'):>11}  {ratio:>7}{extra}")
+    out.append(f"  restarts: {report.get('restarts', 0)}, steps redone: {report.get('redone_steps', 0)}")
+    if report.get("memory_method") == "live_tensor_bytes":
+        out.append("  note: CPU memory is counted per op by a dispatch-mode meter; measured step times include "
+                   "its overhead (about +30% on the tiny model)")
+    return "\n".join(out)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_report(output_dir: str | os.PathLike, report: dict) -> tuple[Path, Path]:
+    out = Path(output_dir)
+    txt, js = out / "report.txt", out / "report.json"
+    _write_atomic(txt, format_report(report) + "\n")
+    _write_atomic(js, json.dumps(report, indent=2, default=str) + "\n")
+    return txt, js

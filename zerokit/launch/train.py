@@ -1,0 +1,603 @@
+"""The per-rank training entry point that `zerokit launch` starts under the deepspeed launcher.
+
+    deepspeed --num_gpus 2 --module zerokit.launch.train --model DIR --tokens tokens.npy \
+        --ds-config ds_config.json --output-dir OUT --steps 20 [--save-every K] [--resume]
+
+Every rank builds the HF causal LM (under ZeRO-3 through transformers' own zero.Init path), the
+DeepSpeed engine from the config (optimizer, LR schedule, clipping, precision, accumulation all come
+from the config), and a DataLoader over a seeded DistributedSampler. The data stream runs across epoch
+boundaries; its position (epoch, micro batch index) is saved in every checkpoint with each rank's RNG
+state, so `--resume` continues from the same global step and data position (fp32: losses equal the
+uninterrupted run exactly).
+
+Outputs under --output-dir:
+  metrics/rank{R}.jsonl   every rank: one JSON line per optimizer step (+ start/end events)
+  checkpoints/step{N}/    engine.save_checkpoint; checkpoints/latest names the newest COMPLETE one
+                          (written by rank 0 after a barrier, atomically: tmp + os.replace)
+  final/                  consolidated weights: save_pretrained (16-bit if the run was bf16), or for
+                          ZeRO-3 the fp32 weights from zero_to_fp32; with config.json and the tokenizer
+
+Test hooks (environment; only act on attempt ZEROKIT_ATTEMPT == ZEROKIT_TEST_CRASH_ATTEMPT, default 0):
+  ZEROKIT_TEST_CRASH_AT_STEP=N [ZEROKIT_TEST_CRASH_RANK=R]   SIGKILL rank R after step N
+  ZEROKIT_TEST_CRASH_IN_CHECKPOINT=N [ZEROKIT_TEST_CRASH_RANK=R]  SIGKILL rank R after the checkpoint of
+                          step N is written but before it is marked latest
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+CKPT_SUBDIR = "checkpoints"
+METRICS_SUBDIR = "metrics"
+FINAL_SUBDIR = "final"
+LATEST = "latest"
+TAG_RE = re.compile(r"^step(\d+)$")
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoint bookkeeping (pure file operations; also used by the runner and the tests)
+
+
+def tag_for_step(step: int) -> str:
+    return f"step{step}"
+
+
+def step_of_tag(tag: str) -> int | None:
+    m = TAG_RE.match(tag.strip())
+    return int(m.group(1)) if m else None
+
+
+def read_latest(ckpt_dir: str | os.PathLike) -> str | None:
+    """The tag of the newest complete checkpoint, or None."""
+    p = Path(ckpt_dir) / LATEST
+    try:
+        tag = p.read_text().strip()
+    except OSError:
+        return None
+    return tag if tag and (Path(ckpt_dir) / tag).is_dir() else None
+
+
+def latest_step(ckpt_dir: str | os.PathLike) -> int:
+    tag = read_latest(ckpt_dir)
+    return (step_of_tag(tag) or 0) if tag else 0
+
+
+def write_latest(ckpt_dir: str | os.PathLike, tag: str) -> None:
+    """Mark `tag` complete: write the tag to a temporary file, fsync, and rename over `latest`."""
+    ckpt_dir = Path(ckpt_dir)
+    tmp = ckpt_dir / f".{LATEST}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(tag)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, ckpt_dir / LATEST)
+    try:
+        fd = os.open(ckpt_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def stale_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """Tag directories that `latest` does not cover: written by a run that died before marking them."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    done = latest_step(ckpt_dir) if read_latest(ckpt_dir) else -1
+    out = []
+    for d in ckpt_dir.iterdir():
+        s = step_of_tag(d.name) if d.is_dir() else None
+        if s is not None and s > done:
+            out.append(d)
+    return sorted(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# arguments
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m zerokit.launch.train", description="zerokit per-rank training")
+    ap.add_argument("--model", required=True, help="HF id, model directory, or config-only directory")
+    ap.add_argument("--tokens", help="packed tokens.npy written by `zerokit launch` (int32 [n, seq_len])")
+    ap.add_argument("--data", help="instead of --tokens: .txt/.jsonl file or directory, tokenized on every rank")
+    ap.add_argument("--tokenizer", help="tokenizer dir or id (default: the model's, else the bundled one)")
+    ap.add_argument("--seq-len", type=int, default=None, help="with --data: sequence length (default 64)")
+    ap.add_argument("--ds-config", "--deepspeed_config", dest="ds_config", required=True)
+    ap.add_argument("--output-dir", required=True)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
+    g.add_argument("--epochs", type=float, default=None, help="passes over the data (default 1)")
+    ap.add_argument("--save-every", type=int, default=0, help="checkpoint every K optimizer steps (0: only at the end)")
+    ap.add_argument("--resume", action="store_true", help="continue from checkpoints/latest if there is one")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="model.gradient_checkpointing_enable()")
+    ap.add_argument("--lr", type=float, default=1e-3, help="only when the config has no optimizer block")
+    ap.add_argument("--no-export", action="store_true", help="skip writing final/ weights")
+    ap.add_argument("--no-memory-meter", action="store_true", help="CPU: skip the live-tensor-byte meter")
+    ap.add_argument("--log-every", type=int, default=1)
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    args = ap.parse_args(argv)
+    if not args.tokens and not args.data:
+        args.data = ""  # the bundled corpus
+    if args.steps is not None and args.steps < 1:
+        ap.error("--steps must be at least 1")
+    if args.epochs is not None and not args.epochs > 0:
+        ap.error("--epochs must be positive")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+# model
+
+
+def has_weights(path: Path) -> bool:
+    pats = ("*.safetensors", "pytorch_model*.bin", "model*.safetensors.index.json", "pytorch_model.bin.index.json")
+    return any(any(path.glob(p)) for p in pats)
+
+
+def resolve_model_source(model: str) -> tuple[str, str]:
+    """('weights', path_or_id) to load pretrained weights, or ('config', dir) for random init.
+
+    A bundled config name (zerokit/data/models/NAME/config.json) is a config-only source.
+    """
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return ("weights" if has_weights(p) else "config", str(p))
+    from zerokit.launch.data import bundled_dir
+
+    b = bundled_dir("models") / model
+    if (b / "config.json").is_file():
+        return ("config", str(b))
+    return ("weights", model)  # a hub id
+
+
+def _causal_lm_class(config):
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        return AutoModelForCausalLM  # remote code etc.: let the auto class resolve it
+
+
+def build_model(model: str, ds_config: dict, seed: int):
+    """The HF causal LM in fp32. Under ZeRO-3 transformers enters deepspeed.zero.Init itself (it sees
+    the HfDeepSpeedConfig held by the caller); the model class is imported before that context."""
+    import torch
+    from transformers import AutoConfig
+
+    kind, src = resolve_model_source(model)
+    config = AutoConfig.from_pretrained(src)
+    cls = _causal_lm_class(config)  # import the class (and torch._dynamo) BEFORE zero.Init
+    import torch._dynamo  # noqa: F401
+
+    torch.manual_seed(seed)
+    if kind == "weights":
+        return cls.from_pretrained(src, dtype=torch.float32)
+    if cls.__name__ == "AutoModelForCausalLM":
+        m = cls.from_config(config, dtype=torch.float32)
+    else:
+        m = cls._from_config(config, dtype=torch.float32)
+    zero3 = int((ds_config.get("zero_optimization") or {}).get("stage", 0) or 0) == 3
+    reinit_deterministic(m, seed, zero3)
+    return m
+
+
+def reinit_deterministic(model, seed: int, zero3: bool) -> None:
+    """Re-run the model's own `_init_weights` module by module, each under a generator seeded from
+    (seed, module name), so a random-init model has the same weights whatever the ZeRO stage.
+
+    (transformers initializes a ZeRO-3 model on rank 0 after construction with torch's default init
+    skipped, a normal model after the default init has consumed the RNG: the two differ otherwise.)
+    Under ZeRO-3 each module's partitioned parameters are gathered, initialized on rank 0 and
+    re-partitioned (deepspeed.zero.GatheredParameters with modifier_rank=0), as transformers does.
+    """
+    import zlib
+    from contextlib import nullcontext
+
+    import torch
+    from transformers import PreTrainedModel
+
+    rank = 0
+    if zero3:
+        import deepspeed
+        from deepspeed import comm as dist
+
+        rank = dist.get_rank()
+
+    def walk(mod, owner, prefix):
+        if isinstance(mod, PreTrainedModel):
+            owner = mod
+        yield prefix, mod, owner
+        for n, c in mod.named_children():
+            yield from walk(c, owner, f"{prefix}.{n}" if prefix else n)
+
+    for name, mod, owner in walk(model, model, ""):
+        params = list(mod.parameters(recurse=False))
+        if not params:
+            continue
+        for p in params:
+            if hasattr(p, "_is_hf_initialized"):
+                delattr(p, "_is_hf_initialized")
+        ctx = deepspeed.zero.GatheredParameters(params, modifier_rank=0) if zero3 else nullcontext()
+        with ctx:
+            if rank == 0:
+                with torch.random.fork_rng(devices=[]), torch.no_grad():
+                    torch.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+                    owner._init_weights(mod)
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+
+
+def make_dataset(args):
+    import numpy as np
+    import torch
+
+    if args.tokens:
+        from zerokit.launch.data import load_tokens
+
+        arr = load_tokens(args.tokens)
+    else:
+        from zerokit.launch.data import resolve_data_files, resolve_tokenizer, tokenize_files
+
+        files = resolve_data_files(args.data or None)
+        arr, _ = tokenize_files(files, args.tokenizer or resolve_tokenizer(args.model), args.seq_len or 64)
+
+    class Packed(torch.utils.data.Dataset):
+        def __len__(self):
+            return int(arr.shape[0])
+
+        def __getitem__(self, i):
+            return torch.from_numpy(np.asarray(arr[i], dtype=np.int64))
+
+    return Packed()
+
+
+def make_sampler_class():
+    from torch.utils.data import DistributedSampler
+
+    class ResumableDistributedSampler(DistributedSampler):
+        """DistributedSampler whose epoch order can start part-way (skip the first `start_index`)."""
+
+        start_index = 0
+
+        def __iter__(self):
+            return iter(list(super().__iter__())[self.start_index:])
+
+        def __len__(self):
+            return max(0, self.num_samples - self.start_index)
+
+    return ResumableDistributedSampler
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def _crash_hook(kind: str, step: int, rank: int) -> None:
+    """SIGKILL this rank when a test asked for it (only on the configured attempt)."""
+    at = _env_int("ZEROKIT_TEST_CRASH_AT_STEP" if kind == "step" else "ZEROKIT_TEST_CRASH_IN_CHECKPOINT")
+    if at is None or at != step:
+        return
+    if (_env_int("ZEROKIT_ATTEMPT") or 0) != (_env_int("ZEROKIT_TEST_CRASH_ATTEMPT") or 0):
+        return
+    if rank != (_env_int("ZEROKIT_TEST_CRASH_RANK") or 0):
+        return
+    print(f"[zerokit test hook] rank {rank}: SIGKILL at {kind} {step}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _seed_all(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class _Metrics:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "a", buffering=1)
+
+    def write(self, rec: dict) -> None:
+        self.fh.write(json.dumps(rec) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _fmt_eta(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.time()
+    import torch
+
+    import deepspeed
+    from deepspeed import comm as dist
+
+    out = Path(args.output_dir)
+    ckpt_dir = out / CKPT_SUBDIR
+    ds_config = json.loads(Path(args.ds_config).read_text())
+    zero = ds_config.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0) or 0)
+    bf16 = bool((ds_config.get("bf16") or {}).get("enabled"))
+    fp16 = bool((ds_config.get("fp16") or {}).get("enabled"))
+    attempt = _env_int("ZEROKIT_ATTEMPT") or 0
+    run_id = os.environ.get("ZEROKIT_RUN_ID")
+
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    on_cuda = torch.cuda.is_available()
+    if on_cuda:
+        torch.cuda.set_device(local_rank)
+    deepspeed.init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure
+    meter = None
+    mem_method = "cuda_max_allocated" if on_cuda else "none"
+    if not args.no_memory_meter:
+        try:
+            from zerokit.measure import MemoryMeter
+
+            meter = MemoryMeter(f"cuda:{local_rank}" if on_cuda else "cpu")
+            meter.start()
+            mem_method = meter.method
+        except ImportError:  # measure.py missing: CUDA counters still work, CPU reports nothing
+            meter = None
+
+    _seed_all(args.seed)
+    keep_alive = []
+    if stage == 3:  # transformers builds the model under deepspeed.zero.Init while this object lives
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep_alive.append(HfDeepSpeedConfig(ds_config))
+    model = build_model(args.model, ds_config, args.seed)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+
+    optimizer = None
+    if "optimizer" not in ds_config:
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=ds_config,
+    )
+    if meter is not None and hasattr(meter, "register_deepspeed_engine"):
+        try:
+            meter.register_deepspeed_engine(engine)
+        except Exception:  # noqa: BLE001 - attribution is optional
+            pass
+
+    dataset = make_dataset(args)
+    Sampler = make_sampler_class()
+    sampler = Sampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=False)
+    mb = engine.train_micro_batch_size_per_gpu()
+    ga = engine.gradient_accumulation_steps()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=mb, sampler=sampler, drop_last=False, num_workers=0)
+    micro_per_epoch = math.ceil(sampler.num_samples / mb)
+    if args.steps is not None:
+        total_steps = args.steps
+    else:
+        total_steps = max(1, int(math.floor((args.epochs or 1.0) * micro_per_epoch / ga)))
+
+    # resume
+    epoch, batch_in_epoch, resumed_from = 0, 0, 0
+    if args.resume and read_latest(ckpt_dir):
+        if rank == 0:
+            for d in stale_checkpoints(ckpt_dir):
+                shutil.rmtree(d, ignore_errors=True)
+        dist.barrier()
+        tag = read_latest(ckpt_dir)
+        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        if load_path is None:
+            raise RuntimeError(f"could not load checkpoint {ckpt_dir}/{tag}")
+        zk = client["zerokit"]
+        epoch, batch_in_epoch = zk["epoch"], zk["batch_in_epoch"]
+        rngs = zk["rng"]
+        _set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
+        resumed_from = engine.global_steps
+    elif args.resume and rank == 0:
+        for d in stale_checkpoints(ckpt_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
+    metrics = _Metrics(out / METRICS_SUBDIR / f"rank{rank}.jsonl")
+    metrics.write({
+        "event": "start", "rank": rank, "world_size": world, "attempt": attempt, "run_id": run_id,
+        "resumed_from": resumed_from,
+        "total_steps": total_steps, "zero_stage": stage, "precision": "bf16" if bf16 else "fp16" if fp16 else "fp32",
+        "micro_batch": mb, "grad_accum": ga, "seq_len": int(dataset[0].numel()), "samples": len(dataset),
+        "memory_method": mem_method, "startup_s": time.time() - t_start, "time": time.time(),
+    })
+
+    def stream():
+        e, b = epoch, batch_in_epoch
+        while True:
+            sampler.set_epoch(e)
+            sampler.start_index = min(b * mb, sampler.num_samples)
+            for batch in loader:
+                b += 1
+                yield e, b, batch
+            e, b = e + 1, 0
+
+    def client_state(e: int, b: int) -> dict:
+        rngs = [None] * world
+        dist.all_gather_object(rngs, _rng_state())
+        if b >= micro_per_epoch:
+            e, b = e + 1, 0
+        return {"zerokit": {"epoch": e, "batch_in_epoch": b, "rng": rngs, "seed": args.seed, "world_size": world}}
+
+    def save(step: int, e: int, b: int) -> None:
+        tag = tag_for_step(step)
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state(e, b), save_latest=False)
+        _crash_hook("checkpoint", step, rank)
+        dist.barrier()  # every rank has finished writing its part
+        if rank == 0:
+            write_latest(ckpt_dir, tag)
+        dist.barrier()
+
+    it = stream()
+    step = engine.global_steps
+    last_saved = step if resumed_from else -1
+    peak_alloc = 0
+    step_times: list[float] = []
+    train_t0 = time.time()
+    e_cur, b_cur = epoch, batch_in_epoch
+    while step < total_steps:
+        t0 = time.perf_counter()
+        loss_sum, tokens = 0.0, 0
+        for _ in range(ga):
+            e_cur, b_cur, batch = next(it)
+            batch = batch.to(engine.device)
+            out_ = engine(input_ids=batch, labels=batch)
+            engine.backward(out_.loss)
+            engine.step()
+            loss_sum += float(out_.loss.detach().float())
+            tokens += int(batch.numel())
+        step = engine.global_steps
+        step_time = time.perf_counter() - t0
+        local_loss = loss_sum / ga
+        red = torch.tensor([local_loss, float(tokens)], dtype=torch.float64, device=engine.device)
+        dist.all_reduce(red)
+        loss, global_tokens = float(red[0]) / world, int(red[1])
+        step_times.append(step_time)
+        rec = {
+            "event": "step", "step": step, "loss": loss, "local_loss": local_loss, "step_time": step_time,
+            "tokens": tokens, "tokens_per_s": tokens / step_time, "global_tokens_per_s": global_tokens / step_time,
+            "epoch": e_cur, "batch_in_epoch": b_cur, "attempt": attempt, "run_id": run_id, "lr": engine.get_lr()[0] if engine.get_lr() else None,
+            "memory_method": mem_method, "time": time.time(),
+        }
+        if on_cuda:
+            rec["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+            rec["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        elif meter is not None:
+            rec["peak_allocated_bytes"] = int(meter.peak_bytes())
+        peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
+        metrics.write(rec)
+        if rank == 0 and (step % args.log_every == 0 or step == total_steps):
+            avg = sum(step_times[-10:]) / len(step_times[-10:])
+            print(f"step {step}/{total_steps}  loss {loss:.4f}  {global_tokens / step_time:,.0f} tok/s  "
+                  f"{step_time:.2f} s/step  ETA {_fmt_eta(avg * (total_steps - step))}", flush=True)
+        _crash_hook("step", step, rank)
+        if args.save_every and step % args.save_every == 0 and step < total_steps:
+            save(step, e_cur, b_cur)
+            last_saved = step
+
+    train_time = time.time() - train_t0
+    # the final checkpoint (resumable, and ZeRO-3's export reads it)
+    if last_saved != step:
+        save(step, e_cur, b_cur)
+    final_tag = tag_for_step(step)
+
+    if not args.no_export:
+        export_final(engine, out, ckpt_dir, final_tag, stage, bf16, rank, args)
+    dist.barrier()
+    end = {"event": "end", "rank": rank, "step": step, "attempt": attempt, "run_id": run_id, "train_s": train_time,
+           "total_s": time.time() - t_start, "peak_allocated_bytes": peak_alloc, "memory_method": mem_method,
+           "time": time.time()}
+    if on_cuda:
+        end["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+    if meter is not None:
+        try:
+            meter.stop()
+        except Exception:  # noqa: BLE001
+            pass
+    metrics.write(end)
+    metrics.close()
+    if rank == 0:
+        print(f"done: {step} steps in {train_time:.1f} s; final weights in {out / FINAL_SUBDIR}", flush=True)
+    return 0
+
+
+def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: bool, rank: int, args) -> None:
+    """Rank 0 writes out/final atomically (final.tmp -> final)."""
+    from deepspeed import comm as dist
+
+    final, tmp = out / FINAL_SUBDIR, out / f".{FINAL_SUBDIR}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    module = engine.module
+    if stage == 3:
+        if rank == 0:
+            from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+            convert_zero_checkpoint_to_fp32_state_dict(str(ckpt_dir), str(tmp), tag=tag, safe_serialization=True)
+            module.config.save_pretrained(str(tmp))
+    elif rank == 0:
+        module.save_pretrained(str(tmp), safe_serialization=True)  # bf16 run: the bf16 module weights
+    if rank == 0:
+        try:
+            from zerokit.launch.data import resolve_tokenizer
+
+            src = args.tokenizer or resolve_tokenizer(args.model)
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(src).save_pretrained(str(tmp))
+        except Exception as e:  # noqa: BLE001 - weights matter more than the tokenizer copy
+            print(f"warning: tokenizer not copied to final/: {e}", file=sys.stderr)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
