@@ -13,7 +13,9 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
+	@rm -rf $(DEMO)
 	zerokit plan tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64 --global-batch 8 --samples 256
+	@mkdir -p $(DEMO)
 	zerokit render tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64 --global-batch 8 -o $(DEMO)/ds_config.json
 	zerokit check $(DEMO)/ds_config.json --model tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64
 	zerokit launch --model tiny-llama --config $(DEMO)/ds_config.json --gpu cpu --gpus-per-node 2 --seq-len 64 \
