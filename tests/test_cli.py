@@ -191,3 +191,29 @@ def test_plan_trace_replaces_analytic_activations_with_a_traced_measure():
     assert any("traced under FakeTensorMode" in n for n in traced["memory"]["notes"])
     r = zk("plan", "--params", "7e9", "--trace")
     assert "--trace needs a model config" in one_line_error(r)
+
+
+def _profile(tmp_path, bf16, fp32):
+    """A hardware profile as `zerokit calibrate` writes it (schema 1), with chosen matmul rates."""
+    prof = {"zerokit_hardware_profile": 1, "device": {"type": "cpu", "name": "test cpu", "count": 1,
+                                                      "memory_bytes": 24 * 2**30, "cpu_cores": 2},
+            "matmul_tflops": {"bf16": bf16, "fp16": None, "fp32": fp32}}
+    path = tmp_path / f"profile-{bf16}-{fp32}.json"
+    path.write_text(json.dumps(prof))
+    return str(path)
+
+
+def test_plan_says_whether_calibration_changed_the_choice(tmp_path):
+    base = ["plan", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64", "--global-batch", "8",
+            "--json"]
+    catalog = json.loads(zk(*base).stdout)["choice"]["precision"]
+    # a profile where the other precision is 10x faster must flip the choice, and the plan must say so
+    fast_bf16 = catalog == "fp32"
+    prof = _profile(tmp_path, bf16=1.0 if fast_bf16 else 0.01, fp32=0.01 if fast_bf16 else 1.0)
+    plan = json.loads(zk(*base, "--hardware-profile", prof).stdout)
+    assert plan["choice"]["precision"] != catalog
+    assert any("choice changed" in n for n in plan["notes"])
+    same = _profile(tmp_path, bf16=0.01 if fast_bf16 else 1.0, fp32=1.0 if fast_bf16 else 0.01)
+    plan = json.loads(zk(*base, "--hardware-profile", same).stdout)
+    assert any("same choice" in n for n in plan["notes"])
+    assert "hardware profile" in one_line_error(zk(*base, "--hardware-profile", str(tmp_path / "missing.json")))

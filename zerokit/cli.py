@@ -196,6 +196,8 @@ def build_plan(args):
     if fraction > 1:
         raise ZerokitError(f"--memory-fraction must be at most 1, got {fraction}")
     plan = make_plan(model, cluster, workload, pins_from_args(args), memory_fraction=fraction)
+    if args.hardware_profile:
+        plan.notes.append(_calibration_effect(plan, model, workload, args, fraction))
     if getattr(args, "trace", False):
         from zerokit.trace import apply_trace_to_plan
 
@@ -206,6 +208,24 @@ def build_plan(args):
         plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
                                           profile=getattr(args, "profile", "deepspeed"))
     return plan
+
+
+def _calibration_effect(plan, model, workload, args, fraction) -> str:
+    """Say whether the measured hardware profile changed the planner's choice against catalog peaks."""
+    from argparse import Namespace
+
+    from zerokit.planner import make_plan
+
+    catalog_args = Namespace(**{**vars(args), "hardware_profile": None})
+    try:
+        before = make_plan(model, load_cluster(catalog_args), workload, pins_from_args(args), memory_fraction=fraction)
+    except ZerokitError:
+        return "calibrated: the catalog figures alone give no plan to compare with"
+    old = before.choice.label if before.fits else "nothing fits"
+    new = plan.choice.label if plan.fits else "nothing fits"
+    if old == new:
+        return f"calibrated with {args.hardware_profile}: same choice as catalog peaks ({new})"
+    return f"calibrated with {args.hardware_profile}: choice changed from {old} (catalog peaks) to {new}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ class Plan:
     rejected: list[dict]
     suggestions: list[str]
     ds_config: dict | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def choice(self) -> ZeroSetup | None:
@@ -93,6 +94,7 @@ class Plan:
             "ds_config": self.ds_config,
             "rejected": self.rejected,
             "suggestions": self.suggestions,
+            "notes": self.notes,
             "budget": {"per_gpu_bytes": budget.gpu_bytes, "per_node_cpu_bytes": budget.cpu_bytes,
                        "nvme_per_node_bytes": budget.nvme_bytes},
         }

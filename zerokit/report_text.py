@@ -99,6 +99,8 @@ def format_plan(plan) -> str:
         out.append(f"  - {r}")
     out += format_memory(plan.best.memory, Budget.of(c), c)
     out += format_time(plan.best.time, c.world_size)
+    for note in plan.notes:
+        out.append(f"  note: {note}")
     if plan.suggestions:
         out.append("  to make it fit:")
         out += [f"    - {x}" for x in plan.suggestions]
