@@ -210,3 +210,36 @@ def test_steps_for_counts_like_the_trainer():
     assert steps_for(100, 2, 4, 2, None, None) == 6
     assert steps_for(100, 2, 4, 2, None, 2.0) == 13
     assert steps_for(3, 2, 4, 8, None, 0.1) == 1  # at least one step
+
+
+def test_sbatch_writes_a_slurm_script_and_prepares_the_run(tmp_path):
+    out = tmp_path / "run"
+    script = tmp_path / "job.sbatch"
+    p = zk("--model", "tiny-llama", "--gpus-per-node", "2", "--nodes", "2", "--seq-len", "32", "--steps", "2",
+           "--gpu", "cpu", "--plan", "--output-dir", out, "--sbatch", script, "--time-limit", "01:00:00")
+    assert p.returncode == 0, p.stderr
+    text = script.read_text()
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --time=01:00:00" in text
+    assert "--launcher slurm" in text.replace("\\\n", " ") or "slurm" in text
+    assert (out / "ds_config.json").is_file() and (out / "data" / "tokens.npy").is_file()
+
+
+def test_openmpi_launcher_command_parses_with_deepspeed(tmp_path):
+    p = zk(*BASE, "--plan", "--hostfile", REPO / "hostfiles" / "localhost-2", "--launcher", "openmpi",
+           "--master-addr", "127.0.0.1", "--output-dir", tmp_path / "run", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    cmd = [line for line in p.stdout.splitlines() if line and not line.startswith(("#", "export", " ", "{", "}"))][0]
+    import shlex
+
+    from deepspeed.launcher.runner import parse_args
+
+    argv = shlex.split(cmd)
+    parsed = parse_args(argv[1:])
+    assert parsed.launcher == "openmpi" and parsed.master_addr == "127.0.0.1"
+    assert not (tmp_path / "run").exists()
+
+
+def test_slurm_launcher_without_allocation_is_a_clear_error(tmp_path):
+    assert_one_line_error(zk(*BASE, "--plan", "--launcher", "slurm", "--output-dir", tmp_path / "run"), 2, "--sbatch")
+    assert not (tmp_path / "run").exists()

@@ -104,6 +104,15 @@ def add_launch_parser(subparsers, hardware_parent: argparse.ArgumentParser) -> a
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--master-port", type=_positive_int, help="rendezvous port (default: a free one)")
     p.add_argument("--no-report", action="store_true", help="skip the predicted-vs-measured report")
+    multi = p.add_argument_group("multi-node")
+    multi.add_argument("--launcher", choices=("pdsh", "openmpi", "mpich", "slurm"),
+                       help="DeepSpeed's multi-node launcher (default pdsh when --hostfile names other hosts)")
+    multi.add_argument("--master-addr", metavar="HOST", help="rendezvous address (default: DeepSpeed asks the first host)")
+    multi.add_argument("--sbatch", metavar="FILE",
+                       help="prepare the run directory and write a Slurm batch script for this job instead of running it "
+                            "(submit with: sbatch FILE)")
+    multi.add_argument("--time-limit", default="04:00:00", help="--sbatch: Slurm time limit (default 04:00:00)")
+    multi.add_argument("--partition", help="--sbatch: Slurm partition")
     p.set_defaults(func=run_launch)
     return p
 
@@ -135,7 +144,7 @@ def _is_local(host: str) -> bool:
         return False
 
 
-def check_hosts_reachable(hosts, timeout: int = 5) -> None:
+def check_hosts_reachable(hosts, timeout: int = 5, need_pdsh: bool = True) -> None:
     """ssh to every non-local host the way DeepSpeed's runner does; one-line error for the first failure."""
     remote = [h for h in hosts if not _is_local(h)]
     if not remote:
@@ -154,7 +163,7 @@ def check_hosts_reachable(hosts, timeout: int = 5) -> None:
         if not ok:
             raise ZerokitError(f"host {h} from the hostfile is unreachable over ssh (passwordless ssh is needed for "
                                "multi-node launch): fix the host name or ssh keys, or drop it from the hostfile")
-    if not shutil.which("pdsh"):
+    if need_pdsh and not shutil.which("pdsh"):
         raise ZerokitError("multi-node launch uses DeepSpeed's pdsh launcher but pdsh is not installed: apt-get install pdsh")
 
 
@@ -249,7 +258,7 @@ def prepare(args) -> Prepared:
         pass  # explicit --gpu cpu on a GPU machine: allowed
     hosts = dict(cluster.hosts) if cluster.hosts else {}
     multi_node = bool(hosts) and not (len(hosts) == 1 and _is_local(next(iter(hosts))))
-    if cluster.nodes > 1 and not hosts:
+    if cluster.nodes > 1 and not hosts and not (args.sbatch or args.launcher == "slurm"):
         raise ZerokitError(f"--nodes {cluster.nodes} needs --hostfile naming the nodes: give one")
 
     # model spec (exact parameter counts) for the fit check
@@ -353,8 +362,18 @@ def prepare(args) -> Prepared:
     elif ckpt.is_dir() and any(ckpt.iterdir()):
         raise ZerokitError(f"--output-dir {out} already holds checkpoints: pass --resume to continue it, or choose another directory")
 
-    if multi_node:
-        check_hosts_reachable(list(hosts))
+    launcher = args.launcher or ("pdsh" if multi_node else "local")
+    if args.sbatch:
+        launcher = "slurm"  # the script runs DeepSpeed's slurm launcher inside the allocation
+    elif launcher == "slurm" and not args.master_addr:
+        raise ZerokitError("--launcher slurm runs inside a Slurm allocation and needs --master-addr: "
+                           "or use --sbatch FILE to get a batch script that finds it")
+    if launcher != "local":
+        multi_node = True
+    if launcher in ("pdsh", "openmpi", "mpich"):
+        if not hosts:
+            raise ZerokitError(f"--launcher {launcher} needs --hostfile naming the nodes: give one")
+        check_hosts_reachable(list(hosts), need_pdsh=launcher == "pdsh")
     deepspeed_bin = _deepspeed_bin()
     port = args.master_port or _free_port()
 
@@ -382,10 +401,17 @@ def prepare(args) -> Prepared:
         return a
 
     def make_spec(resume: bool) -> "LaunchSpec":
-        if multi_node:
-            return LaunchSpec(launcher="pdsh", num_gpus=cluster.gpus_per_node, num_nodes=cluster.nodes,
-                              hostfile=str(Path(args.hostfile).resolve()), master_port=port,
+        if launcher == "slurm":
+            # the sbatch template replaces hostfile and master address with the allocation's
+            return LaunchSpec(launcher="slurm", num_gpus=cluster.gpus_per_node, num_nodes=cluster.nodes,
+                              hostfile=str(Path(args.hostfile).resolve() if args.hostfile else out_abs / "hostfile"),
+                              master_addr=args.master_addr or "localhost", master_port=port,
                               script_args=script_args(resume), env=env, deepspeed_bin=deepspeed_bin)
+        if multi_node:
+            return LaunchSpec(launcher=launcher, num_gpus=cluster.gpus_per_node, num_nodes=cluster.nodes,
+                              hostfile=str(Path(args.hostfile).resolve()), master_addr=args.master_addr,
+                              master_port=port, script_args=script_args(resume), env=env,
+                              deepspeed_bin=deepspeed_bin)
         return LaunchSpec(launcher="local", num_gpus=cluster.gpus_per_node, master_port=port,
                           script_args=script_args(resume), env=env, deepspeed_bin=deepspeed_bin)
 
@@ -438,6 +464,17 @@ def run_launch(args) -> int:
         from zerokit.hostfile import write_deepspeed_env
 
         write_deepspeed_env(os.getcwd(), prep.env)
+    if args.sbatch:
+        from zerokit.fsutil import atomic_write_text
+        from zerokit.launch.command import render_sbatch
+
+        script = render_sbatch(prep.make_spec(args.resume), job_name=f"zerokit-{out.name}", nodes=prep.cluster.nodes,
+                               gpus_per_node=prep.cluster.gpus_per_node, time_limit=args.time_limit,
+                               partition=args.partition, output_dir=str(out))
+        atomic_write_text(args.sbatch, script, mode=0o755)
+        print(f"wrote {args.sbatch} for {prep.setup.label} on {prep.cluster.nodes} node(s); submit with: "
+              f"sbatch {shlex.quote(args.sbatch)}")
+        return EXIT_OK
     argv0, env0 = build_launch_command(prep.make_spec(args.resume))
     write_json_atomic(out / "launch.json", {
         "command": argv0, "env": env0, "steps": prep.steps, "save_every": prep.save_every, "seq_len": prep.seq_len,
