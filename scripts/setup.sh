@@ -29,13 +29,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.zerokit-installed"
+pip_install() {
+  # pip warns once per package about index locations some machines configure but lack: not ours to fix
+  "$VENV/bin/pip" install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt -nt "$stamp" ]; then
   if [ "${ZEROKIT_TORCH:-cpu}" = cpu ]; then
     # torch==2.13.0 first, through the constraints file: any other version pulls GBs of CUDA wheels.
-    "$VENV/bin/pip" install -q -c constraints-cpu.txt torch==2.13.0
-    "$VENV/bin/pip" install -q -c constraints-cpu.txt -e ".[dev]"
+    pip_install -c constraints-cpu.txt torch==2.13.0
+    pip_install -c constraints-cpu.txt -e ".[dev]"
   else
-    "$VENV/bin/pip" install -q -e ".[dev]"
+    pip_install -e ".[dev]"
   fi
   touch "$stamp"
 fi
