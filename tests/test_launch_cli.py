@@ -216,8 +216,9 @@ def test_sbatch_writes_a_slurm_script_and_prepares_the_run(tmp_path):
     out = tmp_path / "run"
     script = tmp_path / "job.sbatch"
     p = zk("--model", "tiny-llama", "--gpus-per-node", "2", "--nodes", "2", "--seq-len", "32", "--steps", "2",
-           "--gpu", "cpu", "--plan", "--output-dir", out, "--sbatch", script, "--time-limit", "01:00:00")
+           "--gpu", "cpu", "--plan", "--output-dir", out, "--sbatch", script, "--time-limit", "01:00:00", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    assert not (tmp_path / ".deepspeed_env").exists()  # the script exports the environment itself
     text = script.read_text()
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert "#SBATCH --nodes=2" in text and "#SBATCH --time=01:00:00" in text

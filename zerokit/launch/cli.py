@@ -460,7 +460,7 @@ def run_launch(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(prep.cfg_path, prep.ds_config)
     zdata.write_tokens(prep.arr, prep.total_tokens, prep.files, prep.tokenizer, prep.seq_len, prep.tokens_path.parent)
-    if prep.multi_node:
+    if prep.multi_node and not args.sbatch:  # the sbatch script exports the same variables itself
         from zerokit.hostfile import write_deepspeed_env
 
         write_deepspeed_env(os.getcwd(), prep.env)
