@@ -17,6 +17,9 @@ Sources (see docs/memory-model.md for the full derivation):
   doubled with overlap_comm (stage_1_and_2.py setup_buckets; stage3.py ipg buffer).
 - Activations: Korthikanti et al. 2022 per-layer accounting, re-derived per architecture from what
   autograd saves in HF's implementations (RMSNorm upcasts to fp32, gated MLP keeps four i-wide tensors).
+- Phases (phase_terms): the per-rank peak is the largest of four points of a step (start of backward,
+  recompute, end of backward, optimizer step), each with only the terms live there, as measured per
+  phase on real DeepSpeed runs (bench/accuracy, bench/results/accuracy_cpu.txt).
 """
 
 from __future__ import annotations
@@ -49,12 +52,16 @@ def dtype_bytes(precision: str) -> int:
 
 @dataclass
 class MemoryEstimate:
-    """Named byte counts. Totals are peaks: every per-GPU term is live at the start of backward."""
+    """Named byte counts. per_gpu holds the terms live at the peak phase (they sum to the peak);
+    phases gives every phase's total (see phase_terms), peak_phase names the largest."""
 
     per_gpu: dict[str, int] = field(default_factory=dict)
     per_node_cpu: dict[str, int] = field(default_factory=dict)
     nvme: dict[str, int] = field(default_factory=dict)  # per node
     notes: list[str] = field(default_factory=list)
+    phases: dict[str, int] = field(default_factory=dict)
+    peak_phase: str = ""
+    phase_terms: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def per_gpu_total(self) -> int:
@@ -77,6 +84,8 @@ class MemoryEstimate:
             "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu)},
             "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu)},
             "nvme_per_node": {"total_bytes": self.nvme_total, "terms": dict(self.nvme)},
+            "phases": dict(self.phases),
+            "peak_phase": self.peak_phase,
             "notes": list(self.notes),
         }
 
@@ -275,17 +284,150 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[di
     return cpu, nvme
 
 
+# The per-rank phases at which a training step can peak (measured per phase by zerokit launch's
+# metrics; bench/accuracy). See phase_terms.
+PHASES = ("backward", "backward_recompute", "backward_end", "step")
+
+
+def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
+                knobs: ZeroKnobs) -> dict[str, dict[str, int]]:
+    """The per-rank terms live at each point where a step can peak (steady state: optimizer states exist).
+
+    Measured with zerokit.measure's live-tensor-byte meter on real 2-rank DeepSpeed runs
+    (bench/results/accuracy_cpu.txt; docs/memory-model.md, "Phases"):
+    - backward: the start of backward. Every activation is still saved, the loss's backward has
+      written the fp32 gradient of the logits while the nll gradient is alive (8 bytes per logit in
+      all, logits_grad + loss_backward_transient). No gradient or reduce bucket exists yet: DeepSpeed
+      allocates the buckets at the first gradient hook (stage_1_and_2.py process_gradients ->
+      setup_buckets) and the gradient partition at the first reduction; both are freed after the step.
+      With activation checkpointing only the layer inputs and the final norm are saved at that point.
+    - backward_recompute (checkpointing): the last layer recomputed while the logits the outputs hold
+      are alive.
+    - backward_end: every gradient (full at stage 0/1, the partition at 2/3) and the buckets, the logits
+      the outputs still hold, no activations.
+    - step: the optimizer step: gradients, the fp32 gradient partition and torch AdamW's foreach
+      temporaries (two fp32 tensors the size of what it updates), the logits the outputs hold.
+    The forward end never exceeds the start of backward (same activations, 8 bytes per logit less the
+    logits the previous step's outputs held, freed when the new outputs replace them).
+    """
+    e = dtype_bytes(setup.precision)
+    on_cpu = cluster.accelerator.is_cpu
+    states = model_state_terms(model, cluster, setup)
+    bufs = buffer_terms(model, cluster, setup, knobs)
+    acts = activation_terms(model, setup, workload, on_cpu)
+    n = cluster.world_size
+    psi = model.params
+    tokens = setup.micro_batch_size * workload.seq_len
+    logits = tokens * model.vocab_size
+    persistent = {k: states[k] for k in ("parameters", "master_weights", "optimizer_states")}
+    live = {}  # what forward gathers and backward still needs
+    if setup.zero_stage == 3:
+        # ZeRO-3 keeps its gradient partition and one reduce bucket for the whole run (stage3.py ipg
+        # buffer; measured alive at every phase), so they are not in the per-phase gradient terms.
+        persistent["gradients"] = states["gradients"]
+        persistent["reduce_buckets"] = bufs.pop("reduce_buckets", 0)
+        # Parameters gathered in forward stay gathered until backward uses them again while the live
+        # count is under stage3_max_live_parameters and the reuse distance under
+        # stage3_max_reuse_distance (measured: the whole 16-bit model of the grid's 1-12M-parameter
+        # models alive at the start of backward); DeepSpeed's estimator's 2 x largest layer otherwise.
+        window = min(knobs.stage3_max_live_parameters, knobs.stage3_max_reuse_distance)
+        live["stage3_live_params"] = e * min(psi, max(window, 2 * model.largest_layer_params))
+        if setup.offload_param != "none" and on_cpu:
+            persistent["parameters_offloaded"] = e * psi // n
+    if on_cpu:
+        persistent.update(cpu_offload_terms(model, cluster, setup))
+    if not on_cpu:
+        persistent["cuda_context"] = CUDA_CONTEXT_BYTES
+    held_logits = {"logits_output": logits * e}  # the HF outputs object keeps the logits until replaced
+    grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
+    if on_cpu and setup.offload_optimizer != "none" and setup.zero_stage >= 2:
+        # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank
+        # (measured alive at ZeRO-3 throughout, at ZeRO-2 from the first reduction)
+        if setup.zero_stage == 3:
+            persistent["gradients"] = e * psi // n
+        else:
+            grads["gradients"] = e * psi // n
+    # backward start
+    if setup.activation_checkpointing:
+        final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
+        start_acts = {"activations_checkpoints": acts["activations_checkpoints"], "activations_final_norm": final_norm}
+    else:
+        start_acts = {"activations": acts["activations"]}
+    grad_bytes_per_logit = acts["logits_grad"] // logits if logits else 0
+    backward = {**persistent, **live, **start_acts, "logits_and_loss": acts["logits_and_loss"], "logits_grad": acts["logits_grad"],
+                "loss_backward_transient": logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)}
+    if "stage3_prefetch" in bufs:
+        backward["stage3_prefetch"] = bufs["stage3_prefetch"]
+    phases = {"backward": backward}
+    if setup.activation_checkpointing:
+        one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
+        phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
+                                        "activations_recompute": one_layer, **held_logits, **bufs}
+    phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
+    # torch.optim.AdamW (what render writes for CPU targets without offload) makes two fp32 temporaries
+    # of what it updates (foreach sqrt/add); DeepSpeed's FusedAdam on GPUs and DeepSpeedCPUAdam update
+    # in place.
+    torch_adam = on_cpu and setup.offload_optimizer == "none"
+    if setup.offload_optimizer != "none" and setup.zero_stage >= 1:
+        step_extra = {}  # the host copies above are all there is
+    elif setup.zero_stage == 0:
+        # the full 16-bit gradients, in mixed precision the fp32 gradients the BF16 optimizer
+        # accumulates, torch AdamW's temporaries per parameter tensor (the largest bounds them)
+        step_extra = {**grads, "fp32_gradients": states["fp32_gradients"]}
+        if torch_adam:
+            step_extra["optimizer_step_temporaries"] = 2 * 4 * model.largest_layer_params
+    else:
+        # the fp32 gradient partition (made for an fp32 model too); the 16-bit gradients are freed by
+        # then (measured: not alive at the step's peak at ZeRO-1/2)
+        step_extra = {"fp32_gradients": 4 * psi // n}
+        if torch_adam:
+            step_extra["optimizer_step_temporaries"] = 2 * 4 * psi // n
+    phases["step"] = {**persistent, **step_extra, **held_logits}
+    return phases
+
+
+# The loss's backward writes the fp32 gradient of the logits while the nll_loss gradient (fp32) is alive:
+# 8 bytes per logit at the start of backward, whatever the training dtype (measured: every run of
+# bench/accuracy, bf16 and fp32). logits_grad keeps what FakeTensorMode traces see (6 bf16, 4 fp32);
+# loss_backward_transient is the rest.
+LOSS_BACKWARD_BYTES_PER_LOGIT = 8
+
+
+def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
+    """On a CPU target the "offloaded" optimizer lives in the rank's own memory: count it per rank.
+
+    Measured on 2-rank ZeRO-1/2 runs with offload_optimizer cpu (bench/accuracy): fp32 master + Adam
+    moments (12Ψ/N), the fp32 gradient partition (4Ψ/N), a training-dtype copy of the parameter
+    partition (EΨ/N) and DeepSpeed's two temp gradient buffers (training dtype, the largest tensor each).
+    """
+    if setup.offload_optimizer == "none":
+        return {}
+    n, psi = cluster.world_size, model.params
+    e = dtype_bytes(setup.precision)
+    out = {"optimizer_states_offloaded": 12 * psi // n, "fp32_gradients_offloaded": 4 * psi // n}
+    if setup.zero_stage in (1, 2):
+        out["offload_param_partition"] = e * psi // n
+        # temp_grad_buffer_for_cpu_offload and _for_gpu_offload: both the training dtype, largest tensor
+        # (stage_1_and_2.py __init__); on a CPU target both are in the rank
+        out["offload_grad_buffer"] = 2 * e * model.largest_layer_params
+    return out
+
+
 def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
                     knobs: ZeroKnobs | None = None) -> MemoryEstimate:
-    """Everything a training step needs, by term. Peaks are taken at the start of backward."""
+    """Everything a training step needs, by term: the terms live at the peak phase (phase_terms)."""
     knobs = knobs or ZeroKnobs.for_hidden_size(model.hidden_size)
     est = MemoryEstimate()
-    est.per_gpu.update(model_state_terms(model, cluster, setup))
-    est.per_gpu.update(buffer_terms(model, cluster, setup, knobs))
-    est.per_gpu.update(activation_terms(model, setup, workload, cluster.accelerator.is_cpu))
-    if not cluster.accelerator.is_cpu:
-        est.per_gpu["cuda_context"] = CUDA_CONTEXT_BYTES
+    phases = phase_terms(model, cluster, setup, workload, knobs)
+    est.phase_terms = phases
+    est.phases = {name: sum(t.values()) for name, t in phases.items()}
+    est.peak_phase = max(est.phases, key=lambda k: (est.phases[k], k == "backward"))
+    est.per_gpu.update(phases[est.peak_phase])
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)
+    if cluster.accelerator.is_cpu:
+        # counted per rank above: the same RAM, once
+        for k in ("optimizer_states_offloaded", "parameters_offloaded"):
+            est.per_node_cpu.pop(k, None)
     if setup.offload_optimizer == "nvme" and setup.zero_stage < 3:
         est.notes.append("offload_optimizer nvme with ZeRO stage < 3 silently behaves as CPU offload in DeepSpeed")
     if not model.exact:

@@ -12,6 +12,15 @@ factor a calibration measures absorbs what overlap recovers).
   with recompute) and a reduce-scatter every micro step: the ZeRO paper's 1.5x of data parallelism.
 - offload: 16-bit gradients down and parameters up over PCIe, the CPU Adam step on Ψ/nodes
   parameters per node, NVMe reads and writes of the swapped state.
+
+With a hardware profile from `zerokit calibrate` that has layer timings (calibrate.timing_terms), the
+compute term is priced the way small models actually behave (docs/memory-model.md, "Time"):
+  per micro step = (layers + 1) x layer overhead (x 4/3 with recompute) + FLOPs per rank / measured
+  block throughput, the fixed overhead and throughput fitted from forward + backward of a real
+  transformer block timed on every rank at once;
+  communication adds the measured per-call latency for every collective call (bucketed reduces,
+  per-layer ZeRO-3 gathers); the optimizer step is priced at the measured torch AdamW rate (on the
+  rank's partition) when nothing is offloaded.
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ class TimeEstimate:
     steps_per_epoch: int | None
     steps: int | None
     total_seconds: float | None
+    efficiency: float | None = None  # the accelerator's efficiency factor used (None: calibrated terms)
+    optimizer_seconds: float = 0.0  # the optimizer step when nothing is offloaded (calibrated only)
+    calibrated: bool = False
 
     @property
     def tokens_per_second(self) -> float:
@@ -119,20 +131,76 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
     return seconds
 
 
+def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> int:
+    """Collective calls each rank makes per optimizer step with the rendered (hidden-size) buckets:
+    bucketed gradient reduces, the ZeRO-2 parameter all-gather after the step, ZeRO-3's per-layer
+    gathers (forward, backward, recompute) and reduce-scatters."""
+    if cluster.world_size == 1:
+        return 0
+    from zerokit.zero_setup import ZeroKnobs  # noqa: PLC0415
+
+    knobs = ZeroKnobs.for_hidden_size(model.hidden_size)
+    accum = setup.gradient_accumulation_steps
+    reduces = max(1, math.ceil(model.params / max(1, knobs.reduce_bucket_size)))
+    if setup.zero_stage == 0:
+        return 1  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
+    if setup.zero_stage in (1, 2):
+        # bucketed reduces every micro step (overlap_comm), one all_gather_into_tensor of the partitions
+        return accum * reduces + 1
+    # ZeRO-3: one (coalesced, prefetched) gather per layer plus the embedding and the LM head in forward;
+    # backward and recompute gather again only when the model exceeds the live window
+    # (stage3_max_live_parameters / max_reuse_distance: the parameters stay gathered otherwise, see
+    # memory.phase_terms), and one reduce per bucket. Measured per-call cost on CPU matches the 4 KiB
+    # collective latency (bench/accuracy).
+    window = min(knobs.stage3_max_live_parameters, knobs.stage3_max_reuse_distance)
+    passes = 1 if model.params <= window else (3 if setup.activation_checkpointing else 2)
+    return accum * (passes * (model.num_layers + 2) + reduces)
+
+
+def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, overhead_s: float, tflops: float) -> float:
+    """One rank's compute per optimizer step from the measured layer overhead and block throughput."""
+    tokens = setup.micro_batch_size * workload.seq_len
+    flops = flops_per_token(model, workload.seq_len, setup.activation_checkpointing) * tokens
+    recompute = 4 / 3 if setup.activation_checkpointing else 1.0
+    # the embedding, final norm, LM head and loss cost about one more layer's launches
+    fixed = (model.num_layers * recompute + 1) * overhead_s
+    return setup.gradient_accumulation_steps * (fixed + flops / (tflops * 1e12))
+
+
 def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload) -> TimeEstimate:
     acc = cluster.accelerator
     n = cluster.world_size
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * n
     tokens = global_batch * workload.seq_len
     flops = flops_per_token(model, workload.seq_len, setup.activation_checkpointing) * tokens
-    peak = acc.peak_flops(setup.precision) * acc.efficiency
-    if acc.is_cpu:
-        peak /= cluster.gpus_per_node  # CPU ranks on one node share its cores
-    compute = flops / (n * peak) if peak else math.inf
+    terms = None
+    if acc.source.startswith("measured by zerokit calibrate"):
+        from zerokit.calibrate import timing_terms  # noqa: PLC0415 (light module; only with a profile)
+
+        terms = timing_terms(acc)
+    # the GPT-2-style block (plain MLP) where the profile measured one, else the Llama-style block
+    family = "layers" if model.gated_mlp else "layers_plain"
+    layer = (terms or {}).get(family, {}).get(setup.precision) or (terms or {}).get("layers", {}).get(setup.precision)
     comm = collective_bytes_per_step(model, cluster, setup) / link_bandwidth(cluster)
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
+    if terms and terms.get("cpu_adam_params_per_s"):
+        cpu_adam = terms["cpu_adam_params_per_s"]
     offload = offload_seconds(model, cluster, setup, cpu_adam)
-    step = compute + comm + offload
+    optimizer = 0.0
+    if layer:
+        compute = _calibrated_compute(model, setup, workload, *layer)
+        comm += collective_calls_per_step(model, cluster, setup) * terms.get("collective_latency_s", 0.0)
+        adamw = terms.get("torch_adamw_params_per_s")
+        if adamw and setup.offload_optimizer == "none":
+            # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
+            share = model.params / (n if setup.zero_stage >= 1 else 1)
+            optimizer = share / (adamw / cluster.gpus_per_node if acc.is_cpu else adamw)
+    else:
+        peak = acc.peak_flops(setup.precision) * acc.efficiency
+        if acc.is_cpu:
+            peak /= cluster.gpus_per_node  # CPU ranks on one node share its cores
+        compute = flops / (n * peak) if peak else math.inf
+    step = compute + comm + offload + optimizer
     spe = steps_per_epoch(workload.samples, global_batch) if workload.samples else None
     steps = math.ceil(workload.epochs * spe) if spe else None
     total = steps * step if steps is not None else None
@@ -147,4 +215,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         steps_per_epoch=spe,
         steps=steps,
         total_seconds=total,
+        efficiency=None if layer else acc.efficiency,
+        optimizer_seconds=optimizer,
+        calibrated=bool(layer),
     )

@@ -72,6 +72,9 @@ def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
         steps = [r for r in recs if r.get("event") == "step"]
         ends = [r for r in recs if r.get("event") == "end"]
         steady = _steady(recs)
+        # steps timed after the CPU memory meter stopped (ZEROKIT_MEMORY_STEPS) carry none of its overhead
+        unmetered = [r for r in steady if r.get("metered") is False]
+        steady = unmetered or steady
         peaks = [r.get("peak_allocated_bytes") for r in steps + ends if r.get("peak_allocated_bytes")]
         reserved = [r.get("peak_reserved_bytes") for r in steps + ends if r.get("peak_reserved_bytes")]
         st = statistics.median([r["step_time"] for r in steady]) if steady else None
@@ -81,6 +84,7 @@ def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
             "step_seconds": st,
             "tokens_per_second": statistics.median([r["tokens_per_s"] for r in steady]) if steady else None,
             "steps": max((r["step"] for r in steps), default=0),
+            "timed_without_meter": bool(unmetered),
         }
         method = method or next((r.get("memory_method") for r in recs if r.get("memory_method")), None)
         if rank == 0:
@@ -98,6 +102,7 @@ def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
         "tokens_per_second": statistics.median(global_tps) if global_tps else None,
         "train_seconds": train_s[-1] if train_s else None,
         "steps": steps_done,
+        "timed_without_meter": bool(ranks) and all(v.get("timed_without_meter") for v in ranks.values()),
     }
 
 
@@ -114,6 +119,7 @@ def prediction_from_evaluation(ev, steps: int | None) -> dict:
         "tokens_per_second": float(t.tokens_per_second),
         "steps": steps,
         "total_seconds": float(t.step_seconds) * steps if steps else t.total_seconds,
+        "efficiency": getattr(t, "efficiency", None),
     }
 
 
@@ -142,6 +148,11 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
     ]
     for r in rows:
         r["ratio"] = _ratio(r["measured"], r["predicted"])
+    efficiency_to_match = None
+    if p.get("efficiency") and p.get("step_seconds") and measured.get("step_seconds"):
+        from zerokit.calibrate import efficiency_from_run
+
+        efficiency_to_match = efficiency_from_run(p["step_seconds"], measured["step_seconds"], p["efficiency"])
     per_rank = []
     for rank, m in sorted(measured.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
         per_rank.append({"rank": int(rank), "predicted_bytes": p.get("per_rank_memory_bytes"),
@@ -157,6 +168,8 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
         "rows": rows,
         "per_rank": per_rank,
         "memory_terms_predicted": p.get("memory_terms") or {},
+        "efficiency": p.get("efficiency"),
+        "efficiency_to_match": efficiency_to_match,
         "restarts": run.get("restarts", 0),
         "redone_steps": run.get("redone_steps", 0),
         "returncode": run.get("returncode"),
@@ -195,8 +208,11 @@ def format_report(report: dict) -> str:
             extra = f"  reserved {fmt_bytes(r['measured_reserved_bytes'])}" if r.get("measured_reserved_bytes") else ""
             out.append(f"    rank {r['rank']:<3} predicted {_fmt(r['predicted_bytes'], 'bytes'):>11}  "
                        f"measured {_fmt(r['measured_bytes'], 'bytes'):>11}  {ratio:>7}{extra}")
+    if report.get("efficiency_to_match") is not None:
+        out.append(f"  efficiency: predicted with {report['efficiency']:.3g}; {report['efficiency_to_match']:.3g} would have "
+                   "matched the measured step time (or run `zerokit calibrate` and plan with --hardware-profile)")
     out.append(f"  restarts: {report.get('restarts', 0)}, steps redone: {report.get('redone_steps', 0)}")
-    if report.get("memory_method") == "live_tensor_bytes":
+    if report.get("memory_method") == "live_tensor_bytes" and not (report.get("measured") or {}).get("timed_without_meter"):
         out.append("  note: CPU memory is counted per op by a dispatch-mode meter; measured step times include "
                    "its overhead (about +30% on the tiny model)")
     return "\n".join(out)

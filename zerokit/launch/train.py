@@ -128,6 +128,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3, help="only when the config has no optimizer block")
     ap.add_argument("--no-export", action="store_true", help="skip writing final/ weights")
     ap.add_argument("--no-memory-meter", action="store_true", help="CPU: skip the live-tensor-byte meter")
+    ap.add_argument("--memory-steps", type=int, default=_env_int("ZEROKIT_MEMORY_STEPS") or 0,
+                    help="CPU: stop the live-tensor-byte meter after this many optimizer steps, so later step "
+                         "times carry none of its overhead (0: meter every step; env ZEROKIT_MEMORY_STEPS)")
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = ap.parse_args(argv)
@@ -339,6 +342,85 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class _PhaseMeter:
+    """Per-phase peaks of one optimizer step (forward, backward, step), for the metrics JSONL.
+
+    CUDA: the allocator's max_memory_allocated/reserved, reset at each phase start (one synchronize per
+    phase). CPU: zerokit.measure.MemoryMeter's exact live tensor bytes; each phase opens a fresh peak
+    window (MemoryMeter.reset_peak), so the category mix recorded is the one at that phase's own peak
+    (parameters, buffers, gradients, optimizer_states as labelled by register_deepspeed_engine; other
+    tensors carry the phase that created them: "forward" = activations and logits). The run's overall
+    peak is kept here (max of the init peak and every phase peak).
+    """
+
+    def __init__(self, meter, on_cuda: bool):
+        import torch
+
+        self.torch = torch
+        self.meter = meter
+        self.on_cuda = on_cuda
+        self.active = meter is not None or on_cuda
+        self.overall = 0
+        self.reserved = 0
+        self.step_phases: dict[str, dict] = {}
+
+    def init_peak(self) -> int:
+        """Peak before the first step (model build, deepspeed.initialize)."""
+        if self.on_cuda:
+            p = int(self.torch.cuda.max_memory_allocated())
+            self.reserved = max(self.reserved, int(self.torch.cuda.max_memory_reserved()))
+        elif self.meter is not None:
+            p = int(self.meter.peak_bytes())
+        else:
+            return 0
+        self.overall = max(self.overall, p)
+        return p
+
+    def new_step(self) -> None:
+        self.step_phases = {}
+
+    def stop(self) -> None:
+        """CPU: stop metering (the live-byte figures freeze; the recorded peaks stay)."""
+        if self.meter is not None and not self.on_cuda:
+            try:
+                self.meter.stop()
+            except Exception:  # noqa: BLE001
+                pass
+            self.meter = None
+        self.active = self.on_cuda
+
+    def run(self, name: str, fn):
+        if not self.active:
+            return fn()
+        torch = self.torch
+        if self.on_cuda:
+            torch.cuda.synchronize()
+            start = int(torch.cuda.memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+            out = fn()
+            torch.cuda.synchronize()
+            peak = int(torch.cuda.max_memory_allocated())
+            reserved = int(torch.cuda.max_memory_reserved())
+            self.reserved = max(self.reserved, reserved)
+            rec = {"peak_bytes": peak, "start_bytes": start, "reserved_peak_bytes": reserved}
+        else:
+            m = self.meter
+            m.reset_peak()
+            start = int(m.current_bytes())
+            with m.phase(name):
+                out = fn()
+            live = m._live
+            with live.lock:
+                peak = int(live.peak)
+                cats = {k: int(v) for k, v in live.peak_by_category.items() if v}
+            rec = {"peak_bytes": peak, "start_bytes": start, "categories": cats}
+        self.overall = max(self.overall, peak)
+        prev = self.step_phases.get(name)
+        if prev is None or peak > prev["peak_bytes"]:  # accumulation repeats phases: keep the highest
+            self.step_phases[name] = rec
+        return out
+
+
 class _Metrics:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,6 +508,9 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001 - attribution is optional
             pass
 
+    phases = _PhaseMeter(meter, on_cuda)
+    init_peak = phases.init_peak()
+
     dataset = make_dataset(args)
     Sampler = make_sampler_class()
     sampler = Sampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=False)
@@ -465,6 +550,7 @@ def main(argv=None) -> int:
         "total_steps": total_steps, "zero_stage": stage, "precision": "bf16" if bf16 else "fp16" if fp16 else "fp32",
         "micro_batch": mb, "grad_accum": ga, "seq_len": int(dataset[0].numel()), "samples": len(dataset),
         "memory_method": mem_method, "startup_s": time.time() - t_start, "time": time.time(),
+        "init_peak_bytes": init_peak, "memory_steps": args.memory_steps, "torch_threads": torch.get_num_threads(),
     })
 
     def stream():
@@ -501,14 +587,16 @@ def main(argv=None) -> int:
     train_t0 = time.time()
     e_cur, b_cur = epoch, batch_in_epoch
     while step < total_steps:
+        metered = phases.active and not on_cuda
+        phases.new_step()
         t0 = time.perf_counter()
         loss_sum, tokens = 0.0, 0
         for _ in range(ga):
             e_cur, b_cur, batch = next(it)
             batch = batch.to(engine.device)
-            out_ = engine(input_ids=batch, labels=batch)
-            engine.backward(out_.loss)
-            engine.step()
+            out_ = phases.run("forward", lambda: engine(input_ids=batch, labels=batch))
+            phases.run("backward", lambda: engine.backward(out_.loss))
+            phases.run("step", engine.step)
             loss_sum += float(out_.loss.detach().float())
             tokens += int(batch.numel())
         step = engine.global_steps
@@ -522,15 +610,21 @@ def main(argv=None) -> int:
             "event": "step", "step": step, "loss": loss, "local_loss": local_loss, "step_time": step_time,
             "tokens": tokens, "tokens_per_s": tokens / step_time, "global_tokens_per_s": global_tokens / step_time,
             "epoch": e_cur, "batch_in_epoch": b_cur, "attempt": attempt, "run_id": run_id, "lr": engine.get_lr()[0] if engine.get_lr() else None,
-            "memory_method": mem_method, "time": time.time(),
+            "memory_method": mem_method, "time": time.time(), "metered": metered,
         }
+        if phases.step_phases:
+            # this step's own peak per phase (forward, backward, step) and, on CPU, the category mix at it
+            rec["phases"] = phases.step_phases
+            rec["step_peak_bytes"] = max(p["peak_bytes"] for p in phases.step_phases.values())
+        if phases.overall:
+            rec["peak_allocated_bytes"] = int(phases.overall)  # running peak of the run so far
         if on_cuda:
-            rec["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
-            rec["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
-        elif meter is not None:
-            rec["peak_allocated_bytes"] = int(meter.peak_bytes())
+            rec["peak_reserved_bytes"] = int(phases.reserved)
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)
+        if args.memory_steps and not on_cuda and phases.active and step >= args.memory_steps:
+            phases.stop()
+            meter = None
         if rank == 0 and (step % args.log_every == 0 or step == total_steps):
             avg = sum(step_times[-10:]) / len(step_times[-10:])
             print(f"step {step}/{total_steps}  loss {loss:.4f}  {global_tokens / step_time:,.0f} tok/s  "
@@ -553,7 +647,7 @@ def main(argv=None) -> int:
            "total_s": time.time() - t_start, "peak_allocated_bytes": peak_alloc, "memory_method": mem_method,
            "time": time.time()}
     if on_cuda:
-        end["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        end["peak_reserved_bytes"] = max(int(phases.reserved), int(torch.cuda.max_memory_reserved()))
     if meter is not None:
         try:
             meter.stop()

@@ -1,0 +1,357 @@
+"""Predicted vs measured: run a grid of real DeepSpeed jobs and compare zerokit's memory and time predictions.
+
+    python bench/accuracy/run.py --quick                 # ~21 jobs, writes bench/results/accuracy_<device>.{txt,json}
+    python bench/accuracy/run.py --full --limit 200      # the whole grid (large)
+    python bench/accuracy/run.py --quick --reuse         # re-predict against the runs already on disk (no jobs)
+    python bench/accuracy/run.py --quick --hardware-profile prof.json   # time predicted from a calibration
+
+Every job is a real 2-rank run through the CLI a user would type:
+    python -m zerokit launch --model M --config <render_ds_config(setup)> [--gpu cpu] --gpus-per-node 2
+        --seq-len S --steps 6 [--activation-checkpointing on] --output-dir RUNS/<job>
+with ZEROKIT_MEMORY_STEPS=2 and OMP_NUM_THREADS=cores/ranks on CPU (see rank_threads): the live-tensor-byte meter (zerokit.measure) runs for the first 2
+optimizer steps (step 1 creates the optimizer states lazily, step 2 is the steady state) and is then
+stopped, so the step times that follow carry none of its overhead. On CUDA the allocator's counters cost
+nothing and every step is measured (--gpu is left to launch's auto-detection).
+
+Measured per rank: peak memory = the highest per-phase peak (forward, backward, step) over the metered
+steps (the training peak: model build and deepspeed.initialize are logged apart as init_peak_bytes);
+step time = median of the steps after the warm-up (first 2) and after the meter stopped.
+Predicted: zerokit.planner.evaluate for the same setup, with the knobs read back from the rendered config
+(what `zerokit check` and `zerokit launch --config` do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from accuracy import (MEASURED_GROUPS, TERM_GROUPS, format_table, format_terms, group_terms,  # noqa: E402
+                      rel_err, summary_of_rows)
+
+MODELS = {
+    "tiny-llama": "tiny-llama",  # bundled: Llama with GQA (4 heads, 2 KV heads), 1.3M params
+    "tiny-gpt2": "tiny-gpt2",  # bundled: GPT-2 (gelu_new, dropout), 1.1M params
+    "small-llama": str(HERE / "models" / "small-llama"),  # h 384, 6 layers, GQA 6/2: 11.0M params
+    "small-gpt2": str(HERE / "models" / "small-gpt2"),  # h 384, 6 layers: 11.6M params
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    model: str
+    stage: int
+    precision: str
+    micro_batch: int
+    seq_len: int
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    ckpt: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [self.model, f"z{self.stage}", self.precision, f"mb{self.micro_batch}", f"s{self.seq_len}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"oo-{self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"op-{self.offload_param}")
+        if self.ckpt:
+            parts.append("ckpt")
+        return "_".join(parts)
+
+    def setup(self):
+        from zerokit.zero_setup import ZeroSetup
+
+        return ZeroSetup(zero_stage=self.stage, offload_optimizer=self.offload_optimizer,
+                         offload_param=self.offload_param, precision=self.precision,
+                         micro_batch_size=self.micro_batch, gradient_accumulation_steps=1,
+                         activation_checkpointing=self.ckpt)
+
+
+def J(model, stage, precision, mb, seq, oo="none", op="none", ckpt=False) -> Job:
+    return Job(model, stage, precision, mb, seq, oo, op, ckpt)
+
+
+# A representative subset: every stage, both precisions, optimizer offload at stages 1-3, parameter offload
+# at stage 3, checkpointing on/off, micro batch 1..8, sequence 64..256, two architectures at two sizes.
+QUICK = [
+    J("tiny-llama", 0, "fp32", 2, 128),
+    J("tiny-llama", 0, "bf16", 2, 128),
+    J("tiny-llama", 1, "fp32", 4, 128),
+    J("tiny-llama", 1, "bf16", 2, 128, oo="cpu"),
+    J("tiny-llama", 2, "bf16", 1, 256),
+    J("tiny-llama", 2, "fp32", 8, 128, ckpt=True),
+    J("tiny-llama", 2, "bf16", 4, 64, oo="cpu"),
+    J("tiny-llama", 3, "fp32", 2, 256),
+    J("tiny-llama", 3, "bf16", 4, 128, ckpt=True),
+    J("tiny-llama", 3, "bf16", 2, 128, oo="cpu", op="cpu"),
+    J("tiny-llama", 3, "fp32", 1, 64, oo="cpu"),
+    J("tiny-gpt2", 0, "fp32", 4, 128),
+    J("tiny-gpt2", 1, "bf16", 2, 256),
+    J("tiny-gpt2", 2, "fp32", 2, 128, oo="cpu"),
+    J("tiny-gpt2", 2, "bf16", 8, 64, ckpt=True),
+    J("tiny-gpt2", 3, "bf16", 4, 128),
+    J("tiny-gpt2", 3, "fp32", 2, 128, oo="cpu", op="cpu", ckpt=True),
+    J("small-llama", 2, "bf16", 2, 256),
+    J("small-llama", 3, "fp32", 4, 128, oo="cpu"),
+    J("small-gpt2", 1, "fp32", 2, 256),
+    J("small-gpt2", 3, "bf16", 4, 128, ckpt=True),
+]
+
+
+def full_grid() -> list[Job]:
+    jobs = []
+    variants = [(0, "none", "none"), (1, "none", "none"), (1, "cpu", "none"), (2, "none", "none"), (2, "cpu", "none"),
+                (3, "none", "none"), (3, "cpu", "none"), (3, "cpu", "cpu")]
+    for model, (stage, oo, op), prec, ckpt, mb, seq in itertools.product(
+            MODELS, variants, ("bf16", "fp32"), (False, True), (1, 2, 4, 8), (64, 256)):
+        jobs.append(Job(model, stage, prec, mb, seq, oo, op, ckpt))
+    return jobs
+
+
+# ----------------------------------------------------------------------------------------------------------
+def detect_device() -> tuple[str, int, int | None]:
+    """('cpu'|'cuda', ranks, GPU MiB) the way `zerokit launch` sees the machine (nvidia-smi, no torch)."""
+    from zerokit.launch.cli import _cuda_devices
+
+    n, mib = _cuda_devices()
+    if n:
+        return "cuda", min(2, n), mib
+    return "cpu", 2, None
+
+
+def rank_threads(ranks: int) -> int:
+    """CPU: torch threads per rank = cores / ranks (what DeepSpeed's --bind_cores_to_rank sets, and what
+    `zerokit calibrate` measures with). torch's default gives every rank all cores: on this project's
+    2-core machines the two ranks' OpenMP pools then fight and a ZeRO-0 bf16 tiny-llama step takes 5.8 s
+    instead of 0.05 s (measured)."""
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
+def make_cluster(device: str, ranks: int, gpu: str | None, gpu_mib: int | None, profile: str | None):
+    from zerokit.hardware import build_cluster
+
+    if device == "cpu":
+        return build_cluster(gpu=gpu or "cpu", gpus_per_node=ranks, hardware_profile=profile)
+    return build_cluster(gpu=gpu, gpu_memory=None if gpu else (f"{gpu_mib}MiB" if gpu_mib else None),
+                         gpus_per_node=ranks, hardware_profile=profile)
+
+
+def render(job: Job, cluster, steps: int) -> dict:
+    from zerokit.model_spec import load_model_spec
+    from zerokit.render import render_ds_config
+    from zerokit.zero_setup import Workload
+
+    spec = load_model_spec(MODELS[job.model])
+    return render_ds_config(job.setup(), cluster, spec, Workload(seq_len=job.seq_len), lr=1e-3, warmup_steps=1,
+                            total_steps=steps)
+
+
+def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, steps: int) -> list[str]:
+    cmd = [sys.executable, "-m", "zerokit", "launch", "--model", MODELS[job.model], "--config", str(cfg)]
+    if device == "cpu":
+        cmd += ["--gpu", "cpu"]
+    cmd += ["--gpus-per-node", str(ranks), "--seq-len", str(job.seq_len), "--steps", str(steps),
+            "--output-dir", str(out)]
+    if job.ckpt:
+        cmd += ["--activation-checkpointing", "on"]
+    return cmd
+
+
+def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, memory_steps: int,
+            timeout: int) -> dict:
+    import shutil
+
+    out = runs / job.name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    cfg = runs / f"{job.name}.ds_config.json"
+    cfg.write_text(json.dumps(render(job, cluster, steps), indent=2) + "\n")
+    cmd = launch_command(job, cfg, out, device, ranks, steps)
+    env = dict(os.environ, ZEROKIT_MEMORY_STEPS=str(memory_steps) if device == "cpu" else "0")
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = str(rank_threads(ranks))
+    t0 = time.perf_counter()
+    with open(runs / f"{job.name}.log", "w") as log:
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return {"returncode": rc, "wall_s": time.perf_counter() - t0, "command": shlex.join(cmd)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+def measure(out: Path, warmup: int) -> dict[int, dict]:
+    """Per rank: training peak (max phase peak over metered steps), the phase and category mix at it, and
+    the median step time over the unmetered steps after the warm-up."""
+    from zerokit.launch.report import read_metrics
+
+    res = {}
+    for rank, recs in read_metrics(out).items():
+        steps = [r for r in recs if r.get("event") == "step"]
+        start = next((r for r in recs if r.get("event") == "start"), {})
+        best, phase, cats, phases_at = None, None, {}, {}
+        for r in steps:
+            for name, ph in (r.get("phases") or {}).items():
+                if best is None or ph["peak_bytes"] > best:
+                    best, phase, cats = ph["peak_bytes"], name, ph.get("categories") or {}
+                    phases_at = {k: v["peak_bytes"] for k, v in r["phases"].items()}
+        timed = [r["step_time"] for r in steps if r["step"] > warmup and not r.get("metered")]
+        if not timed:  # everything metered (CUDA: free counters): all steps after the warm-up
+            timed = [r["step_time"] for r in steps if r["step"] > warmup]
+        res[rank] = {"peak_bytes": best, "peak_phase": phase, "categories": cats, "phase_peaks": phases_at,
+                     "init_peak_bytes": start.get("init_peak_bytes"), "memory_method": start.get("memory_method"),
+                     "step_seconds": statistics.median(timed) if timed else None, "timed_steps": len(timed),
+                     "step_times": [r["step_time"] for r in steps]}
+    return res
+
+
+def predict(job: Job, cluster, cfg: dict) -> dict:
+    from zerokit.model_spec import load_model_spec
+    from zerokit.planner import evaluate
+    from zerokit.zero_setup import Workload, ZeroKnobs
+
+    spec = load_model_spec(MODELS[job.model])
+    knobs = ZeroKnobs.from_zero_config(cfg.get("zero_optimization") or {})
+    ev = evaluate(spec, cluster, Workload(seq_len=job.seq_len), job.setup(), knobs)
+    return {"per_rank_bytes": ev.memory.per_gpu_total, "terms": dict(ev.memory.per_gpu),
+            "phases": dict(getattr(ev.memory, "phases", {}) or {}), "step_seconds": ev.time.step_seconds,
+            "time": ev.time.to_dict(), "params": spec.params}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import importlib.metadata as md
+
+    vers = []
+    for pkg in ("torch", "deepspeed", "transformers"):
+        try:
+            vers.append(f"{pkg} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            pass
+    return f"{platform.node()}: {os.cpu_count()} cores ({cpu}); python {platform.python_version()}; " + ", ".join(vers)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="the representative subset (default)")
+    g.add_argument("--full", action="store_true", help="the whole grid")
+    ap.add_argument("--only", help="regex on job names")
+    ap.add_argument("--limit", type=int, help="at most this many jobs")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the step-time median")
+    ap.add_argument("--memory-steps", type=int, default=2, help="CPU: metered steps (then the meter stops)")
+    ap.add_argument("--runs", default="/tmp/zerokit-accuracy", help="where the job output directories go")
+    ap.add_argument("--results", default=None, help="output prefix (default bench/results/accuracy_<device>)")
+    ap.add_argument("--hardware-profile", help="predict time with this `zerokit calibrate` profile")
+    ap.add_argument("--gpu", help="catalog accelerator for the prediction (CUDA; default: detected memory)")
+    ap.add_argument("--reuse", action="store_true", help="do not run jobs whose metrics exist; re-predict only")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    args = ap.parse_args(argv)
+
+    device, ranks, gpu_mib = detect_device()
+    jobs = full_grid() if args.full else list(QUICK)
+    if args.only:
+        jobs = [j for j in jobs if re.search(args.only, j.name)]
+    if args.limit:
+        jobs = jobs[: args.limit]
+    cluster = make_cluster(device, ranks, args.gpu, gpu_mib, args.hardware_profile)
+    runs = Path(args.runs) / ("full" if args.full else "quick")
+    runs.mkdir(parents=True, exist_ok=True)
+    results = Path(args.results) if args.results else ROOT / "bench" / "results" / f"accuracy_{device}"
+    t_all = time.perf_counter()
+    rows, jobs_out = [], []
+    for i, job in enumerate(jobs, 1):
+        out = runs / job.name
+        have = (out / "metrics" / "rank0.jsonl").is_file()
+        run = None
+        if not (args.reuse and have):
+            print(f"[{i}/{len(jobs)}] {job.name} ...", file=sys.stderr, flush=True)
+            run = run_job(job, runs, device, ranks, cluster, args.steps, args.memory_steps, args.timeout)
+            print(f"    rc={run['returncode']} {run['wall_s']:.1f} s", file=sys.stderr, flush=True)
+        cfg_path = runs / f"{job.name}.ds_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else render(job, cluster, args.steps)
+        pred = predict(job, cluster, cfg)
+        meas = measure(out, args.warmup) if (out / "metrics").is_dir() else {}
+        jobs_out.append({"job": asdict(job), "name": job.name, "run": run, "prediction": pred, "measured": meas})
+        if not meas:
+            rows.append({"job": job.name, "rank": "-", "pred_mem": pred["per_rank_bytes"],
+                         "pred_time": pred["step_seconds"], "failed": True})
+            continue
+        for rank, m in sorted(meas.items()):
+            rows.append({
+                "job": job.name, "rank": rank,
+                "pred_mem": pred["per_rank_bytes"], "meas_mem": m["peak_bytes"],
+                "mem_err": rel_err(pred["per_rank_bytes"], m["peak_bytes"]), "peak_phase": m["peak_phase"],
+                "pred_time": pred["step_seconds"], "meas_time": m["step_seconds"],
+                "time_err": rel_err(pred["step_seconds"], m["step_seconds"]),
+                "pred_groups": group_terms(pred["terms"], TERM_GROUPS),
+                "meas_groups": group_terms(m["categories"], MEASURED_GROUPS) if m["categories"] else {},
+            })
+    wall = time.perf_counter() - t_all
+    summary = summary_of_rows(rows)
+    grid = "--full" if args.full else "--quick"
+    cmd = f"python bench/accuracy/run.py {grid}" + (f" --only '{args.only}'" if args.only else "") + (
+        f" --limit {args.limit}" if args.limit else "") + (
+        f" --hardware-profile {args.hardware_profile}" if args.hardware_profile else "")
+    method = next((m["memory_method"] for j in jobs_out for m in j["measured"].values()), None)
+    failed = [r["job"] for r in rows if r.get("failed")]
+    header = [
+        f"zerokit accuracy: predicted vs measured, {len(jobs)} real {ranks}-rank DeepSpeed jobs ({device})",
+        f"command: {cmd}" + ("   (re-predicted against existing runs: --reuse)" if args.reuse else ""),
+        f"machine: {machine()}",
+        f"date: {time.strftime('%Y-%m-%d %H:%M:%S')}; wall {wall:.0f} s; {args.steps} steps per job, "
+        f"first {args.warmup} left out of the time median",
+        f"memory: {method} (peak over the phases forward/backward/step of the first {args.memory_steps} steps"
+        + ("; the meter then stops, so step times carry none of its overhead)" if device == "cpu" else ")"),
+        "time: " + (f"hardware profile {args.hardware_profile}" if args.hardware_profile else
+                    f"catalog figures for {cluster.accelerator.name} (no profile)"),
+        "err = (predicted - measured) / measured. Device-neutral: on a CUDA machine the same command auto-detects "
+        "the GPUs (launch without --gpu) and measures torch.cuda.max_memory_allocated per phase.",
+    ]
+    if device == "cpu":
+        header.insert(5, f"threads: OMP_NUM_THREADS={rank_threads(ranks)} per rank (cores / ranks; torch's default "
+                         "oversubscribes the cores, see docs/memory-model.md \"Time\"); not run on a GPU for this table")
+    if failed:
+        header.append(f"FAILED jobs (no metrics): {', '.join(failed)}")
+    nonzero = [j["name"] for j in jobs_out if j["run"] and j["run"]["returncode"] != 0 and j["measured"]]
+    if nonzero:
+        header.append(f"exited non-zero after training (metrics complete; see <runs>/<job>.log): {', '.join(nonzero)}")
+    text = "\n".join(header) + "\n\n" + format_table(rows, summary) + "\n\nterms (CPU meter categories at the peak phase; " \
+        "pred/meas MiB):\n" + format_terms(rows) + "\n"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{results}.txt").write_text(text)
+    Path(f"{results}.json").write_text(json.dumps({
+        "command": cmd, "machine": machine(), "device": device, "ranks": ranks, "wall_s": wall, "steps": args.steps,
+        "warmup": args.warmup, "memory_steps": args.memory_steps, "hardware_profile": args.hardware_profile,
+        "summary": summary, "rows": rows, "jobs": jobs_out}, indent=1, default=str) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""zerokit's predictions against measured truth (bench/accuracy).
+
+Fast: the benchmark's table arithmetic, the calibrated time model's terms, the fit of a layer's fixed
+overhead and throughput, the report's "efficiency that would have matched".
+Slow: real 2-rank DeepSpeed jobs (gloo, CPU) whose measured peak memory (zerokit.measure's exact
+live-tensor bytes, per phase) must be within the benchmark's target of the prediction.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench" / "accuracy"))
+
+from accuracy import format_table, group_terms, rel_err, summarize, summary_of_rows  # noqa: E402
+
+MEMORY_TARGET_MAX = 0.08  # bench/accuracy target: max |error| 8%, median 3%
+MEMORY_TARGET_MEDIAN = 0.03
+
+
+def test_relative_error_is_signed_against_the_measurement():
+    assert rel_err(110, 100) == pytest.approx(0.10)
+    assert rel_err(90, 100) == pytest.approx(-0.10)
+    assert rel_err(None, 100) is None and rel_err(100, None) is None and rel_err(100, 0) is None
+
+
+def test_summary_takes_median_and_max_of_absolute_errors():
+    s = summarize([0.01, -0.05, 0.02, None, -0.002])
+    assert s["n"] == 4
+    assert s["median_abs"] == pytest.approx((0.01 + 0.02) / 2)
+    assert s["max_abs"] == pytest.approx(0.05)
+    assert summarize([None]) == {"n": 0, "median_abs": None, "max_abs": None}
+    rows = [{"mem_err": 0.01, "time_err": -0.3}, {"mem_err": -0.03, "time_err": None}, {"mem_err": 0.02, "time_err": 0.1}]
+    both = summary_of_rows(rows)
+    assert both["peak_memory"]["median_abs"] == pytest.approx(0.02) and both["peak_memory"]["max_abs"] == pytest.approx(0.03)
+    assert both["step_time"]["n"] == 2 and both["step_time"]["max_abs"] == pytest.approx(0.3)
+
+
+def test_table_shows_each_row_and_the_summary():
+    rows = [{"job": "tiny-llama_z2_bf16_mb1_s64", "rank": 0, "pred_mem": 2**20 * 10, "meas_mem": 2**20 * 8,
+             "mem_err": rel_err(10, 8), "peak_phase": "backward", "pred_time": 0.1, "meas_time": 0.2,
+             "time_err": rel_err(0.1, 0.2)}]
+    text = format_table(rows, summary_of_rows(rows))
+    assert "tiny-llama_z2_bf16_mb1_s64" in text and "+25.0%" in text and "-50.0%" in text
+    assert "peak memory: median |err| 25.0%, max |err| 25.0% over 1 rank rows" in text
+    assert group_terms({"a": 1, "b": 2, "c": 4}, {"x": ("a", "c"), "y": ("z",)}) == {"x": 5, "y": 0}
+
+
+def test_layer_fit_recovers_overhead_and_throughput():
+    from zerokit.calibrate import _fit_overhead
+
+    a, r = 2e-3, 50e9  # 2 ms per layer, 50 GFLOP/s
+    pts = [{"flops": f, "seconds": a + f / r} for f in (1e6, 1e8, 1e9, 5e9)]
+    fit = _fit_overhead(pts)
+    assert fit["layer_overhead_s"] == pytest.approx(a, rel=1e-6)
+    assert fit["layer_tflops"] == pytest.approx(r / 1e12, rel=1e-6)
+
+
+def _profile(tmp_path, overhead=2e-3, tflops=0.05, latency=1e-4, adamw=2e8):
+    prof = {"zerokit_hardware_profile": 1, "device": {"type": "cpu", "name": "test cpu", "memory_bytes": 2**34},
+            "matmul_tflops": {"fp32": 0.1, "bf16": 0.05, "fp16": None}, "collectives": {},
+            "layer_timing": {"fp32": {"layer_overhead_s": overhead, "layer_tflops": tflops},
+                             "bf16": {"layer_overhead_s": 2 * overhead, "layer_tflops": tflops / 2}},
+            "collective_latency_s": latency, "torch_adamw_params_per_s": adamw, "created": "now"}
+    path = tmp_path / "prof.json"
+    path.write_text(json.dumps(prof))
+    return path
+
+
+def test_calibrated_time_prices_layer_overhead_flops_latency_and_optimizer(tmp_path):
+    from zerokit.hardware import build_cluster
+    from zerokit.model_spec import load_model_spec
+    from zerokit.timing import collective_calls_per_step, estimate_time, flops_per_token
+    from zerokit.zero_setup import Workload, ZeroSetup
+
+    spec = load_model_spec("tiny-llama")
+    cl = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(_profile(tmp_path)))
+    setup = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=2)
+    w = Workload(seq_len=128)
+    t = estimate_time(spec, cl, setup, w)
+    assert t.calibrated and t.efficiency is None
+    compute = (spec.num_layers + 1) * 2e-3 + flops_per_token(spec, 128, False) * 256 / 0.05e12
+    assert t.compute_seconds == pytest.approx(compute)
+    assert t.optimizer_seconds == pytest.approx(spec.params / 2 / (2e8 / 2))
+    calls = collective_calls_per_step(spec, cl, setup)
+    assert calls >= 2
+    assert t.communication_seconds >= calls * 1e-4
+    assert t.step_seconds == pytest.approx(t.compute_seconds + t.communication_seconds + t.optimizer_seconds)
+    # bf16 uses its own measured terms; without a profile, the catalog's FLOPs / (peak x efficiency)
+    assert estimate_time(spec, cl, setup.with_(precision="bf16"), w).compute_seconds > 2 * compute * 0.99
+    plain = estimate_time(spec, build_cluster(gpu="cpu", gpus_per_node=2), setup, w)
+    assert not plain.calibrated and plain.efficiency == 1.0
+
+
+def test_report_prints_the_efficiency_that_would_have_matched():
+    from zerokit.launch.report import build_report, format_report
+
+    pred = {"setup": "x", "per_rank_memory_bytes": 100, "step_seconds": 0.1, "efficiency": 0.4}
+    measured = {"ranks": {}, "step_seconds": 0.4, "peak_memory_bytes_max": 90}
+    rep = build_report(pred, measured, {})
+    assert rep["efficiency_to_match"] == pytest.approx(0.1)
+    assert "0.1 would have matched" in format_report(rep)
+
+
+# -- real runs ----------------------------------------------------------------------------------------
+# (GPT-2 at ZeRO-3 is left out: the run trains, but exporting its tied embedding through zero_to_fp32 +
+# safetensors fails after training, a launch bug outside this check.)
+JOBS = [("tiny-gpt2", 2, "bf16", 2, 64, "none", "none", False), ("tiny-llama", 3, "fp32", 1, 128, "cpu", "none", True)]
+
+
+@pytest.mark.slow
+def test_real_runs_peak_memory_within_target(tmp_path):
+    import run as bench
+
+    device, ranks, mib = bench.detect_device()
+    cluster = bench.make_cluster(device, ranks, None, mib, None)
+    errors = []
+    for args in JOBS:
+        job = bench.Job(*args)
+        res = bench.run_job(job, tmp_path, device, ranks, cluster, steps=3, memory_steps=2, timeout=600)
+        assert res["returncode"] == 0, (tmp_path / f"{job.name}.log").read_text()[-3000:]
+        measured = bench.measure(tmp_path / job.name, warmup=2)
+        assert sorted(measured) == list(range(ranks))
+        cfg = json.loads((tmp_path / f"{job.name}.ds_config.json").read_text())
+        pred = bench.predict(job, cluster, cfg)
+        recs = [json.loads(x) for x in (tmp_path / job.name / "metrics" / "rank0.jsonl").read_text().splitlines()]
+        steps = [r for r in recs if r.get("event") == "step"]
+        # per-phase peaks on every metered step; the meter stops after ZEROKIT_MEMORY_STEPS on CPU
+        assert set(steps[0]["phases"]) == {"forward", "backward", "step"}
+        if device == "cpu":
+            assert [r["metered"] for r in steps] == [True, True, False]
+            assert "optimizer_states" in steps[1]["phases"]["backward"]["categories"]
+        for m in measured.values():
+            errors.append(rel_err(pred["per_rank_bytes"], m["peak_bytes"]))
+    assert max(abs(e) for e in errors) <= MEMORY_TARGET_MAX, errors
+    assert summarize(errors)["median_abs"] <= MEMORY_TARGET_MEDIAN, errors
