@@ -85,6 +85,7 @@ class MemoryEstimate:
             "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu)},
             "nvme_per_node": {"total_bytes": self.nvme_total, "terms": dict(self.nvme)},
             "phases": dict(self.phases),
+            "phase_terms": {k: dict(v) for k, v in self.phase_terms.items()},
             "peak_phase": self.peak_phase,
             "notes": list(self.notes),
         }

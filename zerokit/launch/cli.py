@@ -386,6 +386,10 @@ def prepare(args) -> Prepared:
     env = {"PYTHONPATH": os.pathsep.join(x for x in (pkg_root, os.environ.get("PYTHONPATH", "")) if x)}
     if cluster.accelerator.is_cpu:
         env["DS_ACCELERATOR"] = "cpu"
+        if "OMP_NUM_THREADS" not in os.environ:
+            # torch gives every rank all cores; N ranks on N x fewer cores each fight for them
+            # (measured: a tiny ZeRO-0 step 5.8 s instead of 0.05 s with 2 ranks on 2 cores)
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
     for k in ("TORCH_EXTENSIONS_DIR", "HF_HOME", "HF_HUB_OFFLINE"):
         if os.environ.get(k) and multi_node:
             env[k] = os.environ[k]

@@ -660,6 +660,26 @@ def main(argv=None) -> int:
     return 0
 
 
+def _export_zero3_fp32(ckpt_dir: Path, tag: str, dest: Path) -> None:
+    """Consolidate a ZeRO-3 checkpoint (zero_to_fp32) into dest/model.safetensors.
+
+    Tied weights (GPT-2's lm_head = wte) come back from zero_to_fp32 as one shared tensor under two
+    names, which safetensors refuses; keep the first name, as save_pretrained does: from_pretrained
+    ties the other back from the config.
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import save_file
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    seen, unique = set(), {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = t.contiguous()
+    save_file(unique, str(dest / "model.safetensors"), metadata={"format": "pt"})
+
+
 def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: bool, rank: int, args) -> None:
     """Rank 0 writes out/final atomically (final.tmp -> final)."""
     from deepspeed import comm as dist
@@ -672,9 +692,7 @@ def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: 
     module = engine.module
     if stage == 3:
         if rank == 0:
-            from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
-
-            convert_zero_checkpoint_to_fp32_state_dict(str(ckpt_dir), str(tmp), tag=tag, safe_serialization=True)
+            _export_zero3_fp32(ckpt_dir, tag, tmp)
             module.config.save_pretrained(str(tmp))
     elif rank == 0:
         module.save_pretrained(str(tmp), safe_serialization=True)  # bf16 run: the bf16 module weights
