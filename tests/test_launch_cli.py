@@ -244,3 +244,9 @@ def test_openmpi_launcher_command_parses_with_deepspeed(tmp_path):
 def test_slurm_launcher_without_allocation_is_a_clear_error(tmp_path):
     assert_one_line_error(zk(*BASE, "--plan", "--launcher", "slurm", "--output-dir", tmp_path / "run"), 2, "--sbatch")
     assert not (tmp_path / "run").exists()
+
+
+def test_sbatch_into_a_missing_directory_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    assert_one_line_error(zk(*BASE, "--plan", "--output-dir", out, "--sbatch", tmp_path / "no" / "job.sh"), 2, "--sbatch")
+    assert not out.exists()

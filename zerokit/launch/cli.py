@@ -364,6 +364,9 @@ def prepare(args) -> Prepared:
 
     launcher = args.launcher or ("pdsh" if multi_node else "local")
     if args.sbatch:
+        sb_dir = Path(args.sbatch).expanduser().resolve().parent
+        if not sb_dir.is_dir() or not os.access(sb_dir, os.W_OK):
+            raise ZerokitError(f"cannot write --sbatch {args.sbatch}: {sb_dir} is not a writable directory")
         launcher = "slurm"  # the script runs DeepSpeed's slurm launcher inside the allocation
     elif launcher == "slurm" and not args.master_addr:
         raise ZerokitError("--launcher slurm runs inside a Slurm allocation and needs --master-addr: "
