@@ -13,7 +13,17 @@ import sys
 from zerokit.errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, ZerokitError
 
 
-def _positive_int(text: str) -> int:
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
@@ -23,7 +33,7 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
@@ -46,8 +56,8 @@ def hardware_parent() -> argparse.ArgumentParser:
     g.add_argument("--gpu", help="accelerator from the catalog (a100-80gb, h100-80gb, h200, l40s, a10g, v100-32gb, "
                                  "rtx4090, cpu, ...); default a100-80gb, or cpu for launch on a machine without CUDA")
     g.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, overrides the catalog (e.g. 80GB, 24GiB)")
-    g.add_argument("--gpus-per-node", type=_positive_int, metavar="N")
-    g.add_argument("--nodes", type=_positive_int, metavar="N")
+    g.add_argument("--gpus-per-node", type=positive_int, metavar="N")
+    g.add_argument("--nodes", type=positive_int, metavar="N")
     g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile (`host slots=N` per line): sets nodes and GPUs per node")
     g.add_argument("--cpu-memory", metavar="SIZE", help="host RAM per node (checked when given)")
     g.add_argument("--nvme-path", metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
@@ -60,20 +70,20 @@ def model_parent() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("model")
     g.add_argument("--params", metavar="N", help="bare parameter count (7e9, 7B, 125M) instead of a model config")
-    g.add_argument("--hidden-size", type=_positive_int)
-    g.add_argument("--num-layers", type=_positive_int)
-    g.add_argument("--vocab-size", type=_positive_int)
+    g.add_argument("--hidden-size", type=positive_int)
+    g.add_argument("--num-layers", type=positive_int)
+    g.add_argument("--vocab-size", type=positive_int)
     return p
 
 
 def workload_parent() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("workload")
-    g.add_argument("--seq-len", type=_positive_int, default=2048, help="tokens per sample (default 2048)")
-    g.add_argument("--global-batch", type=_positive_int, metavar="N",
+    g.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per sample (default 2048)")
+    g.add_argument("--global-batch", type=positive_int, metavar="N",
                    help="samples per optimizer step = micro x accumulation x GPUs per node x nodes")
-    g.add_argument("--samples", type=_positive_int, metavar="N", help="training samples per epoch (for total time)")
-    g.add_argument("--epochs", type=_positive_float, default=1.0)
+    g.add_argument("--samples", type=positive_int, metavar="N", help="training samples per epoch (for total time)")
+    g.add_argument("--epochs", type=positive_float, default=1.0)
     g.add_argument("--attention", choices=("sdpa", "flash", "eager"), default="sdpa")
     return p
 
@@ -85,10 +95,10 @@ def setup_parent() -> argparse.ArgumentParser:
     g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"))
     g.add_argument("--offload-param", choices=("none", "cpu", "nvme"))
     g.add_argument("--precision", choices=("bf16", "fp16", "fp32"))
-    g.add_argument("--micro-batch", type=_positive_int, dest="micro_batch_size")
-    g.add_argument("--grad-accum", type=_positive_int, dest="gradient_accumulation_steps")
+    g.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size")
+    g.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps")
     g.add_argument("--activation-checkpointing", choices=("on", "off"))
-    g.add_argument("--memory-fraction", type=_positive_float, default=None,
+    g.add_argument("--memory-fraction", type=positive_float, default=None,
                    help="share of GPU memory a plan may use (default 0.95; the rest absorbs fragmentation)")
     return p
 
@@ -121,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", dest="model", help="HF model id, local directory or bundled name")
     p.add_argument("--activation-checkpointing", choices=("on", "off"),
                    help="override what the config says (its activation_checkpointing block)")
-    p.add_argument("--micro-batch", type=_positive_int, dest="micro_batch_size",
+    p.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size",
                    help='for "auto" configs: the per-device batch the HF Trainer will fill in (default: its default, 8)')
-    p.add_argument("--grad-accum", type=_positive_int, dest="gradient_accumulation_steps",
+    p.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps",
                    help='for "auto" configs: the accumulation the HF Trainer will fill in (default 1)')
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)

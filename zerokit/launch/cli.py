@@ -27,39 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+from zerokit.cli import nonneg_int, positive_float, positive_int
 from zerokit.errors import EXIT_DOES_NOT_FIT, EXIT_OK, ZerokitError
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
 
 
 def add_launch_parser(subparsers, hardware_parent: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -88,21 +59,21 @@ def add_launch_parser(subparsers, hardware_parent: argparse.ArgumentParser) -> a
     src.add_argument("--config", metavar="DS_CONFIG", help="use this ds_config.json (checked first)")
     p.add_argument("--output-dir", metavar="DIR", help="default runs/<model>-<time>")
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=_positive_int, help="optimizer steps (default: one epoch)")
-    length.add_argument("--epochs", type=_positive_float, help="passes over the data (default 1)")
-    p.add_argument("--save-every", type=_nonneg_int, metavar="K",
+    length.add_argument("--steps", type=positive_int, help="optimizer steps (default: one epoch)")
+    length.add_argument("--epochs", type=positive_float, help="passes over the data (default 1)")
+    p.add_argument("--save-every", type=nonneg_int, metavar="K",
                    help="checkpoint every K steps (default: 10 checkpoints when --max-restarts > 0, else only the last)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
-    p.add_argument("--max-restarts", type=_nonneg_int, default=0, metavar="R",
+    p.add_argument("--max-restarts", type=nonneg_int, default=0, metavar="R",
                    help="relaunch from the latest complete checkpoint up to R times if a rank dies")
     p.add_argument("--dry-run", action="store_true", help="print the command, environment and config; run nothing")
-    p.add_argument("--seq-len", type=_positive_int, help="tokens per sample (default min(512, the model's maximum))")
-    p.add_argument("--global-batch", type=_positive_int, metavar="N", help="samples per optimizer step (--plan)")
-    p.add_argument("--lr", type=_positive_float, help="peak learning rate (--plan; default 2e-5 for pretrained "
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sample (default min(512, the model's maximum))")
+    p.add_argument("--global-batch", type=positive_int, metavar="N", help="samples per optimizer step (--plan)")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (--plan; default 2e-5 for pretrained "
                                                      "weights, 1e-3 for a random-init model)")
-    p.add_argument("--warmup-steps", type=_nonneg_int, default=None, help="LR warm-up steps (--plan; default 1/10 of the run)")
+    p.add_argument("--warmup-steps", type=nonneg_int, default=None, help="LR warm-up steps (--plan; default 1/10 of the run)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--master-port", type=_positive_int, help="rendezvous port (default: a free one)")
+    p.add_argument("--master-port", type=positive_int, help="rendezvous port (default: a free one)")
     p.add_argument("--no-report", action="store_true", help="skip the predicted-vs-measured report")
     multi = p.add_argument_group("multi-node")
     multi.add_argument("--launcher", choices=("pdsh", "openmpi", "mpich", "slurm"),

@@ -218,15 +218,11 @@ def format_report(report: dict) -> str:
     return "\n".join(out)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_report(output_dir: str | os.PathLike, report: dict) -> tuple[Path, Path]:
+    from zerokit.fsutil import atomic_write_text
+
     out = Path(output_dir)
     txt, js = out / "report.txt", out / "report.json"
-    _write_atomic(txt, format_report(report) + "\n")
-    _write_atomic(js, json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(txt, format_report(report) + "\n")
+    atomic_write_text(js, json.dumps(report, indent=2, default=str) + "\n")
     return txt, js
