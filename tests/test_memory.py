@@ -13,6 +13,7 @@ import pytest
 from specs import LLAMA3_8B
 from zerokit.hardware import Cluster, accelerator
 from zerokit.memory import (
+    activation_terms,
     CUDA_CONTEXT_BYTES,
     MODEL_STATE_TERMS,
     activation_bytes_per_layer,
@@ -176,3 +177,13 @@ def test_cpu_target_has_no_cuda_context():
     cluster = Cluster(accelerator=accelerator("cpu"), gpus_per_node=2)
     est = estimate_memory(LLAMA3_8B, cluster, ZeroSetup(zero_stage=2, precision="fp32"), Workload(seq_len=64))
     assert "cuda_context" not in est.per_gpu
+
+
+def test_architectures_without_sdpa_are_priced_with_eager_attention():
+    # transformers has no sdpa path for BLOOM: a real run keeps the a·s² scores whatever was asked
+    # (bench/results/activation_trace.txt: the traced bloom-560m layer equals the analytic eager term)
+    no_sdpa = replace(LLAMA3_8B, supports_sdpa=False)
+    setup, w = ZeroSetup(zero_stage=3), Workload(seq_len=2048, attention="sdpa")
+    eager = activation_terms(LLAMA3_8B, setup, replace(w, attention="eager"))
+    assert activation_terms(no_sdpa, setup, w)["activations"] == eager["activations"]
+    assert activation_terms(LLAMA3_8B, setup, w)["activations"] < eager["activations"]

@@ -122,14 +122,19 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
       (E h), which o_proj saves too (flash/sdpa write it in (b, s, a, d) layout: no copy); the
       flash kernel keeps a fp32 log-sum-exp per head. Eager attention repeats K/V to all heads and
       keeps the fp32 softmax output and its cast ((4 + E) a s per token; Korthikanti's 5as^2b term).
-    - attention dropout: eager adds the mask and dropped probabilities (1 + E bytes per score); sdpa
-      with dropout on CPU falls back to the math kernel, measured at 14 bytes per score (torch 2.13);
+    - dropout masks: a bool (1 byte) per element on GPUs; on CPU torch keeps a mask in the input's
+      dtype (E bytes; traced: resid dropout adds 2 E h per token).
+    - attention dropout: eager adds the mask and dropped probabilities (mask + E bytes per score); sdpa
+      with dropout on CPU falls back to the math kernel, measured at 12 bytes per score plus fp32 q/k/v
+      copies (torch 2.13);
       on GPUs flash attention regenerates the mask and keeps nothing extra.
-    - MLP: gated (gate out, act(gate), up out, product: 4 E i) or plain (fc out and act out: 2 E i),
-      plus three i-wide intermediates when the activation is a Python tanh-GELU (gelu_new, gelu_fast).
-    - residual dropout: a bool mask per branch (2h bytes per token).
+    - MLP: gated (gate out, act(gate), up out, product: 4 E i) or plain (fc out and act out: 2 E i;
+      ReLU's backward reads its own output, which the next Linear keeps anyway: E i), plus three
+      i-wide intermediates when the activation is a Python tanh-GELU (gelu_new, gelu_fast).
+    - residual dropout: a mask per branch (2h masks per token).
     """
     e = dtype_bytes(precision)
+    mask = e if on_cpu else 1  # bytes per dropout-mask element
     h, i = model.hidden_size, model.intermediate_size
     a, k, d = model.num_attention_heads, model.num_kv_heads, model.head_dim
     per_token = 2 * _norm_bytes_per_token(model, precision)
@@ -140,21 +145,27 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         per_token += e * 3 * a * d + e * h
         per_token += (4 + (e if precision != "fp32" else 0)) * scores
         if model.attention_dropout > 0:
-            per_token += (1 + e) * scores
+            per_token += (mask + e) * scores
     else:
         per_token += e * (a + 2 * k) * d + e * h
         per_token += 4 * a
         if model.attention_dropout > 0 and on_cpu:
-            per_token += 14 * scores
+            # math kernel: 12 bytes per score; bf16 adds fp32 copies of q/k/v (6h), fp32 keeps one
+            # h-wide tensor fewer than the flash path; no log-sum-exp. Measured on real tensors with
+            # zerokit.measure (GPT-2 shapes, seq 128 and 512): 12.0 B/score + 6h (bf16) / -4h (fp32) - 4a.
+            per_token += 12 * scores + (-4 if precision == "fp32" else 6) * h - 4 * a
     experts = model.experts_per_token if model.num_experts > 1 else 1
-    mlp = 4 * e * i if model.gated_mlp else 2 * e * i
+    if model.gated_mlp:
+        mlp = 4 * e * i
+    else:
+        mlp = (1 if model.mlp_activation == "relu" else 2) * e * i
     if model.mlp_activation in PYTHON_GELUS:
         mlp += 3 * e * i
     per_token += mlp * experts
     if model.num_experts > 1:
         per_token += 4 * model.num_experts  # router logits (fp32)
     if model.hidden_dropout > 0:
-        per_token += 2 * h
+        per_token += 2 * h * mask
     return per_token * tokens
 
 
@@ -176,8 +187,9 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     """Activations, logits and loss for one micro batch, per GPU."""
     e = dtype_bytes(setup.precision)
     tokens = setup.micro_batch_size * workload.seq_len
-    one_layer = activation_bytes_per_layer(model, tokens, workload.seq_len, setup.precision, workload.attention,
-                                           on_cpu)
+    # an architecture transformers has no sdpa/flash path for runs eager attention whatever was asked
+    attention = workload.attention if model.supports_sdpa else "eager"
+    one_layer = activation_bytes_per_layer(model, tokens, workload.seq_len, setup.precision, attention, on_cpu)
     terms: dict[str, int] = {}
     final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
     if setup.activation_checkpointing:

@@ -67,6 +67,7 @@ class ModelSpec:
     mlp_activation: str = "silu"  # HF hidden_act / activation_function
     attention_dropout: float = 0.0  # training-time dropout on attention probabilities
     hidden_dropout: float = 0.0  # training-time dropout on the residual branches
+    supports_sdpa: bool = True  # False: transformers runs this architecture's attention eagerly (BLOOM)
     exact: bool = True  # False when shapes were guessed from a bare parameter count
 
     @property
@@ -86,7 +87,7 @@ class ModelSpec:
 
 
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _CONFIG_NAME = "config.json"
 
 
@@ -364,6 +365,7 @@ def _measure(model, cfg) -> dict:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
     return dict(
+        supports_sdpa=bool(getattr(model, "_supports_sdpa", True)),
         mlp_activation=str(act),
         attention_dropout=_prob(attn_drop),
         hidden_dropout=_prob(hidden_drop),

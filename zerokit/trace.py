@@ -123,6 +123,33 @@ def _no_packed_sequence_check(active: bool):
         mu.find_packed_sequence_indices = orig
 
 
+class MaxLiveActivations:
+    """Records the most activations + temporaries alive at any op (a hook on MemTracker's peak update).
+
+    MemTracker's per-phase peak is the moment the phase's *total* peaks: in backward with activation
+    checkpointing that comes late, when gradients have grown and the activations are gone, and misses
+    the start of backward where checkpoints, logits and the logits gradient are alive together.
+    """
+
+    def __enter__(self):
+        from torch.distributed._tools.mem_tracker import MemTracker  # noqa: PLC0415
+
+        self.cls, self.orig, self.max = MemTracker, MemTracker._update_peak_stats, 0
+        me = self
+
+        def patched(tracker, peak_state):
+            me.orig(tracker, peak_state)
+            for snap in tracker._curr_mem_snap.values():
+                live = sum(v for k, v in snap.items() if getattr(k, "value", k) in ("Activation", "Temp"))
+                me.max = max(me.max, live)
+
+        MemTracker._update_peak_stats = patched
+        return self
+
+    def __exit__(self, *exc):
+        self.cls._update_peak_stats = self.orig
+
+
 def _run_step(model, config, seq_len, micro_batch, attention_mask, optimizer_step, activation_checkpointing):
     import torch  # noqa: PLC0415
     from torch.distributed._tools.mem_tracker import MemTracker  # noqa: PLC0415
@@ -182,8 +209,8 @@ def trace_activation_memory(
         activations + temporaries [+ optimizer states]);
       activation_bytes: activations still held at the end of the forward pass (what backward needs,
         including logits and loss);
-      peak_activation_bytes: the most activations + temporaries held at once in forward or backward
-        (the part of the peak that scales with batch and sequence length);
+      peak_activation_bytes: the most activations + temporaries held at once at any op of forward or
+        backward (the part of the peak that scales with batch and sequence length);
       params_bytes / buffers_bytes / gradients_bytes / optimizer_states_bytes: model states;
       peak_categories: the mix at the overall peak; phases: forward/backward[/optimizer] peaks with
         their mixes; attn_implementation: the attention that actually ran; wall_s: trace time.
@@ -215,9 +242,10 @@ def trace_activation_memory(
                 # sdpa: no mask (a real run with an all-ones mask drops it after looking at the data,
                 # which fake tensors cannot do); eager: an explicit all-ones mask
                 mask = (attn == "eager") if attention_mask is None else attention_mask
-                start, after_fw, after_bw, phases, after_opt = _run_step(
-                    model, config, seq_len, micro_batch, mask, optimizer_step, activation_checkpointing
-                )
+                with MaxLiveActivations() as live:
+                    start, after_fw, after_bw, phases, after_opt = _run_step(
+                        model, config, seq_len, micro_batch, mask, optimizer_step, activation_checkpointing
+                    )
             break
         except ZerokitError:
             raise
@@ -231,8 +259,9 @@ def trace_activation_memory(
     peak_cats = dict(peak_phase["peak_categories"])
     peak_cats.pop("total", None)
     act_peak = max(
-        phases[k]["peak_categories"]["activations"] + phases[k]["peak_categories"]["temporaries"]
-        for k in ("forward", "backward")
+        live.max,
+        *(phases[k]["peak_categories"]["activations"] + phases[k]["peak_categories"]["temporaries"]
+          for k in ("forward", "backward")),
     )
     return {
         "method": "fake_tensor_mem_tracker" if fake else "real_mem_tracker",
@@ -278,8 +307,8 @@ def apply_trace_to_plan(plan, model: str | None) -> None:
     batch, sequence length, precision and checkpointing. In every phase of the memory model that holds
     layer activations, the analytic activation and logits terms are replaced: by the traced peak (activations + temporaries) in
     the phase where the analytic activations are largest, by the activations held after forward in the
-    others; then the peak phase and the fit are taken again. It costs seconds to a minute
-    (TinyLlama-1.1B at seq 2048: ~30-60 s on 2 cores), so only the chosen setup is traced.
+    others; then the peak phase and the fit are taken again. It costs ~20 s per plan for 2B-8B models
+    on 2 cores (bench/results/activation_trace.txt), so only the chosen setup is traced.
     """
     from zerokit.memory import Budget, fit_problems
     from zerokit.model_spec import config_source
