@@ -242,45 +242,30 @@ def main() -> None:
 # one layer (torch.autograd.graph.saved_tensors_hooks on a 1-layer config under FakeTensorMode).
 # Written by hand from the run recorded here; rerun the isolation to check after transformers/torch upgrades.
 FINDINGS = """Findings (per architecture; B/token = bytes per token per layer, bf16)
-  Exact (|err| < 0.1%): llama-3-8b (2048, 8192), qwen2.5-7b, phi-2. The per-token rest (embeddings, final norm,
-    logits, loss) and logits_grad match within 1.1% for every architecture; all differences are per layer.
-  llama-3-8b, checkpointing on: after-fw exact. The 'peak' column's +16% is the trace's definition, not the
-    model: trace.py takes activations + temporaries at each phase's peak *total*; with checkpointing the
-    backward total peaks late (gradients grown, activations gone: 8 B activations + 1.0 GiB temporaries), so
-    the reported peak is the forward-end loss temporaries (3.01 GiB) and misses the start of backward, where
-    checkpoints + logits + logits_grad are alive together (max-live column). `plan --trace` with
-    checkpointing therefore under-reports the activation peak; trace.py should record the max of
-    activations + temporaries over the step instead (this bench's _MaxLive hook does).
+  Exact (|err| < 0.1%): llama-3-8b (2048, 8192, and with checkpointing), qwen2.5-7b, gpt2-xl, opt-1.3b,
+    bloom-560m. The per-token rest (embeddings, final norm, logits, loss) and logits_grad match within 1.1%
+    for every architecture; all remaining differences are per layer.
+  Fixed in zerokit after the first run of this table (see git log): trace.py's peak is now the max of
+    activations + temporaries at any op (it missed the start of backward under checkpointing: +16% before);
+    CPU dropout masks are E bytes and sdpa-with-dropout on CPU costs 12 B/score + fp32 q/k/v (gpt2-xl was
+    +9%); ReLU MLPs keep E i, not 2 E i (opt was +17%); BLOOM has no sdpa in transformers, so it is priced
+    with eager attention (was -67%).
   mistral-7b (-9%): +20,480 B/token per layer = repeat_kv (+2(a-k)d E = 12,288) + a copy of the attention
     output for o_proj (+2h = 8,192). The config's sliding_window makes transformers build an explicit
-    (1,1,s,s) mask, and with a mask HF's sdpa path repeats K/V to all heads (use_gqa_in_sdpa needs
-    mask None on CUDA too), so the repeat is real on GPUs with sdpa; with flash_attention_2 it is not.
-    Analytic assumes the mask-free GQA path. Answer: `--trace` (or a model-level 'explicit mask' flag).
-  gemma-2b (-3%, within tolerance): Gemma's RMSNorm computes (1 + w) * norm(x) in fp32 and keeps two fp32
-    copies + the cast (10h B/token per norm vs the Llama RMSNorm's 8h): +4,096 B/token x 37 norms.
-  gpt2-xl (+9%): attention dropout 0.1 with sdpa on CPU takes the math kernel, which upcasts bf16 to fp32:
-    12 B/score (fp32 probs, mask, dropped probs) + fp32 q/k/v (+3*2h) where the analytic says 14 B/score;
-    and CPU dropout keeps an E-byte mask (2h) where the analytic says 1-byte bool (CUDA's fused dropout).
-    Both are CPU-kernel effects: on a GPU (flash, no scores kept) the analytic says 4.55 GiB after forward
-    vs 19.19 GiB in this CPU trace. `plan --trace` for a GPU target of a model with attention dropout
-    over-reports ~4x here: do not use --trace for those (or turn attention dropout off).
-  falcon-7b (-80%): Falcon always materialises the causal mask (allow_is_causal_skip=False) and calls sdpa
-    with MQA K/V un-repeated (1 head vs 71). With a mask and broadcast heads no fused kernel applies: the
-    math kernel keeps the s^2 probabilities (fp32 on CPU: 4 B/score = 581,632 B/token at 2048; the
-    backward adds their fp32 gradient, 1.1 GiB). Analytic assumes a flash-like kernel (no s^2 term).
-    On a GPU the math kernel runs in bf16 (fewer bytes per score than this CPU trace, but still an s^2
-    term per layer), so the analytic under-reports on GPUs too with HF sdpa. Answer: `--trace`
-    (an upper bound on GPU), or flash_attention_2, for which the analytic holds.
-  opt-1.3b (+17%): ReLU MLP: relu's backward uses its output and fc2 saves the same tensor, so the MLP
-    keeps 1 E i (16,384 B/token), not the analytic 2 E i; partly offset in this CPU trace by dropout masks of
-    E bytes (2 x 2h = 8,192) where the analytic counts 1-byte bool masks (4,096). On GPUs (bool masks) the
-    analytic over-reports by the whole 16,384 B/token per layer (~+31% per layer); the MLP term for relu
-    should be E i. Answer for now: `--trace` (~4 KB/token per layer high on GPUs from the CPU masks).
-  bloom-560m (-67%): BLOOM has no sdpa in transformers (the trace fell back to eager, as a real run must):
-    ALiBi attention keeps the scores, 6 B/score (fp32 softmax + bf16 cast) = exactly the analytic *eager*
-    term: activation_bytes_per_layer(bloom, attention="eager") = 229,384 B/token = the traced per layer,
-    exactly. Analytic with --attention sdpa/flash is wrong for BLOOM (it has no such kernel path); with
-    --attention eager it holds. Answer: `--trace`, or --attention eager for bloom.
+    (1,1,s,s) mask, and with a mask HF's sdpa path repeats K/V to all heads, on GPUs too; with
+    flash_attention_2 it does not. The analytic model assumes the mask-free GQA path. Answer: `--trace`.
+  falcon-7b (-80%): Falcon always materialises the causal mask and calls sdpa with MQA K/V un-repeated
+    (1 head vs 71). With a mask and broadcast heads no fused kernel applies: the math kernel keeps the s^2
+    probabilities (4 B/score on CPU; the backward adds their gradient). The analytic model assumes a
+    flash-like kernel. The s^2 term exists on GPUs with HF sdpa too. Answer: `--trace` (an upper bound
+    on GPUs), or flash_attention_2, for which the analytic model holds.
+  phi-2 (+3%): a parallel block (attention and MLP read one LayerNorm), so one norm per layer, not two.
+  gemma-2b (-3%): Gemma's RMSNorm computes (1 + w) * norm(x) in fp32 and keeps 10h B/token per norm
+    (Llama's keeps 8h): +4,096 B/token x 37 norms.
+  CPU vs GPU: the trace runs CPU kernels. For models that train with attention dropout (gpt2-xl, opt) a
+    CPU trace keeps sdpa-math dropout scores that flash attention on a GPU does not (gpt2-xl: 19.19 GiB
+    traced on CPU vs 4.55 GiB analytic for a GPU), so `plan --trace` for a GPU target of such a model
+    over-reports: prefer the analytic model there.
   Note: transformers 5 builds phi-2 and opt-1.3b in their config's torch_dtype (float16) although the
     trace asks for bf16 via set_default_dtype: same bytes, different dtype label."""
 
