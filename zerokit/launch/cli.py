@@ -486,26 +486,3 @@ def run_launch(args) -> int:
           f"weights in {prep.out / 'final'}")
     return EXIT_OK
 
-
-def main(argv=None) -> int:
-    """Standalone entry (`python -m zerokit.launch.cli ...`) for when the top-level CLI is not wired."""
-    from zerokit.cli import _Parser, hardware_parent
-
-    parser = _Parser(prog="zerokit")
-    parser.add_argument("--debug", action="store_true")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    add_launch_parser(sub, hardware_parent())
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ZerokitError as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
