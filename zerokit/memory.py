@@ -371,6 +371,10 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                 "loss_backward_transient": logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)}
     if "stage3_prefetch" in bufs:
         backward["stage3_prefetch"] = bufs["stage3_prefetch"]
+    if setup.gradient_accumulation_steps > 1:
+        # from the second micro step on, the gradients accumulated so far are alive while the next
+        # micro batch's activations are (ZeRO-3 keeps its partition in `persistent` already)
+        backward.update(grads)
     phases = {"backward": backward}
     if setup.activation_checkpointing:
         one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]

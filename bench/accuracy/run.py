@@ -62,6 +62,7 @@ class Job:
     offload_optimizer: str = "none"
     offload_param: str = "none"
     ckpt: bool = False
+    accum: int = 1  # gradient accumulation steps
 
     @property
     def name(self) -> str:
@@ -72,6 +73,8 @@ class Job:
             parts.append(f"op-{self.offload_param}")
         if self.ckpt:
             parts.append("ckpt")
+        if self.accum > 1:
+            parts.append(f"ga{self.accum}")
         return "_".join(parts)
 
     def setup(self):
@@ -79,16 +82,17 @@ class Job:
 
         return ZeroSetup(zero_stage=self.stage, offload_optimizer=self.offload_optimizer,
                          offload_param=self.offload_param, precision=self.precision,
-                         micro_batch_size=self.micro_batch, gradient_accumulation_steps=1,
+                         micro_batch_size=self.micro_batch, gradient_accumulation_steps=self.accum,
                          activation_checkpointing=self.ckpt)
 
 
-def J(model, stage, precision, mb, seq, oo="none", op="none", ckpt=False) -> Job:
-    return Job(model, stage, precision, mb, seq, oo, op, ckpt)
+def J(model, stage, precision, mb, seq, oo="none", op="none", ckpt=False, ga=1) -> Job:
+    return Job(model, stage, precision, mb, seq, oo, op, ckpt, ga)
 
 
 # A representative subset: every stage, both precisions, optimizer offload at stages 1-3, parameter offload
-# at stage 3, checkpointing on/off, micro batch 1..8, sequence 64..256, two architectures at two sizes.
+# at stage 3, checkpointing on/off, micro batch 1..8, sequence 64..256, gradient accumulation 1 and 2, two
+# architectures at two sizes.
 QUICK = [
     J("tiny-llama", 0, "fp32", 2, 128),
     J("tiny-llama", 0, "bf16", 2, 128),
@@ -111,6 +115,10 @@ QUICK = [
     J("small-llama", 3, "fp32", 4, 128, oo="cpu"),
     J("small-gpt2", 1, "fp32", 2, 256),
     J("small-gpt2", 3, "bf16", 4, 128, ckpt=True),
+    # gradient accumulation: earlier micro steps' gradients are alive during the next backward
+    J("tiny-llama", 1, "fp32", 4, 128, ga=2),
+    J("tiny-gpt2", 2, "bf16", 2, 128, ga=2),
+    J("small-llama", 0, "bf16", 2, 128, ga=2),
 ]
 
 
