@@ -8,6 +8,24 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 
 
+SHM_GLOB = "deepspeed_allreduce_buffer_*"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_our_shm_buffers():
+    """DeepSpeed's CPU launcher leaves a ~69 MB /dev/shm buffer per rank after exit; remove the ones
+    this test session created (zerokit launch's runner cleans its own; direct launches in tests don't)."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob(SHM_GLOB)) if shm.is_dir() else set()
+    yield
+    if shm.is_dir():
+        for f in set(shm.glob(SHM_GLOB)) - before:
+            try:
+                f.unlink()
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_env(tmp_path_factory):
     """Keep the spec cache out of the user's home; keep the venv's tools (deepspeed, ninja) first in PATH."""
