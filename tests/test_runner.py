@@ -182,7 +182,7 @@ def test_latest_marks_only_complete_checkpoints(tmp_path):
     (ck / "step4").mkdir()  # a crash after writing step 4, before marking it
     assert read_latest(ck) == "step2"
     assert [p.name for p in stale_checkpoints(ck)] == ["step4"]
-    assert not list(ck.glob(".latest.tmp*"))  # the temporary file was renamed over `latest`
+    assert not list(ck.glob(".latest*"))  # the temporary file was renamed over `latest`
     (ck / "latest").write_text("step9")  # names a directory that is not there: not loadable
     assert read_latest(ck) is None
 

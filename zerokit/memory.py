@@ -75,10 +75,6 @@ class MemoryEstimate:
     def nvme_total(self) -> int:
         return sum(self.nvme.values())
 
-    @property
-    def model_states_per_gpu(self) -> int:
-        return sum(self.per_gpu.get(k, 0) for k in MODEL_STATE_TERMS)
-
     def to_dict(self) -> dict:
         return {
             "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu)},

@@ -181,7 +181,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 _HINT = "pass a directory containing a HuggingFace config.json, a bundled name, a hub id, or --params N"
 
 
-def _read_config_file(path: Path) -> dict:
+def read_config_file(path: Path) -> dict:
+    """A HF config.json as a dict; one-line ZerokitError if unreadable, not JSON, or without model_type."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -261,7 +262,7 @@ def _fetch_hub_config(model: str) -> tuple[Path, dict]:
         raise ZerokitError(
             f"cannot fetch {model} from the HuggingFace hub ({exc.__class__.__name__}: {msg}): {_HINT}"
         ) from None
-    return path, _read_config_file(path)
+    return path, read_config_file(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -469,7 +470,7 @@ def load_model_spec(model: str, trust_remote_code: bool = False) -> ModelSpec:
     hub_id = None
     if local is not None:
         path, name = local
-        config = _read_config_file(path)
+        config = read_config_file(path)
     else:
         hub_id = name = model
         path, config = _fetch_hub_config(model)

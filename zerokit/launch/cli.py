@@ -163,18 +163,19 @@ def resolve_model(model: str) -> tuple[str, str, dict]:
         cfg = p / "config.json"
         if not cfg.is_file():
             raise ZerokitError(f"model directory {model!r} has no config.json: give a HuggingFace model directory")
-        try:
-            config = json.loads(cfg.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ZerokitError(f"{cfg} is not valid JSON ({e}): fix or replace it") from None
         from zerokit.launch.train import has_weights
+        from zerokit.model_spec import read_config_file
+
+        config = read_config_file(cfg)
 
         return ("weights" if has_weights(p) else "config", str(p), config)
     from zerokit.launch.data import bundled_dir
 
     b = bundled_dir("models") / model
     if (b / "config.json").is_file():
-        return ("config", str(b), json.loads((b / "config.json").read_text()))
+        from zerokit.model_spec import read_config_file
+
+        return ("config", str(b), read_config_file(b / "config.json"))
     if "/" in model and not model.startswith((".", "/", "~")):
         return ("weights", model, {})  # hub id: the config comes from the model spec loader
     raise ZerokitError(f"model {model!r} is not a directory, a bundled name or an HF id (org/name): check the spelling")

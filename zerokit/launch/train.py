@@ -74,14 +74,11 @@ def latest_step(ckpt_dir: str | os.PathLike) -> int:
 
 def write_latest(ckpt_dir: str | os.PathLike, tag: str) -> None:
     """Mark `tag` complete: write the tag to a temporary file, fsync, and rename over `latest`."""
+    from zerokit.fsutil import atomic_write_text
+
     ckpt_dir = Path(ckpt_dir)
-    tmp = ckpt_dir / f".{LATEST}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(tag)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, ckpt_dir / LATEST)
-    try:
+    atomic_write_text(ckpt_dir / LATEST, tag, mode=0o644)
+    try:  # and make the rename itself durable
         fd = os.open(ckpt_dir, os.O_RDONLY)
         try:
             os.fsync(fd)
