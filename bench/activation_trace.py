@@ -9,7 +9,8 @@ like, with zerokit.memory.activation_terms:
     no checkpointing:  activations + logits_and_loss          (activations includes the final norm)
     checkpointing:     activations_checkpoints + final norm + logits_and_loss
   peak (traced peak_activation_bytes: most activations + temporaries at once, forward or backward)
-    no checkpointing:  after forward + logits_grad
+    no checkpointing:  after forward + logits_grad [+ attention_backward: falcon's math-kernel attention
+                       peaks later, in the last layer's attention backward]
     checkpointing:     max(checkpoints + final norm + logits_and_loss + logits_grad,   start of backward
                            checkpoints + one recomputed layer)                          recompute
 
@@ -17,13 +18,13 @@ The analytic side is called with on_cpu=True (the trace runs the host's CPU kern
 changes the number (sdpa with attention dropout: the CPU math kernel keeps 14 bytes per score, a GPU
 flash kernel none) the GPU figure is shown too.
 
-Rows whose error exceeds 5% are isolated: the same config with 1 and 2 layers is traced at the same
+Rows whose error exceeds 5% (and models named with --isolate) are isolated: the same config with 1 and 2 layers is traced at the same
 sequence length, giving the traced bytes per layer (2-layer minus 1-layer) and the per-token rest
 (embeddings, final norm, logits, loss), each compared with its analytic counterpart.
 
 Also times `python -m zerokit plan <model> ... --trace --json` against the same without --trace.
 
-Usage: python bench/activation_trace.py [--long] [--no-cli] [--only NAME ...]
+Usage: python bench/activation_trace.py [--long] [--no-cli] [--only NAME ...] [--isolate NAME ...]
 Writes bench/results/activation_trace.txt and .json.
 """
 
@@ -81,7 +82,8 @@ def analytic(name: str, seq: int, micro: int, ckpt: bool, on_cpu: bool = True) -
         peak = max(start_bw, recompute)
     else:
         after_fw = terms["activations"] + terms["logits_and_loss"]
-        peak = after_fw + terms["logits_grad"]
+        # the start of backward, or later in the last layer's attention backward (math kernel: falcon)
+        peak = after_fw + terms["logits_grad"] + terms["attention_backward"]
     # time the estimate itself (spec already loaded: what plan pays per evaluated setup)
     n = 2000
     per_call = timeit.timeit(lambda: memory.activation_terms(spec, setup, wl, on_cpu=on_cpu), number=n) / n
@@ -121,6 +123,7 @@ def isolate(name: str, seq: int, micro: int, a: dict) -> dict:
         "traced_rest": rest, "analytic_rest": a["rest"], "rest_rel_err": rel(a["rest"], rest),
         "traced_peak_minus_after_forward": peak_extra_traced,
         "analytic_logits_grad": a["terms"]["logits_grad"],
+        "analytic_attention_backward": a["terms"].get("attention_backward", 0),
         "traced_per_layer_bytes_per_token": per_layer / (seq * micro),
         "analytic_per_layer_bytes_per_token": a["one_layer"] / (seq * micro),
         "wall_s": out[1]["wall_s"] + out[2]["wall_s"],
@@ -161,6 +164,8 @@ def main() -> None:
     ap.add_argument("--long", action="store_true", help="also llama-3-8b at seq 8192")
     ap.add_argument("--no-cli", action="store_true", help="skip the end-to-end CLI timing")
     ap.add_argument("--only", nargs="*", help="only these bundled models")
+    ap.add_argument("--isolate", nargs="*", default=[],
+                    help="also isolate per-layer vs per-token bytes for these models (always done over 5%%)")
     ap.add_argument("--cli-rounds", type=int, default=2)
     ap.add_argument("--render", action="store_true", help="only re-render the .txt from the .json")
     args = ap.parse_args()
@@ -208,8 +213,9 @@ def main() -> None:
         print(f"  after-fw {gib(t['activation_bytes'])} GiB traced vs {gib(a['after_forward'])} analytic "
               f"({row['after_forward_rel_err']:+.2%}); peak {gib(t['peak_activation_bytes'])} vs {gib(a['peak'])} "
               f"({row['peak_rel_err']:+.2%}); trace {t['wall_s']:.1f} s", flush=True)
-        if max(abs(row["after_forward_rel_err"]), abs(row["peak_rel_err"])) > TOLERANCE and not ckpt:
-            print("  > 5%: isolating per-layer vs per-token terms ...", flush=True)
+        over = max(abs(row["after_forward_rel_err"]), abs(row["peak_rel_err"])) > TOLERANCE
+        if (over or name in args.isolate) and not ckpt:
+            print("  isolating per-layer vs per-token terms ...", flush=True)
             row["isolation"] = isolate(name, seq, micro, a)
             iso = row["isolation"]
             print(f"  per layer {iso['traced_per_layer']:,} traced vs {iso['analytic_per_layer']:,} "
@@ -242,30 +248,41 @@ def main() -> None:
 # one layer (torch.autograd.graph.saved_tensors_hooks on a 1-layer config under FakeTensorMode).
 # Written by hand from the run recorded here; rerun the isolation to check after transformers/torch upgrades.
 FINDINGS = """Findings (per architecture; B/token = bytes per token per layer, bf16)
-  Exact (|err| < 0.1%): llama-3-8b (2048, 8192, and with checkpointing), qwen2.5-7b, gpt2-xl, opt-1.3b,
-    bloom-560m. The per-token rest (embeddings, final norm, logits, loss) and logits_grad match within 1.1%
-    for every architecture; all remaining differences are per layer.
+  Exact (|err| < 0.1%): every row. The isolated layers equal the trace to 16 bytes (gemma-2b: 0.002%),
+    the per-token rest (embeddings, final norm, logits, loss) is within 0.25% and the backward's extra
+    (logits_grad, + attention_backward for falcon) within 0.01 GiB.
   Fixed in zerokit after the first run of this table (see git log): trace.py's peak is now the max of
     activations + temporaries at any op (it missed the start of backward under checkpointing: +16% before);
     CPU dropout masks are E bytes and sdpa-with-dropout on CPU costs 12 B/score + fp32 q/k/v (gpt2-xl was
     +9%); ReLU MLPs keep E i, not 2 E i (opt was +17%); BLOOM has no sdpa in transformers, so it is priced
     with eager attention (was -67%).
-  mistral-7b (-9%): +20,480 B/token per layer = repeat_kv (+2(a-k)d E = 12,288) + a copy of the attention
-    output for o_proj (+2h = 8,192). The config's sliding_window makes transformers build an explicit
-    (1,1,s,s) mask, and with a mask HF's sdpa path repeats K/V to all heads, on GPUs too; with
-    flash_attention_2 it does not. The analytic model assumes the mask-free GQA path. Answer: `--trace`.
-  falcon-7b (-80%): Falcon always materialises the causal mask and calls sdpa with MQA K/V un-repeated
-    (1 head vs 71). With a mask and broadcast heads no fused kernel applies: the math kernel keeps the s^2
-    probabilities (4 B/score on CPU; the backward adds their gradient). The analytic model assumes a
-    flash-like kernel. The s^2 term exists on GPUs with HF sdpa too. Answer: `--trace` (an upper bound
-    on GPUs), or flash_attention_2, for which the analytic model holds.
-  phi-2 (+3%): a parallel block (attention and MLP read one LayerNorm), so one norm per layer, not two.
-  gemma-2b (-3%): Gemma's RMSNorm computes (1 + w) * norm(x) in fp32 and keeps 10h B/token per norm
-    (Llama's keeps 8h): +4,096 B/token x 37 norms.
-  CPU vs GPU: the trace runs CPU kernels. For models that train with attention dropout (gpt2-xl, opt) a
-    CPU trace keeps sdpa-math dropout scores that flash attention on a GPU does not (gpt2-xl: 19.19 GiB
-    traced on CPU vs 4.55 GiB analytic for a GPU), so `plan --trace` for a GPU target of such a model
-    over-reports: prefer the analytic model there.
+  Fixed next (after-forward error before -> now; new ModelSpec fields in brackets; docs/memory-model.md):
+  mistral-7b (-8.98% -> -0.01%) [sliding_window, sliding_window_layers]: transformers builds an explicit
+    mask once the keys reach the window (masking_utils._ignore_causal_mask_sdpa: no is_causal skip when
+    kv_length >= sliding_window, 4096 here); with a mask HF's sdpa path repeats K/V to all heads
+    (+2(a-k)d E = 12,288) and the kernel saves the bool mask converted to bf16, one per layer (+E s =
+    8,192). Small configs traced at seq 256 and 512 show that term follows s, not h (it is not a copy of
+    the attention output). The same on GPUs (the mem-efficient kernel saves the converted bias); with
+    flash_attention_2 neither; below the window, or Qwen2 without use_sliding_window, Llama's layer.
+  falcon-7b (-80.29% -> -0.00%) [sdpa_broadcast_kv, sdpa_mask, norms_per_layer 1]: Falcon calls sdpa with
+    its 1 MQA K/V head un-repeated and no enable_gqa; torch 2.13 has no fused kernel for unequal head
+    counts (check_batch_size_and_num_heads_dense, CPU and CUDA alike), so the math kernel runs on GPUs
+    too: fp32 q/k/v and fp32 probabilities (4 B/score). Its peak is the last layer's softmax backward:
+    8 B/score of fp32 gradients plus the tied LM head's weight gradient (V h E = 0.55 GiB), less the
+    freed logits (attention_backward, 1.125 GiB over the start of backward). flash_attention_2 keeps no
+    scores.
+  phi-2 (+3.23% -> -0.00%) [norms_per_layer 1, attention_output_copy]: a parallel block (attention and
+    MLP read one LayerNorm: -10,244 B/token), and partial rotary's torch.cat leaves q in (b, a, s, d)
+    layout, which the kernel output follows, so o_proj gets a copy (+5,120).
+  gemma-2b (-3.17% -> -0.02%) [norm_fp32_weight]: GemmaRMSNorm multiplies by (1 + w) in fp32 and keeps
+    the fp32 normalised input (10h + 4 per norm vs Llama's 8h + 4: +4,096 B/token x 37 norms). Its
+    gelu_pytorch_tanh MLP (4 E i, like SwiGLU) and embedding scaling add nothing.
+  CPU vs GPU: the trace runs CPU kernels; the rules above are the same on GPUs. For models that train
+    with attention dropout (gpt2-xl, opt) a CPU trace keeps sdpa-math dropout scores that flash attention
+    on a GPU does not (gpt2-xl: 19.19 GiB traced on CPU vs 4.55 GiB analytic for a GPU), so `plan --trace`
+    for a GPU target of such a model over-reports: prefer the analytic model there. The CLI notes above
+    compare the plan's analytic terms for its default GPU (a100-80gb: 1-byte dropout masks) with the CPU
+    trace: phi-2's 3% gap there is its residual dropout masks (2 bytes per element on CPU).
   Note: transformers 5 builds phi-2 and opt-1.3b in their config's torch_dtype (float16) although the
     trace asks for bf16 via set_default_dtype: same bytes, different dtype label."""
 
@@ -289,7 +306,8 @@ def render(out: dict) -> str:
            f"{'analytic':>9}")
     lines += ["columns: after-fw = activations held when forward returns (traced activation_bytes vs analytic",
               "  activations [+ checkpoints + final norm] + logits_and_loss); peak = trace.py's peak_activation_bytes (what",
-              "  `plan --trace` uses) vs analytic + logits_grad [checkpointing: max(start of backward, recompute)];",
+              "  `plan --trace` uses) vs analytic + logits_grad [+ attention_backward] [checkpointing: max(start of",
+              "  backward, recompute)];",
               "  max-live = the most activations + temporaries alive at any op (this bench's hook), vs the same analytic peak;",
               "  err = (analytic - traced) / traced; trace s = trace wall time; analytic = one activation_terms call", ""]
     lines += [hdr, "-" * len(hdr)]
@@ -329,7 +347,7 @@ def render(out: dict) -> str:
                          f"{gib(r['analytic_gpu_peak']).strip()} GiB; the CPU trace keeps sdpa-math dropout scores")
     iso = [r for r in rows if "isolation" in r]
     if iso:
-        lines += ["", "Isolation of rows over 5% (same config traced with 1 and 2 layers, same seq):"]
+        lines += ["", "Isolation (rows over 5% and --isolate; same config traced with 1 and 2 layers, same seq):"]
         for r in iso:
             i = r["isolation"]
             lines.append(
@@ -338,7 +356,9 @@ def render(out: dict) -> str:
                 f"rest (embeddings, final norm, logits, loss) {i['traced_rest'] / GiB:.3f} GiB vs "
                 f"{i['analytic_rest'] / GiB:.3f} ({i['rest_rel_err']:+.2%}); backward adds "
                 f"{i['traced_peak_minus_after_forward'] / GiB:.3f} GiB traced vs logits_grad "
-                f"{i['analytic_logits_grad'] / GiB:.3f}")
+                f"{i['analytic_logits_grad'] / GiB:.3f}"
+                + (f" + attention_backward {i['analytic_attention_backward'] / GiB:.3f}"
+                   if i.get("analytic_attention_backward") else ""))
     if out["cli"]:
         lines += ["", "End-to-end CLI cost (fresh process each; median of rounds):"]
         for c in out["cli"]:

@@ -59,12 +59,18 @@ def test_layer_fit_recovers_overhead_and_throughput():
     assert fit["layer_tflops"] == pytest.approx(r / 1e12, rel=1e-6)
 
 
-def _profile(tmp_path, overhead=2e-3, tflops=0.05, latency=1e-4, adamw=2e8):
+ENGINE = {"world_size": 2, "by_precision": {"fp32": {"2": {"per_step_s": 0.01, "per_layer_micro_s": 0.002}}}}
+
+
+def _profile(tmp_path, overhead=2e-3, tflops=0.05, latency=1e-4, adamw=2e8, engine=None):
     prof = {"zerokit_hardware_profile": 1, "device": {"type": "cpu", "name": "test cpu", "memory_bytes": 2**34},
             "matmul_tflops": {"fp32": 0.1, "bf16": 0.05, "fp16": None}, "collectives": {},
             "layer_timing": {"fp32": {"layer_overhead_s": overhead, "layer_tflops": tflops},
                              "bf16": {"layer_overhead_s": 2 * overhead, "layer_tflops": tflops / 2}},
-            "collective_latency_s": latency, "torch_adamw_params_per_s": adamw, "created": "now"}
+            "collective_latency_s": latency, "all_reduce_latency_s": 3 * latency, "all_gather_latency_s": latency,
+            "torch_adamw_params_per_s": adamw, "created": "now"}
+    if engine:
+        prof["engine_overhead"] = engine
     path = tmp_path / "prof.json"
     path.write_text(json.dumps(prof))
     return path
@@ -73,11 +79,11 @@ def _profile(tmp_path, overhead=2e-3, tflops=0.05, latency=1e-4, adamw=2e8):
 def test_calibrated_time_prices_layer_overhead_flops_latency_and_optimizer(tmp_path):
     from zerokit.hardware import build_cluster
     from zerokit.model_spec import load_model_spec
-    from zerokit.timing import collective_calls_per_step, estimate_time, flops_per_token
+    from zerokit.timing import collective_bytes_per_step, collective_calls_per_step, estimate_time, flops_per_token, link_bandwidth
     from zerokit.zero_setup import Workload, ZeroSetup
 
     spec = load_model_spec("tiny-llama")
-    cl = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(_profile(tmp_path)))
+    cl = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(_profile(tmp_path, engine=ENGINE)))
     setup = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=2)
     w = Workload(seq_len=128)
     t = estimate_time(spec, cl, setup, w)
@@ -86,9 +92,13 @@ def test_calibrated_time_prices_layer_overhead_flops_latency_and_optimizer(tmp_p
     assert t.compute_seconds == pytest.approx(compute)
     assert t.optimizer_seconds == pytest.approx(spec.params / 2 / (2e8 / 2))
     calls = collective_calls_per_step(spec, cl, setup)
-    assert calls >= 2
-    assert t.communication_seconds >= calls * 1e-4
-    assert t.step_seconds == pytest.approx(t.compute_seconds + t.communication_seconds + t.optimizer_seconds)
+    assert calls.reduces > calls.gathers == 1
+    # every call at its own kind's measured latency: reduces at the all-reduce's, gathers at the all-gather's
+    latency = calls.reduces * 3e-4 + calls.gathers * 1e-4
+    assert t.communication_seconds == pytest.approx(collective_bytes_per_step(spec, cl, setup) / link_bandwidth(cl) + latency)
+    assert t.engine_seconds == pytest.approx(0.01 + 0.002 * spec.num_layers)  # fitted engine terms of ZeRO-2 fp32
+    assert t.step_seconds == pytest.approx(t.compute_seconds + t.communication_seconds + t.optimizer_seconds + t.engine_seconds)
+    assert estimate_time(spec, cl, setup.with_(zero_stage=1), w).engine_seconds == 0  # no fit for ZeRO-1 here
     # bf16 uses its own measured terms; without a profile, the catalog's FLOPs / (peak x efficiency)
     assert estimate_time(spec, cl, setup.with_(precision="bf16"), w).compute_seconds > 2 * compute * 0.99
     plain = estimate_time(spec, build_cluster(gpu="cpu", gpus_per_node=2), setup, w)

@@ -16,6 +16,7 @@ from zerokit.memory import (
     activation_terms,
     CUDA_CONTEXT_BYTES,
     MODEL_STATE_TERMS,
+    _norm_bytes_per_token,
     activation_bytes_per_layer,
     estimate_memory,
     host_terms,
@@ -200,3 +201,104 @@ def test_accumulated_gradients_are_alive_in_the_next_backward(stage):
     assert "gradients" not in one.phase_terms["backward"]
     assert two.phase_terms["backward"]["gradients"] == grads
     assert two.phases["backward"] == one.phases["backward"] + grads
+
+
+# ---------------------------------------------------------------------------------------------
+# Architecture rules of the activation model, each derived by hand from what the HF modules save
+# and traced under FakeTensorMode (bench/results/activation_trace.txt, "Findings";
+# tests/test_activation_trace.py pins the same rules on small real configs).
+# ---------------------------------------------------------------------------------------------
+
+# Mistral-7B-v0.1 (mistralai/Mistral-7B-v0.1 config.json): Llama-3-8B's layer shape with intermediate 14336,
+# vocab 32000 and sliding_window 4096 on every layer.
+MISTRAL_7B = replace(LLAMA3_8B, name="mistral-7b", vocab_size=32000, sliding_window=4096, sliding_window_layers=32)
+# Falcon-7B (tiiuae/falcon-7b): h 4544, 71 heads, 1 KV head (multi_query), parallel attention + MLP with one
+# LayerNorm, GELU MLP 4h, tied embeddings, vocab 65024; transformers always builds its mask and calls sdpa itself.
+FALCON_7B = ModelSpec(
+    name="falcon-7b", params=6_921_720_704, largest_layer_params=65024 * 4544, hidden_size=4544, num_layers=32,
+    num_attention_heads=71, num_kv_heads=1, head_dim=64, intermediate_size=4 * 4544, vocab_size=65024,
+    tied_embeddings=True, gated_mlp=False, mlp_activation="gelu", norm="layernorm", norms_per_layer=1,
+    norm_inputs_per_layer=1, sdpa_mask=True, sdpa_broadcast_kv=True, model_type="falcon",
+)
+
+
+def test_sliding_window_mask_repeats_kv_and_keeps_the_converted_mask():
+    # Below the window transformers lets sdpa apply is_causal (no mask): Llama's layer exactly. From
+    # seq_len >= window the mask is explicit: repeat_kv (2E(a-k)d) and the bool mask converted to bf16
+    # that the kernel saves (E s per token). Traced mistral-7b at 4096: +20,480 B/token per layer =
+    # 12,288 + 8,192 (bench/results/activation_trace.txt); small configs at seq 256 / 512: +E s (tests/test_activation_trace.py).
+    s = 4096
+    below = activation_bytes_per_layer(MISTRAL_7B, s, s - 1, "bf16", "sdpa") // s
+    at = activation_bytes_per_layer(MISTRAL_7B, s, s, "bf16", "sdpa") // s
+    llama = activation_bytes_per_layer(LLAMA3_8B, s, s - 1, "bf16", "sdpa") // s
+    assert below == llama
+    assert at - llama == 2 * 2 * (32 - 8) * 128 + 2 * s == 20_480
+    # flash_attention_2 takes the window in the kernel (no mask, no repeat); eager already repeats and keeps scores
+    assert activation_bytes_per_layer(MISTRAL_7B, s, s, "bf16", "flash") == activation_bytes_per_layer(LLAMA3_8B, s, s, "bf16", "flash")
+    assert activation_bytes_per_layer(MISTRAL_7B, s, s, "bf16", "eager") == activation_bytes_per_layer(LLAMA3_8B, s, s, "bf16", "eager")
+
+
+def test_only_the_sliding_layers_pay_for_the_mask():
+    # Qwen2 with use_sliding_window: layer_types marks layers >= max_window_layers "sliding_attention";
+    # the full-attention layers get no mask.
+    setup, w = ZeroSetup(micro_batch_size=1), Workload(seq_len=4096)
+    half = replace(MISTRAL_7B, sliding_window_layers=16)
+    full = activation_terms(LLAMA3_8B, setup, w)["activations"]
+    all_sliding = activation_terms(MISTRAL_7B, setup, w)["activations"]
+    assert activation_terms(half, setup, w)["activations"] - full == (all_sliding - full) // 2 > 0
+    # one recomputed layer under checkpointing is the dearer, masked, one
+    ckpt = ZeroSetup(micro_batch_size=1, activation_checkpointing=True)
+    assert activation_terms(half, ckpt, w)["activations_recompute"] == activation_terms(MISTRAL_7B, ckpt, w)["activations_recompute"]
+
+
+def test_parallel_block_has_one_norm():
+    # PhiDecoderLayer / FalconDecoderLayer(parallel_attn): attention and MLP read one LayerNorm's output.
+    gpt = replace(LLAMA3_8B, norm="layernorm")
+    one = replace(gpt, norms_per_layer=1, norm_inputs_per_layer=1)
+    assert activation_bytes_per_layer(gpt, 1, 1, "bf16", "sdpa") - activation_bytes_per_layer(one, 1, 1, "bf16", "sdpa") == 2 * 2 * 4096 + 4
+    # Falcon-40B's ln_attn and ln_mlp both read the layer input: a LayerNorm saves its input, so once
+    shared = replace(gpt, norm_inputs_per_layer=1)
+    assert activation_bytes_per_layer(gpt, 1, 1, "bf16", "sdpa") - activation_bytes_per_layer(shared, 1, 1, "bf16", "sdpa") == 2 * 4096
+
+
+def test_gemma_norm_keeps_the_fp32_normalised_input():
+    # GemmaRMSNorm: output = norm(x.float()) * (1 + w.float()), then .type_as(x): the weight's gradient
+    # needs the fp32 normalised input (4h) where Llama keeps its bf16 cast (2h). Traced gemma-2b:
+    # +4,096 B/token per norm (h 2048), 37 norms; in fp32 both keep input, normalised input, output.
+    gemma = replace(LLAMA3_8B, norm_fp32_weight=True)
+    assert _norm_bytes_per_token(gemma, "bf16") - _norm_bytes_per_token(LLAMA3_8B, "bf16") == 2 * 4096
+    assert _norm_bytes_per_token(gemma, "bf16") == 10 * 4096 + 4
+    assert _norm_bytes_per_token(gemma, "fp32") == _norm_bytes_per_token(LLAMA3_8B, "fp32") == 12 * 4096 + 4
+
+
+def test_partial_rotary_gives_o_proj_a_copy():
+    # Phi's torch.cat((query_rot, query_pass)) leaves q contiguous in (b, a, s, d); the flash kernel writes
+    # its output in q's layout and transpose(1, 2).contiguous() copies it for o_proj (traced phi: E h).
+    copy = replace(LLAMA3_8B, attention_output_copy=True)
+    assert activation_bytes_per_layer(copy, 1, 1, "bf16", "sdpa") - activation_bytes_per_layer(LLAMA3_8B, 1, 1, "bf16", "sdpa") == 2 * 4096
+
+
+def test_falcon_mqa_runs_the_math_kernel():
+    # K/V with 1 head vs 71 query heads and no enable_gqa: no fused kernel (torch 2.13
+    # check_batch_size_and_num_heads_dense), so the math kernel: fp32 q (4ad), k, v (4d each at micro batch 1),
+    # fp32 probabilities (4as), o_proj's copy (Eh); one LayerNorm (2Eh + 4), GELU MLP (2Ei).
+    # Traced falcon-7b at seq 2048: 700,292 B/token per layer (bench/results/activation_trace.txt).
+    s, h, a = 2048, 4544, 71
+    per_token = activation_bytes_per_layer(FALCON_7B, s, s, "bf16", "sdpa") // s
+    assert per_token == (2 * 2 * h + 4) + 4 * (a + 2) * 64 + 4 * a * s + 2 * h + 2 * 2 * 4 * h == 700_292
+    # a micro batch > 1: torch.matmul copies the broadcast K/V to every head (traced on a small config)
+    assert activation_bytes_per_layer(FALCON_7B, 2 * s, s, "bf16", "sdpa") // (2 * s) - per_token == 2 * 4 * (a - 1) * 64
+    # with flash_attention_2 the kernel takes MQA as it is
+    assert activation_bytes_per_layer(FALCON_7B, s, s, "bf16", "flash") // s < 200_000
+
+
+def test_falcon_peak_is_in_the_last_layers_attention_backward():
+    # Traced falcon-7b at seq 2048 (1-layer isolation): backward adds 2,006,753,272 bytes over the
+    # activations held after forward (peak op: _softmax_backward_data): the fp32 gradients of the
+    # probabilities and scores (8 B/score), two h-wide gradients, the tied LM head's weight gradient
+    # (V h E), less the logits, final norm, the layer's MLP and o_proj copy freed by then.
+    s = 2048
+    t = activation_terms(FALCON_7B, ZeroSetup(micro_batch_size=1), Workload(seq_len=s))
+    assert t["logits_grad"] + t["attention_backward"] == pytest.approx(2_006_753_272, rel=1e-5)
+    # a model on the fused kernels peaks at the start of backward
+    assert activation_terms(LLAMA3_8B, ZeroSetup(micro_batch_size=1), Workload(seq_len=s))["attention_backward"] == 0

@@ -223,6 +223,45 @@ def test_bundled_shapes_spot_checks():
     assert opt.intermediate_size == 8192 and not opt.gated_mlp
 
 
+def test_bundled_activation_traits():
+    # the architecture traits the activation model reads (memory.activation_bytes_per_layer; traced in
+    # bench/results/activation_trace.txt): defaults for Llama-like models
+    pytest.importorskip("transformers")
+    traits = ("norms_per_layer", "norm_inputs_per_layer", "norm_fp32_weight", "sliding_window", "sliding_window_layers",
+              "sdpa_mask", "sdpa_broadcast_kv", "attention_output_copy")
+    got = {n: tuple(getattr(load_model_spec(n), t) for t in traits)
+           for n in ("llama-3-8b", "qwen2.5-7b", "gpt2", "mistral-7b", "falcon-7b", "phi-2", "gemma-2b")}
+    plain = (2, 2, False, None, 0, False, False, False)
+    assert got["llama-3-8b"] == got["gpt2"] == plain
+    assert got["qwen2.5-7b"] == plain  # use_sliding_window false: transformers sets sliding_window None
+    assert got["mistral-7b"] == (2, 2, False, 4096, 32, False, False, False)
+    assert got["falcon-7b"] == (1, 1, False, None, 0, True, True, False)  # parallel_attn, MQA, mask always
+    assert got["phi-2"] == (1, 1, False, None, 0, False, False, True)  # parallel block, partial rotary 0.4
+    assert got["gemma-2b"] == (2, 2, True, None, 0, False, False, False)  # (1 + w) in fp32
+
+
+@pytest.mark.parametrize("model_type,kwargs,expect", [
+    # Falcon-40B style: ln_attn and ln_mlp on one input, K/V broadcast to all heads (no math kernel), mask always
+    ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=256,
+                    new_decoder_architecture=True), dict(norms_per_layer=2, norm_inputs_per_layer=1, sdpa_mask=True,
+                                                         sdpa_broadcast_kv=False)),
+    # GPT-NeoX: parallel residual (both norms read the layer input), partial rotary 0.25
+    ("gpt_neox", dict(_ATTN, intermediate_size=96), dict(norms_per_layer=2, norm_inputs_per_layer=1, attention_output_copy=True)),
+    # Gemma2: four norms per layer, (1 + w) in fp32, sliding window on layer_types' "sliding_attention" layers
+    ("gemma2", dict(_ATTN, intermediate_size=96, num_key_value_heads=2, head_dim=16, sliding_window=32),
+     dict(norms_per_layer=4, norm_fp32_weight=True, sliding_window=32, sliding_window_layers=1)),
+    # Qwen3: per-head q/k norms are not hidden-size norms
+    ("qwen3", dict(_ATTN, intermediate_size=96, num_key_value_heads=2), dict(norms_per_layer=2, norm_fp32_weight=False)),
+], ids=["falcon-new", "gpt_neox", "gemma2", "qwen3"])
+def test_activation_traits_from_config(model_type, kwargs, expect, tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type, **kwargs).save_pretrained(tmp_path)
+    spec = load_model_spec(str(tmp_path))
+    assert {k: getattr(spec, k) for k in expect} == expect
+
+
 def test_tiny_bundled_models():
     pytest.importorskip("transformers")
     tl = load_model_spec("tiny-llama")

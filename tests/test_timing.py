@@ -76,3 +76,63 @@ def test_a100_throughput_lands_in_the_published_range():
     t = estimate_time(LLAMA3_8B, cluster, ZeroSetup(zero_stage=2, micro_batch_size=4), Workload(seq_len=2048))
     achieved = t.flops_per_step / t.step_seconds / 8 / 1e12
     assert 100 <= achieved <= 150
+
+
+# -- collective calls: counted in real DeepSpeed steps ------------------------------------------------------
+def test_bucketing_rule_on_hand_made_sizes():
+    from zerokit.timing import reduce_bucket_calls
+
+    # DeepSpeed reduces the bucket before a gradient that would overflow it; a large gradient is alone
+    assert reduce_bucket_calls([10, 10, 10], 30) == 1
+    assert reduce_bucket_calls([10, 10, 11], 30) == 2
+    assert reduce_bucket_calls([100, 1, 100], 30) == 3
+    assert reduce_bucket_calls([], 30) == 0
+
+
+@pytest.mark.slow
+def test_collective_calls_match_a_real_deepspeed_step(tmp_path):
+    """Oracle: the calls a real 2-rank DeepSpeed step makes (torch.distributed wrapped and counted,
+    tests/helpers/collective_count.py) against timing.collective_calls_per_step, for ZeRO-1 fp32 and
+    ZeRO-2 bf16 with the rendered hidden-size buckets (tiny-llama: 35 gradient buckets)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    from zerokit.hardware import build_cluster
+    from zerokit.model_spec import load_model_spec
+    from zerokit.render import render_ds_config
+    from zerokit.timing import collective_calls_per_step
+    from zerokit.zero_setup import ZeroKnobs
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = load_model_spec("tiny-llama")
+    cluster = build_cluster(gpu="cpu", gpus_per_node=2)
+    setups = {"z1_fp32": ZeroSetup(zero_stage=1, precision="fp32", micro_batch_size=1),
+              "z2_bf16": ZeroSetup(zero_stage=2, precision="bf16", micro_batch_size=1)}
+    paths, expected = [], {}
+    for name, setup in setups.items():
+        cfg = render_ds_config(setup, cluster, spec, Workload(seq_len=32), lr=1e-3, warmup_steps=1, total_steps=3)
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(cfg))
+        paths.append(str(p))
+        expected[str(p)] = collective_calls_per_step(spec, cluster, setup, ZeroKnobs.from_zero_config(cfg["zero_optimization"]))
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=str(repo))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(repo / ".cache" / "torch_extensions"))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [str(bindir / "deepspeed"), "--num_gpus", "2", "--master_port", str(29500 + os.getpid() % 2000),
+            "--module", "tests.helpers.collective_count", "--model", str(repo / "zerokit/data/models/tiny-llama"),
+            "--seq-len", "32", *paths]
+    r = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    counted = {d["config"]: d for d in (json.loads(line[6:]) for line in r.stdout.splitlines() if line.startswith("COUNT "))}
+    assert set(counted) == set(paths), out[-3000:]
+    for path, calls in expected.items():
+        got = counted[path]
+        assert got.get("all_reduce", 0) == calls.reduces, (path, got, calls)
+        assert got.get("all_gather_into_tensor", 0) + got.get("all_gather", 0) == calls.gathers, (path, got, calls)

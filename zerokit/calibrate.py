@@ -26,7 +26,11 @@ Profile keys (schema 1; every number is measured on the machine named in "device
     cores / ranks threads each, see layer_threads) and fitted as t = overhead + FLOPs / throughput.
     Used by timing.py instead of matmul_tflops when present.
   layer_threads: torch threads per rank during the layer benchmark (CPU), null on GPUs
-  collective_latency_s: the time of a 4 KiB all-reduce / all-gather (per-call cost of a collective)
+  collective_latency_s: the time of a 4 KiB all-reduce / all-gather, the faster (per-call cost of a collective)
+  all_reduce_latency_s, all_gather_latency_s: the same per kind (gradient buckets are all-reduced, ZeRO-3
+    parameters all-gathered)
+  engine_overhead: {world_size, by_precision: {precision: {"0".."3": {per_step_s, per_layer_micro_s, runs}}}}: what real DeepSpeed
+    engines cost beyond the terms above, per ZeRO stage (zerokit/calibrate_engine.py); absent in quick mode
   notes: [str], quick: bool, created, software: {torch, deepspeed}, wall_s
 """
 
@@ -37,6 +41,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import socket
@@ -164,6 +169,7 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
     rows = []
     for nbytes in sizes:
         numel = max(1, nbytes // 4)
+        n_iter = max(iters, 50) if nbytes <= 64 * 1024 else iters  # latency: ~1 ms per call, noisy
         x = torch.ones(numel, device=device)
         out = torch.empty(numel * world_size, device=device)
         row = {"bytes": numel * 4}
@@ -175,10 +181,10 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
             _sync(device)
             dist.barrier()
             t0 = time.perf_counter()
-            for _ in range(iters):
+            for _ in range(n_iter):
                 fn()
             _sync(device)
-            dt = (time.perf_counter() - t0) / iters
+            dt = (time.perf_counter() - t0) / n_iter
             t = torch.tensor([dt], dtype=torch.float64, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the time
             dt = float(t.item())
@@ -190,13 +196,50 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
             row[f"{name}_busbw_gbps"] = numel * 4 * factor / dt / 1e9
         rows.append(row)
     dist.barrier()
-    dist.destroy_process_group()
     return rows
+
+
+class _Lockstep:
+    """Runs a timed loop on every rank at once, as the ranks of a training job run: all ranks agree on the
+    iteration count, start together (barrier) and the slowest rank's median iteration is the time.
+    A rank timed alone, or a min over iterations, catches moments when the other ranks are idle and
+    reads the uncontended speed: on this project's 2-vCPU machine two 1-thread ranks each run at half
+    the speed of one (measured: HF tiny-llama forward + backward 62 ms alone, 120 ms with both ranks busy)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def time(self, fn, min_time_s: float) -> float:
+        import statistics  # noqa: PLC0415
+
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        fn()
+        _sync(self.device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(self.device)
+        once = max(time.perf_counter() - t0, 1e-6)
+        n = torch.tensor([max(3, math.ceil(min_time_s / once))], dtype=torch.float64, device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        times = []
+        dist.barrier()
+        for _ in range(int(n.item())):
+            t1 = time.perf_counter()
+            fn()
+            _sync(self.device)
+            times.append(time.perf_counter() - t1)
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
 
 
 def _worker_main() -> None:
     """Entry of one benchmark rank (a subprocess: no multiprocessing re-import of the caller's __main__)."""
     import warnings  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415
 
     warnings.filterwarnings("ignore")
     spec = json.loads(os.environ["ZEROKIT_COLL_SPEC"])
@@ -204,10 +247,12 @@ def _worker_main() -> None:
     rows = _collective_worker(rank, spec["world_size"], spec["port"], spec["sizes"], spec["iters"], spec["backend"])
     layers = None
     if spec.get("layers"):
-        # every rank runs the layer benchmark at once, as training ranks share the machine
+        # every rank runs the layer benchmark at once, in lockstep, as training ranks share the machine
         lb = spec["layers"]
         layers = measure_layer_timing(lb["precisions"], lb.get("device"), min_time_s=lb.get("min_time_s", 0.3),
-                                      quick=lb.get("quick", False))
+                                      quick=lb.get("quick", False), lockstep=_Lockstep(_device(lb.get("device"))))
+    dist.barrier()
+    dist.destroy_process_group()
     if rank == 0:
         print("ZEROKIT_RESULT " + json.dumps(rows), flush=True)
         if layers is not None:
@@ -301,9 +346,12 @@ def _plain_block(h: int, device, dtype):
 BLOCK_STYLES = ("gated", "plain")
 
 
-def measure_layer_timing(precisions, device: Any = None, min_time_s: float = 0.3, quick: bool = False) -> dict:
+def measure_layer_timing(precisions, device: Any = None, min_time_s: float = 0.3, quick: bool = False,
+                         lockstep: "_Lockstep | None" = None) -> dict:
     """Forward + backward of one transformer block at several (tokens, hidden): per precision, the fitted
-    fixed overhead per layer (s) and the achieved throughput (TFLOP/s), with the raw points."""
+    fixed overhead per layer (s) and the achieved throughput (TFLOP/s), with the raw points.
+    With `lockstep` (inside the benchmark ranks) every rank times the same point at once and the slowest
+    rank's median is kept; alone, the median over the iterations."""
     import torch  # noqa: PLC0415
 
     device = _device(device)
@@ -329,20 +377,20 @@ def measure_layer_timing(precisions, device: Any = None, min_time_s: float = 0.3
             def once():
                 fwd(x, cos, sin).float().square().mean().backward()
 
-            once()
-            _sync(device)
-            n, t0 = 0, time.perf_counter()
-            best = float("inf")
-            while True:
-                t1 = time.perf_counter()
+            if lockstep is not None:
+                seconds = lockstep.time(once, min_time_s)
+            else:
                 once()
                 _sync(device)
-                best = min(best, time.perf_counter() - t1)
-                n += 1
-                if time.perf_counter() - t0 >= min_time_s and n >= 3:
-                    break
+                times, t0 = [], time.perf_counter()
+                while time.perf_counter() - t0 < min_time_s or len(times) < 3:
+                    t1 = time.perf_counter()
+                    once()
+                    _sync(device)
+                    times.append(time.perf_counter() - t1)
+                seconds = sorted(times)[len(times) // 2]
             flops = 6 * params * b * seq + 12 * b * seq * seq * ad / 2  # causal attention: half the scores
-            points.append({"tokens": b * seq, "hidden": h, "seconds": best, "flops": flops})
+            points.append({"tokens": b * seq, "hidden": h, "seconds": seconds, "flops": flops})
         fit = dict(_fit_overhead(points), points=points)
         if style == "gated":
             out[prec] = fit  # the Llama-family block: the profile's default
@@ -429,8 +477,12 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
         "world_size": world_size,
         "all_reduce_busbw_gbps": last["all_reduce_busbw_gbps"],
         "all_gather_busbw_gbps": last["all_gather_busbw_gbps"],
-        # the smallest message's time is the per-call latency (gloo/nccl launch + rendezvous)
+        # the smallest message's time is the per-call latency (gloo/nccl launch + rendezvous), per kind:
+        # on gloo a 4 KiB all-reduce costs ~2-3x an all-gather (measured 1.4-2.0 ms vs 0.6-1.1 ms), and
+        # ZeRO-1/2 reduce every gradient bucket with an all-reduce (counted in a real step: 37 calls, 1.4 ms each)
         "latency_s": min(first["all_reduce_s"], first["all_gather_s"]) if first["bytes"] <= 64 * 1024 else None,
+        "all_reduce_latency_s": first["all_reduce_s"] if first["bytes"] <= 64 * 1024 else None,
+        "all_gather_latency_s": first["all_gather_s"] if first["bytes"] <= 64 * 1024 else None,
         "by_size": rows,
     }
     if layer_rows is not None:
@@ -627,11 +679,23 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "layer_timing": coll.get("layers"),
         "layer_threads": threads,
         "collective_latency_s": coll.get("latency_s"),
+        "all_reduce_latency_s": coll.get("all_reduce_latency_s"),
+        "all_gather_latency_s": coll.get("all_gather_latency_s"),
         **copies,
         "cpu_adam_params_per_s": cpu_adam,
         "torch_adamw_params_per_s": adamw,
         "notes": notes,
     }
+    if quick:
+        notes.append("engine costs: skipped in quick mode (real DeepSpeed engines per ZeRO stage and precision, ~1 min)")
+    else:
+        from zerokit.calibrate_engine import measure_engine_overhead  # noqa: PLC0415
+
+        precs = [p for p in PRECISIONS if tflops.get(p)]
+        try:
+            profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say)
+        except ZerokitError as e:
+            notes.append(f"engine costs: {e}")
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
         path = os.fspath(output_path)
@@ -741,9 +805,15 @@ def _timing_terms_of(prof: dict) -> dict:
         out["layers_plain"] = fits(lt["plain"])
     if _pos(prof.get("collective_latency_s")):
         out["collective_latency_s"] = float(prof["collective_latency_s"])
+    for key in ("all_reduce_latency_s", "all_gather_latency_s"):  # profiles before these keys: the shared one
+        v = prof.get(key) if _pos(prof.get(key)) else prof.get("collective_latency_s")
+        if _pos(v):
+            out[key] = float(v)
     for key in ("torch_adamw_params_per_s", "cpu_adam_params_per_s"):
         if _pos(prof.get(key)):
             out[key] = float(prof[key])
+    if isinstance(prof.get("engine_overhead"), dict):
+        out["engine_overhead"] = prof["engine_overhead"]
     return out
 
 

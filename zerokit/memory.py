@@ -106,18 +106,30 @@ def model_state_bytes_per_param(precision: str) -> dict[str, int]:
 
 
 def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, precision: str, attention: str,
-                               on_cpu: bool = False) -> int:
+                               on_cpu: bool = False, explicit_mask: bool | None = None) -> int:
     """Bytes autograd keeps for one transformer layer's backward, for `tokens` = micro batch x seq.
 
     Derived from what HF's implementations save (names in comments), not copied from GPT-3's 34sbh,
-    and checked against FakeTensorMode traces of the real modules (tests/test_activation_trace.py):
-    - norms: RMSNorm (Llama family) upcasts to fp32 and saves the fp32 input (4h), the 16-bit cast
-      (E h) and its output for the next Linear (E h); in fp32: input, normalised input, output (12h).
-      LayerNorm (GPT-2 family) saves its input (E h), output (E h) and fp32 mean/rstd per token.
+    and checked against FakeTensorMode traces of the real modules (tests/test_activation_trace.py,
+    bench/results/activation_trace.txt):
+    - norms (model.norms_per_layer of them: 1 in a parallel attention + MLP block): RMSNorm (Llama
+      family) upcasts to fp32 and saves the fp32 input (4h), the 16-bit cast (E h) and its output for
+      the next Linear (E h); in fp32: input, normalised input, output (12h). Gemma's RMSNorm multiplies
+      by (1 + w) in fp32 before the cast: the fp32 normalised input (4h) instead of the cast (E h).
+      LayerNorm (GPT-2 family) saves its input (E h), output (E h) and mean/rstd per token.
     - attention: q, k, v as the attention kernel saves them (E (a + 2k) d) and the kernel output
-      (E h), which o_proj saves too (flash/sdpa write it in (b, s, a, d) layout: no copy); the
-      flash kernel keeps a fp32 log-sum-exp per head. Eager attention repeats K/V to all heads and
-      keeps the fp32 softmax output and its cast ((4 + E) a s per token; Korthikanti's 5as^2b term).
+      (E h), which o_proj saves too when the kernel writes it in (b, s, a, d) layout (flash kernels
+      follow q's layout: after partial rotary's torch.cat (Phi) q is (b, a, s, d) and o_proj gets a
+      copy: + E h); a fp32 log-sum-exp per head. Eager attention repeats K/V to all
+      heads and keeps the fp32 softmax output and its cast ((4 + E) a s per token; Korthikanti's 5as^2b).
+    - explicit mask with sdpa (the model's sliding window when seq_len >= window, or Falcon's
+      always-built mask): HF's sdpa path repeats K/V to all heads (+ 2 E (a - k) d) and the kernel
+      saves the bool mask converted to the query dtype, one per layer (+ E s per token; CPU flash and
+      CUDA mem-efficient alike). `explicit_mask` None: whether the model's most expensive layer has one.
+    - K/V heads broadcast into sdpa without enable_gqa (Falcon MQA): no fused kernel accepts unequal
+      head counts (torch 2.13 sdp_utils_cpp.h check_batch_size_and_num_heads_dense, CPU and CUDA), so the
+      math kernel runs: fp32 q/k/v (4 (a + 2k) d; K/V copied to all heads for a micro batch > 1), fp32
+      probabilities (4 a s), no output or log-sum-exp kept; o_proj saves its own E h copy.
     - dropout masks: a bool (1 byte) per element on GPUs; on CPU torch keeps a mask in the input's
       dtype (E bytes; traced: resid dropout adds 2 E h per token).
     - attention dropout: eager adds the mask and dropped probabilities (mask + E bytes per score); sdpa
@@ -131,9 +143,13 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
     """
     e = dtype_bytes(precision)
     mask = e if on_cpu else 1  # bytes per dropout-mask element
-    h, i = model.hidden_size, model.intermediate_size
+    h = model.hidden_size
     a, k, d = model.num_attention_heads, model.num_kv_heads, model.head_dim
-    per_token = 2 * _norm_bytes_per_token(model, precision)
+    per_token = model.norms_per_layer * _norm_bytes_per_token(model, precision)
+    if model.norm == "layernorm" or precision == "fp32":
+        # norms reading one tensor (a parallel block's two) keep it once: LayerNorm saves its input, an
+        # fp32 RMSNorm too (its .to(float32) is a no-op); a mixed-precision RMSNorm keeps its own fp32 copy
+        per_token -= (model.norms_per_layer - model.norm_inputs_per_layer) * e * h
     scores = a * seq_len  # attention scores per token
     if attention == "eager":
         # HF's eager path repeats K/V to every head (repeat_kv) and keeps the fp32 softmax output
@@ -142,14 +158,53 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         per_token += (4 + (e if precision != "fp32" else 0)) * scores
         if model.attention_dropout > 0:
             per_token += (mask + e) * scores
+    elif attention == "sdpa" and model.sdpa_broadcast_kv:
+        # math kernel (attention.cpp _scaled_dot_product_attention_math): q/k/v upcast to fp32 and
+        # scaled, softmax kept in fp32 for the probabilities @ v matmul; o_proj's input is a copy.
+        # torch.matmul broadcasts K/V over the heads as a stride-0 view for one sequence, but copies
+        # them to every head for a micro batch > 1 (the (b, a) dims cannot be folded into one).
+        # Traced (falcon-7b, seq 2048, micro batch 1): 700,292 B/token per layer, exactly this.
+        kv = k if tokens == seq_len else a
+        per_token += 4 * (a + 2 * kv) * d + 4 * scores + e * h
     else:
         per_token += e * (a + 2 * k) * d + e * h
         per_token += 4 * a
+        if model.attention_output_copy:
+            per_token += e * h
+        if explicit_mask is None:
+            explicit_mask = _masked_layers(model, seq_len) > 0
+        if attention == "sdpa" and explicit_mask:
+            # integrations/sdpa_attention.py: use_gqa_in_sdpa() is False with a mask on CUDA/CPU, so
+            # repeat_kv; the kernel keeps the mask it converted from bool (traced: mistral-7b, s 4096)
+            per_token += e * 2 * (a - k) * d + e * seq_len
         if model.attention_dropout > 0 and on_cpu:
             # math kernel: 12 bytes per score; bf16 adds fp32 copies of q/k/v (6h), fp32 keeps one
             # h-wide tensor fewer than the flash path; no log-sum-exp. Measured on real tensors with
             # zerokit.measure (GPT-2 shapes, seq 128 and 512): 12.0 B/score + 6h (bf16) / -4h (fp32) - 4a.
             per_token += 12 * scores + (-4 if precision == "fp32" else 6) * h - 4 * a
+    per_token += _mlp_bytes_per_token(model, precision)
+    if model.num_experts > 1:
+        per_token += 4 * model.num_experts  # router logits (fp32)
+    if model.hidden_dropout > 0:
+        per_token += 2 * h * mask
+    return per_token * tokens
+
+
+def _masked_layers(model: ModelSpec, seq_len: int) -> int:
+    """Decoder layers for which transformers hands sdpa an explicit mask: every layer of Falcon; the
+    sliding-window layers once the keys reach the window (masking_utils._ignore_causal_mask_sdpa does not
+    skip the mask when kv_length >= window; traced: window 256 at seq 256 masks, at seq 255 not)."""
+    if model.sdpa_mask:
+        return model.num_layers
+    if model.sliding_window is not None and seq_len >= model.sliding_window:
+        return min(model.sliding_window_layers, model.num_layers)
+    return 0
+
+
+def _mlp_bytes_per_token(model: ModelSpec, precision: str) -> int:
+    """What the MLP (experts_per_token experts for MoE) keeps per token (see activation_bytes_per_layer)."""
+    e = dtype_bytes(precision)
+    i = model.intermediate_size
     experts = model.experts_per_token if model.num_experts > 1 else 1
     if model.gated_mlp:
         mlp = 4 * e * i
@@ -157,12 +212,7 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         mlp = (1 if model.mlp_activation == "relu" else 2) * e * i
     if model.mlp_activation in PYTHON_GELUS:
         mlp += 3 * e * i
-    per_token += mlp * experts
-    if model.num_experts > 1:
-        per_token += 4 * model.num_experts  # router logits (fp32)
-    if model.hidden_dropout > 0:
-        per_token += 2 * h * mask
-    return per_token * tokens
+    return mlp * experts
 
 
 # HF activations implemented as Python expressions: autograd keeps their intermediates.
@@ -174,18 +224,36 @@ def _norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
     e = dtype_bytes(precision)
     h = model.hidden_size
     if model.norm == "rmsnorm":
-        # mixed: fp32 input copy, 16-bit cast, output; fp32: input, normalised input, output
-        return (12 if precision == "fp32" else 4 + 2 * e) * h + 4
-    return 2 * e * h + 4
+        if precision == "fp32":
+            return 12 * h + 4  # input, normalised input, output
+        # mixed: fp32 input copy, the 16-bit cast the weight multiplies (Llama) or the fp32 normalised
+        # input when the weight multiplies in fp32 (Gemma: traced 10h + 4 in bf16), the output
+        return (4 + (4 if model.norm_fp32_weight else e) + e) * h + 4
+    # input, output, mean and rstd (in the input's dtype on CPU; fp32 on CUDA: 4 bytes more in 16-bit)
+    return 2 * e * h + 2 * e
 
 
 def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_cpu: bool = False) -> dict[str, int]:
-    """Activations, logits and loss for one micro batch, per GPU."""
+    """Activations, logits and loss for one micro batch, per GPU.
+
+    With Falcon's math-kernel attention (model.sdpa_broadcast_kv) the step's activation peak is not at
+    the start of backward but in the last layer's attention backward: `attention_backward` is what it
+    adds on top of the start of backward (activations + logits_and_loss + logits_grad), 0 otherwise.
+    """
     e = dtype_bytes(setup.precision)
-    tokens = setup.micro_batch_size * workload.seq_len
+    seq = workload.seq_len
+    tokens = setup.micro_batch_size * seq
     # an architecture transformers has no sdpa/flash path for runs eager attention whatever was asked
     attention = workload.attention if model.supports_sdpa else "eager"
-    one_layer = activation_bytes_per_layer(model, tokens, workload.seq_len, setup.precision, attention, on_cpu)
+
+    def layer(explicit_mask: bool) -> int:
+        return activation_bytes_per_layer(model, tokens, seq, setup.precision, attention, on_cpu, explicit_mask)
+
+    masked = _masked_layers(model, seq)
+    unmasked_layer = layer(False)
+    masked_layer = layer(True) if masked else unmasked_layer
+    one_layer = max(masked_layer, unmasked_layer)  # what one recomputed layer costs at most
+    all_layers = masked * masked_layer + (model.num_layers - masked) * unmasked_layer
     terms: dict[str, int] = {}
     final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
     if setup.activation_checkpointing:
@@ -193,7 +261,7 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         terms["activations_checkpoints"] = model.num_layers * tokens * model.hidden_size * e
         terms["activations_recompute"] = one_layer + final_norm
     else:
-        terms["activations"] = model.num_layers * one_layer + final_norm
+        terms["activations"] = all_layers + final_norm
     # Logits as the LM head writes them (E) and the fp32 tensor the HF loss keeps (upcast /
     # log-softmax); the start of backward adds the fp32 gradient of the logits and, in mixed
     # precision, its cast back to E. Measured: traces of Llama configs under FakeTensorMode give
@@ -201,8 +269,19 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     v = model.vocab_size
     terms["logits_and_loss"] = tokens * v * (e + 4)
     terms["logits_grad"] = tokens * v * (4 + (e if setup.precision != "fp32" else 0))
+    terms["attention_backward"] = 0
+    if attention == "sdpa" and model.sdpa_broadcast_kv and not setup.activation_checkpointing:
+        # The math kernel's backward of the last layer (traced, falcon-7b: the peak op is
+        # _softmax_backward_data) holds the fp32 gradients of the probabilities and of the scores
+        # (8 B/score) while the layer's attention activations are still saved; by then the logits,
+        # the final norm, the layer's MLP and o_proj input are freed, two h-wide gradients are alive,
+        # and with tied embeddings the LM head's weight gradient (V h E) waits for the embedding's.
+        h = model.hidden_size
+        at_attention = (tokens * (8 * model.num_attention_heads * seq + e * h - _mlp_bytes_per_token(model, setup.precision))
+                        - final_norm - terms["logits_and_loss"]
+                        + (v * h * e if model.tied_embeddings else 0))
+        terms["attention_backward"] = max(0, at_attention - terms["logits_grad"])
     return terms
-
 
 
 def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
@@ -367,6 +446,9 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                 "loss_backward_transient": logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)}
     if "stage3_prefetch" in bufs:
         backward["stage3_prefetch"] = bufs["stage3_prefetch"]
+    if acts.get("attention_backward"):
+        # Falcon's math-kernel attention peaks later in backward than its start (activation_terms)
+        backward["attention_backward"] = acts["attention_backward"]
     if setup.gradient_accumulation_steps > 1:
         # from the second micro step on, the gradients accumulated so far are alive while the next
         # micro batch's activations are (ZeRO-3 keeps its partition in `persistent` already)

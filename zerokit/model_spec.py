@@ -68,6 +68,16 @@ class ModelSpec:
     attention_dropout: float = 0.0  # training-time dropout on attention probabilities
     hidden_dropout: float = 0.0  # training-time dropout on the residual branches
     supports_sdpa: bool = True  # False: transformers runs this architecture's attention eagerly (BLOOM)
+    # What the activation model needs beyond shapes (memory.activation_bytes_per_layer; read from the
+    # config and the modeling code as transformers uses them, docs/memory-model.md "activations"):
+    norms_per_layer: int = 2  # hidden-size norms in one decoder layer (1: parallel attn+MLP blocks, Phi/Falcon)
+    norm_inputs_per_layer: int = 2  # distinct tensors they read (a LayerNorm saves its input; Falcon-40B's two norms share one)
+    norm_fp32_weight: bool = False  # the norm multiplies by its weight in fp32 before casting back (Gemma)
+    sliding_window: int | None = None  # sliding-window attention size where the model applies one
+    sliding_window_layers: int = 0  # decoder layers that use it (all for Mistral; layer_types for Qwen2/Gemma2)
+    sdpa_mask: bool = False  # the model always passes an explicit (b, 1, s, s) mask to sdpa (Falcon)
+    sdpa_broadcast_kv: bool = False  # sdpa gets fewer K/V heads than query heads without enable_gqa (Falcon MQA)
+    attention_output_copy: bool = False  # o_proj reads a copy of the attention output (q reaches the kernel in (b, a, s, d) layout)
     exact: bool = True  # False when shapes were guessed from a bare parameter count
 
     @property
@@ -87,7 +97,8 @@ class ModelSpec:
 
 
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
-_SCHEMA_VERSION = 3
+# 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
+_SCHEMA_VERSION = 4
 _CONFIG_NAME = "config.json"
 
 
@@ -365,7 +376,10 @@ def _measure(model, cfg) -> dict:
     def _prob(v) -> float:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
+    traits = _activation_traits(model, tc, model_type, hidden, layers)
+
     return dict(
+        **traits,
         supports_sdpa=bool(getattr(model, "_supports_sdpa", True)),
         mlp_activation=str(act),
         attention_dropout=_prob(attn_drop),
@@ -388,6 +402,101 @@ def _measure(model, cfg) -> dict:
         norm=norm,
         exact=True,
     )
+
+
+_FP32_WEIGHT = re.compile(r"self\.weight\.float\(\)|self\.weight\.to\(torch\.float32\)")
+
+
+def _decoder_layer(model, layers: int):
+    """The first decoder layer: the first ModuleList of `layers` blocks in the text decoder."""
+    import torch
+
+    base = model
+    get = getattr(model, "get_decoder", None)
+    if callable(get):
+        try:
+            base = get() or model
+        except Exception:
+            base = model
+    for root in (base, model):
+        for m in root.modules():
+            if isinstance(m, torch.nn.ModuleList) and layers > 0 and len(m) == layers and any(True for _ in m[0].parameters()):
+                return m[0]
+    return None
+
+
+def _activation_traits(model, tc, model_type: str, hidden: int, layers: int) -> dict:
+    """How the architecture's modules behave where it changes what autograd keeps (the activation model's
+    inputs beyond shapes). Each rule names the transformers code it reads (transformers 5.23, torch 2.13)."""
+    import inspect
+    import sys
+
+    out: dict = {}
+    # Norms per decoder layer: the hidden-size norm modules of the first layer (a parallel attention + MLP
+    # block reads one: PhiDecoderLayer, FalconDecoderLayer with parallel_attn; Gemma2 has four; per-head
+    # q/k norms (Qwen3) are not hidden-size and are not counted).
+    layer = _decoder_layer(model, layers)
+    norms = []
+    if layer is not None:
+        for sub in layer.modules():
+            if "norm" not in type(sub).__name__.lower():
+                continue
+            if any("norm" in type(c).__name__.lower() for c in sub.children()):
+                continue
+            w = getattr(sub, "weight", None)
+            if w is None or not hasattr(w, "numel") or w.numel() == hidden:
+                norms.append(sub)
+    out["norms_per_layer"] = len(norms) if norms else 2
+    # A norm that multiplies by its weight in fp32 (GemmaRMSNorm: `output * (1.0 + self.weight.float())`,
+    # then `.type_as(x)`) keeps the fp32 normalised input for the weight's gradient instead of a 16-bit cast.
+    fp32_weight = False
+    if norms:
+        try:
+            fp32_weight = bool(_FP32_WEIGHT.search(inspect.getsource(type(norms[0]).forward)))
+        except (OSError, TypeError):
+            fp32_weight = False
+    out["norm_fp32_weight"] = fp32_weight
+    # Sliding-window attention as transformers builds its mask (masking_utils.create_sliding_window_causal_mask):
+    # per layer from config.layer_types ("sliding_attention"; Qwen2 sets sliding_window None unless
+    # use_sliding_window), else every layer of a model whose modeling code builds that mask whenever
+    # config.sliding_window is set (MistralModel).
+    window = getattr(tc, "sliding_window", None)
+    n_sliding = 0
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        types = getattr(tc, "layer_types", None)
+        if isinstance(types, (list, tuple)) and len(types) == layers:
+            n_sliding = sum(1 for t in types if t == "sliding_attention")
+        else:
+            module = sys.modules.get(type(model).__module__)
+            if module is not None and hasattr(module, "create_sliding_window_causal_mask"):
+                n_sliding = layers
+    out["sliding_window"] = int(window) if n_sliding else None
+    out["sliding_window_layers"] = n_sliding
+    # Falcon (rotary, no ALiBi) calls torch sdpa itself (modeling_falcon.FalconAttention.forward): the mask is
+    # always materialised (FalconModel.forward: create_causal_mask(..., allow_is_causal_skip=False)), and
+    # multi-query K/V (1 head) go in un-repeated without enable_gqa (the new decoder architecture broadcasts
+    # them to every head in _split_heads first).
+    falcon = model_type == "falcon" and not getattr(tc, "alibi", False)
+    out["sdpa_mask"] = falcon
+    out["sdpa_broadcast_kv"] = falcon and not getattr(tc, "new_decoder_architecture", False) and bool(
+        getattr(tc, "multi_query", False))
+    # Partial rotary (Phi, GPT-NeoX, StableLM: `torch.cat((query_rot, query_pass), dim=-1)`) makes q contiguous
+    # in (b, a, s, d); flash kernels write the output in q's layout (CPU: traced; CUDA flash: empty_like(q)), so
+    # `attn_output.transpose(1, 2).contiguous()` copies it for o_proj.
+    rope = getattr(tc, "rope_parameters", None)
+    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    if partial is None:
+        partial = _first(tc, ["partial_rotary_factor", "rotary_pct"], 1.0)
+    partial_rotary = isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1
+    out["attention_output_copy"] = partial_rotary
+    # Parallel blocks whose two norms read the same tensor (FalconDecoderLayer with the new decoder architecture
+    # and num_ln_in_parallel_attn 2: ln_attn and ln_mlp; GPTNeoXLayer with use_parallel_residual): a LayerNorm
+    # saves its input, so that input is kept once.
+    shared = (model_type == "falcon" and getattr(tc, "new_decoder_architecture", False)
+              and getattr(tc, "num_ln_in_parallel_attn", None) in (None, 2)) or (
+        model_type == "gpt_neox" and bool(getattr(tc, "use_parallel_residual", False)))
+    out["norm_inputs_per_layer"] = 1 if shared else out["norms_per_layer"]
+    return out
 
 
 def _first_line(exc: BaseException) -> str:

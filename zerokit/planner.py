@@ -54,7 +54,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, workload: Workload, setup: Zero
     reasons = fit_problems(mem, cluster, Budget.of(cluster, memory_fraction))
     if not cluster.accelerator.supports(setup.precision):
         reasons.insert(0, f"{setup.precision} is not supported on {cluster.accelerator.name}")
-    return Evaluation(setup, not reasons, mem, estimate_time(model, cluster, setup, workload), reasons)
+    return Evaluation(setup, not reasons, mem, estimate_time(model, cluster, setup, workload, knobs), reasons)
 
 
 def simplicity(setup: ZeroSetup) -> tuple:

@@ -20,7 +20,8 @@ compute term is priced the way small models actually behave (docs/memory-model.m
   transformer block timed on every rank at once;
   communication adds the measured per-call latency for every collective call (bucketed reduces,
   per-layer ZeRO-3 gathers); the optimizer step is priced at the measured torch AdamW rate (on the
-  rank's partition) when nothing is offloaded.
+  rank's partition) when nothing is offloaded; the DeepSpeed engine's own cost (hooks, optimizer
+  wrapper) is added as measured on real engines per ZeRO stage (calibrate_engine.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class TimeEstimate:
     total_seconds: float | None
     efficiency: float | None = None  # the accelerator's efficiency factor used (None: calibrated terms)
     optimizer_seconds: float = 0.0  # the optimizer step when nothing is offloaded (calibrated only)
+    engine_seconds: float = 0.0  # the DeepSpeed engine's own cost, measured by `zerokit calibrate` (calibrated only)
     calibrated: bool = False
 
     @property
@@ -131,30 +133,81 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
     return seconds
 
 
-def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> int:
-    """Collective calls each rank makes per optimizer step with the rendered (hidden-size) buckets:
-    bucketed gradient reduces, the ZeRO-2 parameter all-gather after the step, ZeRO-3's per-layer
-    gathers (forward, backward, recompute) and reduce-scatters."""
+def gradient_sizes_in_backward_order(model: ModelSpec) -> list[int]:
+    """Parameter sizes in the order their gradients become ready (the reverse of forward), from the spec's
+    shapes: the untied LM head, the final norm, each layer's tensors last to first, the input embedding
+    (a tied embedding's gradient completes last, after both uses). Whatever the shapes leave over
+    (biases, position embeddings) is one small tensor at the end."""
+    h, i, d = model.hidden_size, model.intermediate_size, model.head_dim
+    a, k = model.num_attention_heads, model.num_kv_heads
+    experts = max(1, model.num_experts)
+    if model.gated_mlp:  # Llama: norm, q, k, v, o, norm, gate, up, down
+        layer = [h, a * d * h, k * d * h, k * d * h, a * d * h, h] + [i * h] * 3 * experts
+        if experts > 1:
+            layer.append(h * experts)  # router
+    else:  # GPT-2: ln (w, b), fused qkv (w, b), out proj (w, b), ln (w, b), fc (w, b), proj (w, b)
+        layer = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, i * h, i, i * h, h]
+    final_norm = h if model.norm == "rmsnorm" else 2 * h
+    vh = model.vocab_size * h
+    head = [] if model.tied_embeddings else [vh]
+    sizes = head + [final_norm] + list(reversed(layer)) * model.num_layers + [vh]
+    rest = model.params - sum(sizes)
+    return sizes + ([rest] if rest > 0 else [])
+
+
+def reduce_bucket_calls(sizes: list[int], bucket_elements: int) -> int:
+    """Gradient reductions one backward issues: DeepSpeed (stage_1_and_2.py
+    reduce_independent_p_g_buckets_and_remove_grads, stage3.py the same rule) reduces the bucket before a
+    gradient that would overflow it, then adds that gradient; a gradient larger than the bucket is one
+    reduction of its own."""
+    calls, filled = 0, 0
+    for n in sizes:
+        if filled and filled + n > bucket_elements:
+            calls += 1
+            filled = 0
+        filled += n
+    return calls + (1 if filled else 0)
+
+
+@dataclass(frozen=True)
+class CollectiveCalls:
+    """Collective calls each rank makes per optimizer step, by kind (their per-call latencies differ)."""
+    reduces: int  # gradient all-reduces / reduce-scatters
+    gathers: int  # parameter all-gathers
+
+    @property
+    def total(self) -> int:
+        return self.reduces + self.gathers
+
+
+def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs=None) -> CollectiveCalls:
+    """Collective calls each rank makes per optimizer step with the rendered (hidden-size) buckets or the
+    given knobs: bucketed gradient reduces every micro step, the ZeRO-1/2 parameter all-gather after the
+    step, ZeRO-3's per-layer gathers (forward, backward, recompute)."""
     if cluster.world_size == 1:
-        return 0
+        return CollectiveCalls(0, 0)
     from zerokit.zero_setup import ZeroKnobs  # noqa: PLC0415
 
-    knobs = ZeroKnobs.for_hidden_size(model.hidden_size)
+    knobs = knobs or ZeroKnobs.for_hidden_size(model.hidden_size)
     accum = setup.gradient_accumulation_steps
-    reduces = max(1, math.ceil(model.params / max(1, knobs.reduce_bucket_size)))
     if setup.zero_stage == 0:
-        return 1  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
+        return CollectiveCalls(1, 0)  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
+    reduces = reduce_bucket_calls(gradient_sizes_in_backward_order(model), max(1, knobs.reduce_bucket_size))
     if setup.zero_stage in (1, 2):
-        # bucketed reduces every micro step (overlap_comm), one all_gather_into_tensor of the partitions
-        return accum * reduces + 1
+        # bucketed reduces every micro step at ZeRO-2, only at the accumulation boundary at ZeRO-1
+        # (stage_1_and_2.py reduce_ready_partitions_and_remove_grads: `partition_gradients or
+        # is_gradient_accumulation_boundary`); at the step the gradient norm's all-reduce, in mixed
+        # precision the overflow check's; one all_gather_into_tensor of the updated partitions. Counted in
+        # real 2-rank tiny-llama steps: 36 all-reduces in fp32, 37 in bf16 (35 buckets here + 1 / + 2).
+        micro = accum if setup.zero_stage == 2 else 1
+        return CollectiveCalls(micro * reduces + 1 + (setup.precision != "fp32"), 1)
     # ZeRO-3: one (coalesced, prefetched) gather per layer plus the embedding and the LM head in forward;
     # backward and recompute gather again only when the model exceeds the live window
     # (stage3_max_live_parameters / max_reuse_distance: the parameters stay gathered otherwise, see
-    # memory.phase_terms), and one reduce per bucket. Measured per-call cost on CPU matches the 4 KiB
-    # collective latency (bench/accuracy).
+    # memory.phase_terms).
     window = min(knobs.stage3_max_live_parameters, knobs.stage3_max_reuse_distance)
     passes = 1 if model.params <= window else (3 if setup.activation_checkpointing else 2)
-    return accum * (passes * (model.num_layers + 2) + reduces)
+    return CollectiveCalls(accum * reduces, accum * passes * (model.num_layers + 2))
 
 
 def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, overhead_s: float, tflops: float) -> float:
@@ -167,7 +220,7 @@ def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, 
     return setup.gradient_accumulation_steps * (fixed + flops / (tflops * 1e12))
 
 
-def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload) -> TimeEstimate:
+def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload, knobs=None) -> TimeEstimate:
     acc = cluster.accelerator
     n = cluster.world_size
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * n
@@ -186,10 +239,16 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     if terms and terms.get("cpu_adam_params_per_s"):
         cpu_adam = terms["cpu_adam_params_per_s"]
     offload = offload_seconds(model, cluster, setup, cpu_adam)
-    optimizer = 0.0
+    optimizer = engine = 0.0
     if layer:
         compute = _calibrated_compute(model, setup, workload, *layer)
-        comm += collective_calls_per_step(model, cluster, setup) * terms.get("collective_latency_s", 0.0)
+        calls = collective_calls_per_step(model, cluster, setup, knobs)
+        comm += (calls.reduces * terms.get("all_reduce_latency_s", terms.get("collective_latency_s", 0.0))
+                 + calls.gathers * terms.get("all_gather_latency_s", terms.get("collective_latency_s", 0.0)))
+        from zerokit.calibrate_engine import engine_seconds as _engine  # noqa: PLC0415 (light module)
+
+        engine = _engine(terms.get("engine_overhead"), setup.precision, setup.zero_stage, model.num_layers,
+                         setup.gradient_accumulation_steps)
         adamw = terms.get("torch_adamw_params_per_s")
         if adamw and setup.offload_optimizer == "none":
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
@@ -200,7 +259,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         if acc.is_cpu:
             peak /= cluster.gpus_per_node  # CPU ranks on one node share its cores
         compute = flops / (n * peak) if peak else math.inf
-    step = compute + comm + offload + optimizer
+    step = compute + comm + offload + optimizer + engine
     spe = steps_per_epoch(workload.samples, global_batch) if workload.samples else None
     steps = math.ceil(workload.epochs * spe) if spe else None
     total = steps * step if steps is not None else None
@@ -217,5 +276,6 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         total_seconds=total,
         efficiency=None if layer else acc.efficiency,
         optimizer_seconds=optimizer,
+        engine_seconds=engine,
         calibrated=bool(layer),
     )

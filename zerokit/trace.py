@@ -294,7 +294,7 @@ def trace_activation_memory(
 # the loop: train.py, the HF Trainer) and loss_backward_transient (the nll gradient alive with the
 # logits gradient, measured in real runs; the trace's MemTracker snapshot does not hold it).
 ANALYTIC_ACTIVATION_TERMS = ("activations", "activations_checkpoints", "activations_recompute", "activations_final_norm",
-                             "logits_and_loss", "logits_grad")
+                             "logits_and_loss", "logits_grad", "attention_backward")
 
 
 LAYER_ACTIVATION_TERMS = ("activations", "activations_checkpoints", "activations_recompute")

@@ -1,0 +1,69 @@
+"""The DeepSpeed engine-cost calibration (zerokit/calibrate_engine.py): the fit, and a real run of
+synthetic engines whose fitted terms timing.py then adds to the same setups' predictions."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zerokit.calibrate_engine import RUNS, STAGES, _fit, engine_seconds
+
+
+def test_fit_recovers_a_line_and_keeps_both_terms_non_negative():
+    fit = _fit([(1, 0.012), (4, 0.018), (8, 0.026)])
+    assert fit["per_step_s"] == pytest.approx(0.01, abs=3e-4)
+    assert fit["per_layer_micro_s"] == pytest.approx(0.002, abs=1e-4)
+    assert _fit([(1, 0.02), (4, 0.01), (8, 0.0)]) == {"per_step_s": pytest.approx(0.01), "per_layer_micro_s": 0.0}
+    neg = _fit([(1, -0.01), (4, 0.02), (8, 0.05)])  # a negative intercept: the line through the origin
+    assert neg["per_step_s"] == 0.0 and neg["per_layer_micro_s"] > 0
+
+
+def test_engine_seconds_picks_the_precision_and_stage():
+    eng = {"by_precision": {"bf16": {"3": {"per_step_s": 0.01, "per_layer_micro_s": 0.001}},
+                            "fp32": {"3": {"per_step_s": 0.02, "per_layer_micro_s": 0.0}}}}
+    assert engine_seconds(eng, "bf16", 3, layers=10, accum=2) == pytest.approx(0.01 + 0.001 * 20)
+    assert engine_seconds(eng, "fp16", 3, layers=10, accum=1) == pytest.approx(0.02)  # fp16 takes bf16's
+    assert engine_seconds(eng, "fp32", 3, layers=10, accum=1) == pytest.approx(0.02)
+    assert engine_seconds(eng, "fp32", 2, layers=10, accum=1) == 0.0
+    assert engine_seconds(None, "fp32", 3, layers=10, accum=1) == 0.0
+
+
+@pytest.mark.slow
+def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
+    pytest.importorskip("deepspeed")
+    from zerokit.calibrate import load_profile
+    from zerokit.calibrate_engine import SEQ_LEN, MICRO_BATCH, measure_engine_overhead, synthetic_config
+    from zerokit.hardware import build_cluster
+    from zerokit.model_spec import load_model_spec
+    from zerokit.timing import estimate_time
+    from zerokit.zero_setup import Workload, ZeroSetup
+
+    # a profile as calibrate writes it before the engine step (the committed CPU benchmark profile)
+    prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile.json")
+    prof.pop("engine_overhead", None)
+    eng = measure_engine_overhead(prof, ["fp32"], world_size=2, threads=1)
+    fits = eng["by_precision"]["fp32"]
+    assert set(fits) == {str(s) for s in STAGES}
+    for stage in STAGES:
+        fit = fits[str(stage)]
+        assert fit["per_step_s"] >= 0 and fit["per_layer_micro_s"] >= 0
+        runs = {(r["layers"], r["accum"]): r for r in fit["runs"]}
+        assert set(runs) == set(RUNS)
+        assert all(r["seconds"] > 0 and r["predicted_s"] > 0 for r in runs.values())
+        assert runs[(4, 1)]["seconds"] > runs[(1, 1)]["seconds"]  # more layers cost more
+    # the fitted terms reach the prediction of the same setups through the profile
+    prof["engine_overhead"] = eng
+    path = tmp_path / "prof.json"
+    path.write_text(json.dumps(prof))
+    cluster = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(path))
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(synthetic_config(4)))
+    spec = load_model_spec(str(model_dir))
+    for stage in STAGES:
+        r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"]) == (4, 2))
+        t = estimate_time(spec, cluster, ZeroSetup(zero_stage=stage, precision="fp32", micro_batch_size=MICRO_BATCH,
+                                                    gradient_accumulation_steps=2), Workload(seq_len=SEQ_LEN))
+        fit = fits[str(stage)]
+        assert t.engine_seconds == pytest.approx(fit["per_step_s"] + fit["per_layer_micro_s"] * 8)
+        assert t.step_seconds - t.engine_seconds == pytest.approx(r["predicted_s"], rel=1e-6)

@@ -1,0 +1,211 @@
+"""What the DeepSpeed engine itself costs per step, measured on real engines (part of `zerokit calibrate`).
+
+The step-time model prices compute from a timed transformer block, collectives from their measured
+per-call latency and the optimizer from its measured rate. A real DeepSpeed step also runs the engine's
+own Python: ZeRO-3's pre/post forward and backward hooks on every module (fetch, release, prefetch
+bookkeeping), ZeRO-1/2's per-parameter gradient hooks and bucket copies, the optimizer wrapper (fp32
+master partition, gradient norm, overflow check, copying the partition back). On small models and
+small micro batches these dominate (measured on this project's 2-vCPU machine: the model without them
+missed tiny-model ZeRO-3 steps by 60-85 ms, 35-45%).
+
+This module trains a synthetic Llama-style model (hidden 96, 3 heads, 1 KV head, vocab 1024: no shape
+of the bundled or benchmark models) with every ZeRO stage at 1 and 4 layers, accumulation 1 and 2, in
+every supported precision, on `world_size` ranks at once, and fits per precision and stage
+    measured - zerokit's prediction without engine costs = per_step_s + per_layer_micro_s x layers x accumulation
+(least squares over the three runs, both terms >= 0). timing.py adds the fitted terms to the stage's step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from zerokit.errors import ZerokitError
+
+# (layers, accumulation) per stage: the per-layer slope needs two depths, the split between per-step and
+# per-micro-step costs a second accumulation
+RUNS = ((1, 1), (4, 1), (4, 2))
+STAGES = (0, 1, 2, 3)
+MICRO_BATCH, SEQ_LEN = 2, 64
+STEPS, WARMUP = 12, 2
+
+
+def synthetic_config(layers: int) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 96, "intermediate_size": 256,
+            "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": layers, "vocab_size": 1024,
+            "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+            "attention_dropout": 0.0, "torch_dtype": "float32"}
+
+
+def _rank_main() -> None:
+    """One rank: train every job's engine for STEPS steps, print the median step time after WARMUP (rank 0)."""
+    import warnings  # noqa: PLC0415
+
+    warnings.filterwarnings("ignore")
+    import deepspeed  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+    from transformers.integrations import HfDeepSpeedConfig  # noqa: PLC0415
+    import torch._dynamo  # noqa: F401, PLC0415 (as zerokit.launch.train: imported before zero.Init)
+
+    spec = json.loads(os.environ["ZEROKIT_ENGINE_SPEC"])
+    # the backend zerokit.launch.train gets: the accelerator's default (gloo on CPU, nccl on GPUs)
+    deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if spec["backend"] == "nccl" else torch.device("cpu")
+    results = []
+    for job in spec["jobs"]:
+        cfg = job["ds_config"]
+        keep = HfDeepSpeedConfig(cfg) if cfg["zero_optimization"]["stage"] == 3 else None  # noqa: F841 (zero.Init)
+        torch.manual_seed(0)
+        conf = AutoConfig.from_pretrained(job["model_dir"])
+        model = AutoModelForCausalLM.from_config(conf)
+        model.config.use_cache = False  # as zerokit.launch.train runs it (a KV cache in training costs time)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
+        x = torch.randint(0, conf.vocab_size, (cfg["train_micro_batch_size_per_gpu"], job["seq_len"]), device=device)
+        times = []
+        dist.barrier()
+        for _ in range(STEPS):
+            # no barrier per step: a training loop's ranks meet only in the engine's collectives (a barrier
+            # before every step puts both ranks' compute in lockstep and measured ~20% slower steps here)
+            t0 = time.perf_counter()
+            for _ in range(cfg["gradient_accumulation_steps"]):
+                loss = engine(input_ids=x, labels=x).loss
+                engine.backward(loss)
+                engine.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        t = torch.tensor([statistics.median(times[WARMUP:])], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum")}, "seconds": float(t.item())})
+        engine.destroy()
+        del engine, model, keep
+    dist.barrier()
+    if dist.get_rank() == 0:
+        print("ZEROKIT_ENGINE " + json.dumps(results), flush=True)
+
+
+def _fit(points: list[tuple[float, float]]) -> dict:
+    """resid = a + b x, least squares, a, b >= 0 (x = layers x accumulation)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    a = my - b * mx
+    if b < 0:
+        a, b = max(0.0, my), 0.0
+    elif a < 0:
+        a, b = 0.0, max(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
+    return {"per_step_s": a, "per_layer_micro_s": b}
+
+
+def measure_engine_overhead(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
+                            timeout_s: float = 900.0, log=None) -> dict:
+    """Run the synthetic engines on `world_size` local ranks and fit each stage's engine terms against the
+    prediction made with `profile` (the rest of the calibration). Returns {"by_precision": {precision:
+    {stage: {per_step_s, per_layer_micro_s, runs: [...]}}}} plus the shapes and world size."""
+    import torch  # noqa: PLC0415
+
+    from zerokit.calibrate import _free_port  # noqa: PLC0415
+    from zerokit.hardware import build_cluster  # noqa: PLC0415
+    from zerokit.model_spec import load_model_spec  # noqa: PLC0415
+    from zerokit.render import render_ds_config  # noqa: PLC0415
+    from zerokit.timing import estimate_time  # noqa: PLC0415
+    from zerokit.zero_setup import Workload, ZeroSetup  # noqa: PLC0415
+
+    say = log or (lambda m: None)
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+    with tempfile.TemporaryDirectory(prefix="zerokit-engine-") as tmp:
+        tmp = Path(tmp)
+        prof_path = tmp / "profile.json"
+        prof_path.write_text(json.dumps(profile))
+        cluster = build_cluster(gpu=None if on_gpu else "cpu", gpus_per_node=world_size, hardware_profile=str(prof_path))
+        workload = Workload(seq_len=SEQ_LEN)
+        jobs, preds = [], {}
+        for layers in sorted({lay for lay, _ in RUNS}):
+            d = tmp / f"layers{layers}"
+            d.mkdir()
+            (d / "config.json").write_text(json.dumps(synthetic_config(layers)))
+        for precision in precisions:
+            for stage in STAGES:
+                for layers, accum in RUNS:
+                    d = tmp / f"layers{layers}"
+                    spec = load_model_spec(str(d))
+                    setup = ZeroSetup(zero_stage=stage, precision=precision, micro_batch_size=MICRO_BATCH,
+                                      gradient_accumulation_steps=accum)
+                    cfg = render_ds_config(setup, cluster, spec, workload, lr=1e-4, warmup_steps=1, total_steps=STEPS)
+                    jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum,
+                                 "seq_len": SEQ_LEN, "model_dir": str(d), "ds_config": cfg})
+                    preds[(precision, stage, layers, accum)] = estimate_time(spec, cluster, setup, workload).step_seconds
+        spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
+        port = _free_port()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, ZEROKIT_ENGINE_SPEC=json.dumps(spec_env), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), LOCAL_SIZE=str(world_size),
+                   CROSS_RANK="0", CROSS_SIZE="1")
+        # ^ what DeepSpeed's launcher sets (launcher/launch.py). Without LOCAL_SIZE its CPU accelerator counts
+        # devices by running `numactl --hardware` on every device_count() call, which ZeRO-3 makes every
+        # step: measured 254 ms instead of 180 ms for a tiny-llama ZeRO-3 step.
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if not on_gpu:
+            env["DS_ACCELERATOR"] = "cpu"
+            env["OMP_NUM_THREADS"] = str(threads or 1)
+        say(f"DeepSpeed engine costs: {len(jobs)} synthetic engines on {world_size} ranks ...")
+        cmd = [sys.executable, "-c", "from zerokit.calibrate_engine import _rank_main; _rank_main()"]
+        # output to files: DeepSpeed logs a lot, and a rank blocked on a full pipe would stall the others
+        logs = [(open(tmp / f"rank{r}.out", "w+"), open(tmp / f"rank{r}.err", "w+")) for r in range(world_size)]
+        procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=logs[r][0],
+                                  stderr=logs[r][1], text=True) for r in range(world_size)]
+        deadline = time.monotonic() + timeout_s
+        try:
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+                p.wait()
+            raise ZerokitError(f"the DeepSpeed engine benchmark took over {timeout_s:.0f} s") from None
+        outs = []
+        for out_f, err_f in logs:
+            out_f.seek(0)
+            err_f.seek(0)
+            outs.append((out_f.read(), err_f.read()))
+            out_f.close()
+            err_f.close()
+        bad = [(r, p.returncode, outs[r][1]) for r, p in enumerate(procs) if p.returncode != 0]
+        if bad:
+            r, code, err = bad[0]
+            tail = (err or "").strip().splitlines()[-1:] or ["no output"]
+            raise ZerokitError(f"the DeepSpeed engine benchmark rank {r} exited {code}: {tail[0]}")
+        rows = next((json.loads(line.split(" ", 1)[1]) for line in outs[0][0].splitlines()
+                     if line.startswith("ZEROKIT_ENGINE ")), None)
+        if not rows:
+            raise ZerokitError("the DeepSpeed engine benchmark printed no result")
+    out: dict = {"world_size": world_size, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "by_precision": {}}
+    for precision in precisions:
+        fits = out["by_precision"][precision] = {}
+        for stage in STAGES:
+            runs = [dict(r, predicted_s=preds[(precision, stage, r["layers"], r["accum"])]) for r in rows
+                    if r["stage"] == stage and r["precision"] == precision]
+            fit = _fit([(r["layers"] * r["accum"], r["seconds"] - r["predicted_s"]) for r in runs])
+            fits[str(stage)] = {**fit, "runs": runs}
+    return out
+
+
+def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int) -> float:
+    """The fitted engine cost of one optimizer step (0 without a measurement for the stage); a precision
+    that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
+    by = (engine or {}).get("by_precision") or {}
+    fits = by.get(precision) or by.get("bf16" if precision == "fp16" else "fp16") or next(iter(by.values()), None)
+    fit = (fits or {}).get(str(stage))
+    if not fit:
+        return 0.0
+    return float(fit["per_step_s"]) + float(fit["per_layer_micro_s"]) * layers * accum
