@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     g.add_argument("--full", action="store_true", help="the whole grid")
     ap.add_argument("--only", help="regex on job names")
     ap.add_argument("--limit", type=int, help="at most this many jobs")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12, help="optimizer steps per job (the first metered, then warm-up, then timed)")
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the step-time median")
     ap.add_argument("--memory-steps", type=int, default=2, help="CPU: metered steps (then the meter stops)")
     ap.add_argument("--runs", default="/tmp/zerokit-accuracy", help="where the job output directories go")
