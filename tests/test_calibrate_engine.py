@@ -26,6 +26,9 @@ def test_engine_seconds_picks_the_precision_and_stage():
     assert engine_seconds(eng, "fp32", 3, layers=10, accum=1) == pytest.approx(0.02)
     assert engine_seconds(eng, "fp32", 2, layers=10, accum=1) == 0.0
     assert engine_seconds(None, "fp32", 3, layers=10, accum=1) == 0.0
+    eng["by_precision"]["fp32"]["3"]["per_layer_recompute_s"] = 0.003  # only with checkpointing
+    assert engine_seconds(eng, "fp32", 3, layers=10, accum=2) == pytest.approx(0.02)
+    assert engine_seconds(eng, "fp32", 3, layers=10, accum=2, checkpointing=True) == pytest.approx(0.02 + 0.003 * 20)
 
 
 @pytest.mark.slow
@@ -47,10 +50,11 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     for stage in STAGES:
         fit = fits[str(stage)]
         assert fit["per_step_s"] >= 0 and fit["per_layer_micro_s"] >= 0
-        runs = {(r["layers"], r["accum"]): r for r in fit["runs"]}
+        assert fit["per_layer_recompute_s"] >= 0
+        runs = {(r["layers"], r["accum"], r["ckpt"]): r for r in fit["runs"]}
         assert set(runs) == set(RUNS)
         assert all(r["seconds"] > 0 and r["predicted_s"] > 0 for r in runs.values())
-        assert runs[(4, 1)]["seconds"] > runs[(1, 1)]["seconds"]  # more layers cost more
+        assert runs[(4, 1, False)]["seconds"] > runs[(1, 1, False)]["seconds"]  # more layers cost more
     # the fitted terms reach the prediction of the same setups through the profile
     prof["engine_overhead"] = eng
     path = tmp_path / "prof.json"
@@ -61,7 +65,7 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     (model_dir / "config.json").write_text(json.dumps(synthetic_config(4)))
     spec = load_model_spec(str(model_dir))
     for stage in STAGES:
-        r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"]) == (4, 2))
+        r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"], r["ckpt"]) == (4, 2, False))
         t = estimate_time(spec, cluster, ZeroSetup(zero_stage=stage, precision="fp32", micro_batch_size=MICRO_BATCH,
                                                     gradient_accumulation_steps=2), Workload(seq_len=SEQ_LEN))
         fit = fits[str(stage)]

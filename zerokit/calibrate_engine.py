@@ -9,10 +9,12 @@ small micro batches these dominate (measured on this project's 2-vCPU machine: t
 missed tiny-model ZeRO-3 steps by 60-85 ms, 35-45%).
 
 This module trains a synthetic Llama-style model (hidden 96, 3 heads, 1 KV head, vocab 1024: no shape
-of the bundled or benchmark models) with every ZeRO stage at 1 and 4 layers, accumulation 1 and 2, in
-every supported precision, on `world_size` ranks at once, and fits per precision and stage
+of the bundled or benchmark models) with every ZeRO stage at 1 and 4 layers, accumulation 1 and 2, and
+checkpointed, in every supported precision, on `world_size` ranks at once, and fits per precision and stage
     measured - zerokit's prediction without engine costs = per_step_s + per_layer_micro_s x layers x accumulation
-(least squares over the three runs, both terms >= 0). timing.py adds the fitted terms to the stage's step.
+(least squares over the three runs without checkpointing, both terms >= 0) and, from the checkpointed run,
+per_layer_recompute_s: what recompute costs per layer and micro step beyond the terms already priced.
+timing.py adds the fitted terms to the stage's step.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from pathlib import Path
 
 from zerokit.errors import ZerokitError
 
-# (layers, accumulation) per stage: the per-layer slope needs two depths, the split between per-step and
-# per-micro-step costs a second accumulation
-RUNS = ((1, 1), (4, 1), (4, 2))
+# (layers, accumulation, activation checkpointing) per stage: the per-layer slope needs two depths, the split
+# between per-step and per-micro-step costs a second accumulation, recompute's own cost a checkpointed run
+RUNS = ((1, 1, False), (4, 1, False), (4, 2, False), (4, 1, True))
 STAGES = (0, 1, 2, 3)
 MICRO_BATCH, SEQ_LEN = 2, 64
 STEPS, WARMUP = 12, 2
@@ -66,6 +68,8 @@ def _rank_main() -> None:
         torch.manual_seed(0)
         conf = AutoConfig.from_pretrained(job["model_dir"])
         model = AutoModelForCausalLM.from_config(conf)
+        if job["ckpt"]:
+            model.gradient_checkpointing_enable()  # as zerokit.launch.train does
         model.config.use_cache = False  # as zerokit.launch.train runs it (a KV cache in training costs time)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
         x = torch.randint(0, conf.vocab_size, (cfg["train_micro_batch_size_per_gpu"], job["seq_len"]), device=device)
@@ -84,7 +88,7 @@ def _rank_main() -> None:
             times.append(time.perf_counter() - t0)
         t = torch.tensor([statistics.median(times[WARMUP:])], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum")}, "seconds": float(t.item())})
+        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum", "ckpt")}, "seconds": float(t.item())})
         engine.destroy()
         del engine, model, keep
     dist.barrier()
@@ -130,21 +134,21 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
         cluster = build_cluster(gpu=None if on_gpu else "cpu", gpus_per_node=world_size, hardware_profile=str(prof_path))
         workload = Workload(seq_len=SEQ_LEN)
         jobs, preds = [], {}
-        for layers in sorted({lay for lay, _ in RUNS}):
+        for layers in sorted({run[0] for run in RUNS}):
             d = tmp / f"layers{layers}"
             d.mkdir()
             (d / "config.json").write_text(json.dumps(synthetic_config(layers)))
         for precision in precisions:
             for stage in STAGES:
-                for layers, accum in RUNS:
+                for layers, accum, ckpt in RUNS:
                     d = tmp / f"layers{layers}"
                     spec = load_model_spec(str(d))
                     setup = ZeroSetup(zero_stage=stage, precision=precision, micro_batch_size=MICRO_BATCH,
-                                      gradient_accumulation_steps=accum)
+                                      gradient_accumulation_steps=accum, activation_checkpointing=ckpt)
                     cfg = render_ds_config(setup, cluster, spec, workload, lr=1e-4, warmup_steps=1, total_steps=STEPS)
-                    jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum,
+                    jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum, "ckpt": ckpt,
                                  "seq_len": SEQ_LEN, "model_dir": str(d), "ds_config": cfg})
-                    preds[(precision, stage, layers, accum)] = estimate_time(spec, cluster, setup, workload).step_seconds
+                    preds[(precision, stage, layers, accum, ckpt)] = estimate_time(spec, cluster, setup, workload).step_seconds
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
         port = _free_port()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -193,14 +197,20 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
     for precision in precisions:
         fits = out["by_precision"][precision] = {}
         for stage in STAGES:
-            runs = [dict(r, predicted_s=preds[(precision, stage, r["layers"], r["accum"])]) for r in rows
+            runs = [dict(r, predicted_s=preds[(precision, stage, r["layers"], r["accum"], r["ckpt"])]) for r in rows
                     if r["stage"] == stage and r["precision"] == precision]
-            fit = _fit([(r["layers"] * r["accum"], r["seconds"] - r["predicted_s"]) for r in runs])
+            fit = _fit([(r["layers"] * r["accum"], r["seconds"] - r["predicted_s"]) for r in runs if not r["ckpt"]])
+            # what recompute costs beyond its FLOPs and layer overheads (checkpoint bookkeeping, ZeRO-3's
+            # forward hooks firing again), per layer and micro step
+            extra = [(r["seconds"] - r["predicted_s"] - fit["per_step_s"] - fit["per_layer_micro_s"] * r["layers"] * r["accum"])
+                     / (r["layers"] * r["accum"]) for r in runs if r["ckpt"]]
+            fit["per_layer_recompute_s"] = max(0.0, statistics.median(extra)) if extra else 0.0
             fits[str(stage)] = {**fit, "runs": runs}
     return out
 
 
-def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int) -> float:
+def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,
+                   checkpointing: bool = False) -> float:
     """The fitted engine cost of one optimizer step (0 without a measurement for the stage); a precision
     that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
     by = (engine or {}).get("by_precision") or {}
@@ -208,4 +218,5 @@ def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int,
     fit = (fits or {}).get(str(stage))
     if not fit:
         return 0.0
-    return float(fit["per_step_s"]) + float(fit["per_layer_micro_s"]) * layers * accum
+    per_layer = float(fit["per_layer_micro_s"]) + (float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0)
+    return float(fit["per_step_s"]) + per_layer * layers * accum
