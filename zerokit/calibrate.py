@@ -419,13 +419,49 @@ def _fit_overhead(points: list[dict]) -> dict:
     return {"layer_overhead_s": a, "layer_tflops": 1.0 / slope / 1e12}
 
 
+def run_local_ranks(cmd: list[str], envs: list[dict], timeout_s: float, what: str) -> list[str]:
+    """Run one process per env (the ranks of a local benchmark) at once; return each rank's stdout.
+    Output goes to files, not pipes: DeepSpeed logs a lot, and a rank blocked on a full pipe would stall
+    the others. A timeout or a failed rank raises ZerokitError naming `what` and the rank's last line."""
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="zerokit-ranks-") as tmp:
+        files = [(open(os.path.join(tmp, f"{r}.out"), "w+"), open(os.path.join(tmp, f"{r}.err"), "w+"))
+                 for r in range(len(envs))]
+        try:
+            procs = [subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+                     for env, (out, err) in zip(envs, files)]
+            deadline = time.monotonic() + timeout_s
+            try:
+                for p in procs:
+                    p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                raise ZerokitError(f"{what} took over {timeout_s:.0f} s") from None
+            texts = []
+            for out, err in files:
+                out.seek(0)
+                err.seek(0)
+                texts.append((out.read(), err.read()))
+        finally:
+            for out, err in files:
+                out.close()
+                err.close()
+    for r, p in enumerate(procs):
+        if p.returncode != 0:
+            tail = texts[r][1].strip().splitlines()[-1:] or ["no output"]
+            raise ZerokitError(f"{what}: rank {r} exited {p.returncode}: {tail[0]}")
+    return [out for out, _ in texts]
+
+
 def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] = (1 * MiB, 16 * MiB), iters: int = 5,
                         backend: str | None = None, timeout_s: float = 120.0, layers: dict | None = None,
                         threads: int | None = None) -> dict:
     """All-reduce and all-gather over `world_size` local processes (gloo on CPU, nccl on GPUs).
     Returns per-size times and bus bandwidths (GB/s) and the largest size's figures as the headline."""
-    import subprocess  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
 
     if world_size < 2:
@@ -442,30 +478,14 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
     else:
         env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-c", "from zerokit.calibrate import _worker_main; _worker_main()"]
-    procs = [
-        subprocess.Popen(cmd, env=dict(env, ZEROKIT_COLL_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in range(world_size)
-    ]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout_s))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-            p.communicate()
-        raise ZerokitError(f"collective benchmark over {world_size} {backend} ranks took over {timeout_s:.0f} s") from None
-    bad = [(r, p.returncode, outs[r][1]) for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        r, code, err = bad[0]
-        tail = (err or "").strip().splitlines()[-1:] or ["no output"]
-        raise ZerokitError(f"collective benchmark rank {r} exited {code}: {tail[0]}")
+    outs = run_local_ranks(cmd, [dict(env, ZEROKIT_COLL_RANK=str(r)) for r in range(world_size)], timeout_s,
+                           f"collective benchmark over {world_size} {backend} ranks")
     rows = None
-    for line in outs[0][0].splitlines():
+    for line in outs[0].splitlines():
         if line.startswith("ZEROKIT_RESULT "):
             rows = json.loads(line[len("ZEROKIT_RESULT "):])
     layer_rows = None
-    for line in outs[0][0].splitlines():
+    for line in outs[0].splitlines():
         if line.startswith("ZEROKIT_LAYERS "):
             layer_rows = json.loads(line[len("ZEROKIT_LAYERS "):])
     if not rows:

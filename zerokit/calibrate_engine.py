@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -118,7 +117,7 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
     {stage: {per_step_s, per_layer_micro_s, runs: [...]}}}} plus the shapes and world size."""
     import torch  # noqa: PLC0415
 
-    from zerokit.calibrate import _free_port  # noqa: PLC0415
+    from zerokit.calibrate import _free_port, run_local_ranks  # noqa: PLC0415
     from zerokit.hardware import build_cluster  # noqa: PLC0415
     from zerokit.model_spec import load_model_spec  # noqa: PLC0415
     from zerokit.render import render_ds_config  # noqa: PLC0415
@@ -164,32 +163,9 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
             env["OMP_NUM_THREADS"] = str(threads or 1)
         say(f"DeepSpeed engine costs: {len(jobs)} synthetic engines on {world_size} ranks ...")
         cmd = [sys.executable, "-c", "from zerokit.calibrate_engine import _rank_main; _rank_main()"]
-        # output to files: DeepSpeed logs a lot, and a rank blocked on a full pipe would stall the others
-        logs = [(open(tmp / f"rank{r}.out", "w+"), open(tmp / f"rank{r}.err", "w+")) for r in range(world_size)]
-        procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=logs[r][0],
-                                  stderr=logs[r][1], text=True) for r in range(world_size)]
-        deadline = time.monotonic() + timeout_s
-        try:
-            for p in procs:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-                p.wait()
-            raise ZerokitError(f"the DeepSpeed engine benchmark took over {timeout_s:.0f} s") from None
-        outs = []
-        for out_f, err_f in logs:
-            out_f.seek(0)
-            err_f.seek(0)
-            outs.append((out_f.read(), err_f.read()))
-            out_f.close()
-            err_f.close()
-        bad = [(r, p.returncode, outs[r][1]) for r, p in enumerate(procs) if p.returncode != 0]
-        if bad:
-            r, code, err = bad[0]
-            tail = (err or "").strip().splitlines()[-1:] or ["no output"]
-            raise ZerokitError(f"the DeepSpeed engine benchmark rank {r} exited {code}: {tail[0]}")
-        rows = next((json.loads(line.split(" ", 1)[1]) for line in outs[0][0].splitlines()
+        outs = run_local_ranks(cmd, [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(world_size)],
+                               timeout_s, "the DeepSpeed engine benchmark")
+        rows = next((json.loads(line.split(" ", 1)[1]) for line in outs[0].splitlines()
                      if line.startswith("ZEROKIT_ENGINE ")), None)
         if not rows:
             raise ZerokitError("the DeepSpeed engine benchmark printed no result")
