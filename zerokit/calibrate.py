@@ -420,11 +420,16 @@ def _fit_overhead(points: list[dict]) -> dict:
 
 
 def run_local_ranks(cmd: list[str], envs: list[dict], timeout_s: float, what: str) -> list[str]:
-    """Run one process per env (the ranks of a local benchmark) at once; return each rank's stdout.
-    Output goes to files, not pipes: DeepSpeed logs a lot, and a rank blocked on a full pipe would stall
-    the others. A timeout or a failed rank raises ZerokitError naming `what` and the rank's last line."""
+    """Run one process per env (the ranks of a local benchmark) at once, with this package importable;
+    return each rank's stdout. Output goes to files, not pipes: DeepSpeed logs a lot, and a rank blocked on
+    a full pipe would stall the others. A timeout or a failed rank raises ZerokitError naming `what` and
+    the rank's last line."""
     import subprocess  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    envs = [dict(env, PYTHONPATH=root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
+            for env in envs]
 
     with tempfile.TemporaryDirectory(prefix="zerokit-ranks-") as tmp:
         files = [(open(os.path.join(tmp, f"{r}.out"), "w+"), open(os.path.join(tmp, f"{r}.err"), "w+"))
@@ -470,9 +475,7 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
     spec = {"world_size": world_size, "port": _free_port(), "sizes": list(sizes), "iters": iters, "backend": backend,
             "layers": layers}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, ZEROKIT_COLL_SPEC=json.dumps(spec))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     else:

@@ -133,31 +133,30 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
         cluster = build_cluster(gpu=None if on_gpu else "cpu", gpus_per_node=world_size, hardware_profile=str(prof_path))
         workload = Workload(seq_len=SEQ_LEN)
         jobs, preds = [], {}
+        specs = {}
         for layers in sorted({run[0] for run in RUNS}):
             d = tmp / f"layers{layers}"
             d.mkdir()
             (d / "config.json").write_text(json.dumps(synthetic_config(layers)))
+            specs[layers] = (str(d), load_model_spec(str(d)))
         for precision in precisions:
             for stage in STAGES:
                 for layers, accum, ckpt in RUNS:
-                    d = tmp / f"layers{layers}"
-                    spec = load_model_spec(str(d))
+                    model_dir, spec = specs[layers]
                     setup = ZeroSetup(zero_stage=stage, precision=precision, micro_batch_size=MICRO_BATCH,
                                       gradient_accumulation_steps=accum, activation_checkpointing=ckpt)
                     cfg = render_ds_config(setup, cluster, spec, workload, lr=1e-4, warmup_steps=1, total_steps=STEPS)
                     jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum, "ckpt": ckpt,
-                                 "seq_len": SEQ_LEN, "model_dir": str(d), "ds_config": cfg})
+                                 "seq_len": SEQ_LEN, "model_dir": model_dir, "ds_config": cfg})
                     preds[(precision, stage, layers, accum, ckpt)] = estimate_time(spec, cluster, setup, workload).step_seconds
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
         port = _free_port()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, ZEROKIT_ENGINE_SPEC=json.dumps(spec_env), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), LOCAL_SIZE=str(world_size),
                    CROSS_RANK="0", CROSS_SIZE="1")
         # ^ what DeepSpeed's launcher sets (launcher/launch.py). Without LOCAL_SIZE its CPU accelerator counts
         # devices by running `numactl --hardware` on every device_count() call, which ZeRO-3 makes every
         # step: measured 254 ms instead of 180 ms for a tiny-llama ZeRO-3 step.
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if not on_gpu:
             env["DS_ACCELERATOR"] = "cpu"
             env["OMP_NUM_THREADS"] = str(threads or 1)

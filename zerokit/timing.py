@@ -175,10 +175,6 @@ class CollectiveCalls:
     reduces: int  # gradient all-reduces / reduce-scatters
     gathers: int  # parameter all-gathers
 
-    @property
-    def total(self) -> int:
-        return self.reduces + self.gathers
-
 
 def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs=None) -> CollectiveCalls:
     """Collective calls each rank makes per optimizer step with the rendered (hidden-size) buckets or the
@@ -243,8 +239,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     if layer:
         compute = _calibrated_compute(model, setup, workload, *layer)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
-        comm += (calls.reduces * terms.get("all_reduce_latency_s", terms.get("collective_latency_s", 0.0))
-                 + calls.gathers * terms.get("all_gather_latency_s", terms.get("collective_latency_s", 0.0)))
+        # (calibrate.timing_terms gives older profiles' shared latency to both kinds)
+        comm += calls.reduces * terms.get("all_reduce_latency_s", 0.0) + calls.gathers * terms.get("all_gather_latency_s", 0.0)
         from zerokit.calibrate_engine import engine_seconds as _engine  # noqa: PLC0415 (light module)
 
         engine = _engine(terms.get("engine_overhead"), setup.precision, setup.zero_stage, model.num_layers,
