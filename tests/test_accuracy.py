@@ -8,6 +8,7 @@ live-tensor bytes, per phase) must be within the benchmark's target of the predi
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,14 +50,30 @@ def test_table_shows_each_row_and_the_summary():
     assert group_terms({"a": 1, "b": 2, "c": 4}, {"x": ("a", "c"), "y": ("z",)}) == {"x": 5, "y": 0}
 
 
-def test_layer_fit_recovers_overhead_and_throughput():
-    from zerokit.calibrate import _fit_overhead
+def test_compute_fit_recovers_known_costs():
+    """calibrate_compute.fit on points made from known per-unit costs gives those costs back, and keeps
+    every cost >= 0 when the data would pull one negative."""
+    from zerokit.calibrate_compute import fit
+    from zerokit.model_spec import load_model_spec
+    from zerokit.timing import COMPUTE_FEATURES, compute_features
 
-    a, r = 2e-3, 50e9  # 2 ms per layer, 50 GFLOP/s
-    pts = [{"flops": f, "seconds": a + f / r} for f in (1e6, 1e8, 1e9, 5e9)]
-    fit = _fit_overhead(pts)
-    assert fit["layer_overhead_s"] == pytest.approx(a, rel=1e-6)
-    assert fit["layer_tflops"] == pytest.approx(r / 1e12, rel=1e-6)
+    truth = {"micro": 4e-4, "layer": 1e-3, "recompute": 1.2e-3, "flop": 1e-11, "score": 7e-9, "activation": 1e-8,
+             "logit": 3e-9}
+    pts = []
+    # two depths, or the per-layer and per-micro-step costs move together (as in the benchmark)
+    specs = [replace(load_model_spec(name), num_layers=L) for name in ("tiny-llama", "tiny-gpt2") for L in (1, 3)]
+    for spec in specs:
+        for mb, s in ((1, 64), (2, 128), (8, 64), (1, 256), (4, 128)):
+            for ckpt in (False, True):
+                f = compute_features(spec, mb, s, ckpt)
+                pts.append({"features": f, "seconds": sum(truth[n] * f[n] for n in COMPUTE_FEATURES)})
+    got = fit(pts, COMPUTE_FEATURES)
+    for n in COMPUTE_FEATURES:
+        assert got[n] == pytest.approx(truth[n], rel=1e-6), n
+    # seconds that fall with the layer count: the layer cost is clamped at 0 and the rest refitted
+    neg = [{"features": {"micro": 1.0, "layer": float(L)}, "seconds": 0.01 - 1e-4 * L} for L in (1, 2, 3)]
+    got = fit(neg, ("micro", "layer"))
+    assert got["layer"] == 0.0 and 0.0097 < got["micro"] < 0.0099
 
 
 ENGINE = {"world_size": 2, "by_precision": {"fp32": {"2": {"per_step_s": 0.01, "per_layer_micro_s": 0.002}}}}
@@ -103,6 +120,33 @@ def test_calibrated_time_prices_layer_overhead_flops_latency_and_optimizer(tmp_p
     assert estimate_time(spec, cl, setup.with_(precision="bf16"), w).compute_seconds > 2 * compute * 0.99
     plain = estimate_time(spec, build_cluster(gpu="cpu", gpus_per_node=2), setup, w)
     assert not plain.calibrated and plain.efficiency == 1.0
+
+
+def test_calibrated_compute_prices_each_feature_at_its_family_cost(tmp_path):
+    """A profile from the HF-model benchmark (compute_timing): a micro step is the sum of each feature
+    times its measured cost, GPT-2 takes the plain family's costs, Llama the gated ones; accumulation
+    multiplies it."""
+    from zerokit.hardware import build_cluster
+    from zerokit.model_spec import load_model_spec
+    from zerokit.timing import COMPUTE_FEATURES, compute_features, estimate_time
+    from zerokit.zero_setup import Workload, ZeroSetup
+
+    gated = {"micro": 1e-3, "layer": 2e-3, "recompute": 3e-3, "flop": 1e-11, "score": 1e-8, "activation": 2e-8, "logit": 5e-9}
+    plain = {n: 2 * v for n, v in gated.items()}
+    path = _profile(tmp_path)
+    prof = json.loads(path.read_text())
+    prof["compute_timing"] = {"gated": {"fp32": {"coef": gated}}, "plain": {"fp32": {"coef": plain}}}
+    path.write_text(json.dumps(prof))
+    cl = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(path))
+    for name, coef in (("tiny-llama", gated), ("tiny-gpt2", plain)):
+        spec = load_model_spec(name)
+        setup = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=2, gradient_accumulation_steps=3,
+                          activation_checkpointing=True)
+        f = compute_features(spec, 2, 128, True)
+        t = estimate_time(spec, cl, setup, Workload(seq_len=128))
+        assert t.calibrated
+        assert t.compute_seconds == pytest.approx(3 * sum(coef[n] * f[n] for n in COMPUTE_FEATURES))
+    assert f["recompute"] == spec.num_layers and compute_features(spec, 2, 128, False)["recompute"] == 0
 
 
 def test_report_prints_the_efficiency_that_would_have_matched():

@@ -145,6 +145,18 @@ def test_quick_calibration_end_to_end(tmp_path):
     coll = on_disk["collectives"]
     assert coll["backend"] == "gloo" and coll["all_reduce_busbw_gbps"] > 0 and coll["all_gather_busbw_gbps"] > 0
     assert on_disk["torch_adamw_params_per_s"] > 0
+    # the compute benchmark: both families in both CPU precisions, every point timed, the fit's costs >= 0
+    # and its points predicted within a loose bound (a quick run on a noisy 2-vCPU machine)
+    from zerokit.calibrate_compute import max_fit_error
+    from zerokit.timing import COMPUTE_FEATURES
+
+    ct = on_disk["compute_timing"]
+    assert sorted(ct) == ["gated", "plain"] and all(sorted(ct[f]) == ["bf16", "fp32"] for f in ct)
+    for fam in ct.values():
+        for v in fam.values():
+            assert all(v["coef"][n] >= 0 for n in COMPUTE_FEATURES) and v["coef"]["flop"] > 0
+            assert all(p["seconds"] > 0 for p in v["points"])
+    assert max_fit_error(ct) < 0.5
     assert on_disk["cpu_adam_params_per_s"] is None or on_disk["cpu_adam_params_per_s"] > 0
     acc = apply_profile(hardware.accelerator("cpu"), str(out))
     assert acc.fp32_tflops == on_disk["matmul_tflops"]["fp32"] and acc.efficiency == 1.0

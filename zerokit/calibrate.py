@@ -19,13 +19,13 @@ Profile keys (schema 1; every number is measured on the machine named in "device
   h2d_gbps, d2h_gbps: pinned host<->device copies (GPU only, else null)
   cpu_adam_params_per_s: DeepSpeedCPUAdam fp32 step rate (null if its op is not built, see notes)
   torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on the device's host
-  layer_timing: {precision: {layer_overhead_s, layer_tflops, points: [...]}, plain: {precision: {...}}}:
-    forward + backward of one HF-style transformer block (Llama: RMSNorm upcast, q/k/v/o with GQA and
-    rotary, sdpa, gated MLP; "plain": GPT-2: LayerNorm, fused qkv, sdpa with dropout, tanh-GELU) at several
-    (tokens, hidden), timed on every rank at once (as the ranks of a job share the machine; on CPU with
-    cores / ranks threads each, see layer_threads) and fitted as t = overhead + FLOPs / throughput.
-    Used by timing.py instead of matmul_tflops when present.
-  layer_threads: torch threads per rank during the layer benchmark (CPU), null on GPUs
+  compute_timing: {gated|plain: {precision: {coef: {micro, layer, flop, score, logit}, tflops, points}}}:
+    forward + backward with the loss of real HF models (a Llama for "gated", a GPT-2 for "plain") at 1 and 3
+    layers over several shapes, timed on every rank at once (as the ranks of a job share the machine; on
+    CPU with cores / ranks threads each, see compute_threads), and the seconds per unit of each of
+    timing.compute_features fitted (calibrate_compute.py). Used by timing.py instead of matmul_tflops.
+    (Profiles written before it have layer_timing, a block benchmark's overhead and throughput: still read.)
+  compute_threads: torch threads per rank during the compute benchmark (CPU), null on GPUs
   collective_latency_s: the time of a 4 KiB all-reduce / all-gather, the faster (per-call cost of a collective)
   all_reduce_latency_s, all_gather_latency_s: the same per kind (gradient buckets are all-reduced, ZeRO-3
     parameters all-gathered)
@@ -50,6 +50,7 @@ import time
 from typing import Any
 
 from zerokit.errors import ZerokitError
+from zerokit.timing import COMPUTE_FEATURES
 
 __all__ = [
     "measure_matmul",
@@ -245,178 +246,20 @@ def _worker_main() -> None:
     spec = json.loads(os.environ["ZEROKIT_COLL_SPEC"])
     rank = int(os.environ["ZEROKIT_COLL_RANK"])
     rows = _collective_worker(rank, spec["world_size"], spec["port"], spec["sizes"], spec["iters"], spec["backend"])
-    layers = None
-    if spec.get("layers"):
-        # every rank runs the layer benchmark at once, in lockstep, as training ranks share the machine
-        lb = spec["layers"]
-        layers = measure_layer_timing(lb["precisions"], lb.get("device"), min_time_s=lb.get("min_time_s", 0.3),
-                                      quick=lb.get("quick", False), lockstep=_Lockstep(_device(lb.get("device"))))
+    compute = None
+    if spec.get("compute"):
+        # every rank times the same real HF models at once, in lockstep, as training ranks share the machine
+        from zerokit.calibrate_compute import rank_main  # noqa: PLC0415
+
+        cs = spec["compute"]
+        device = _device(cs.get("device"))
+        compute = rank_main(cs, device, _Lockstep(device))
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         print("ZEROKIT_RESULT " + json.dumps(rows), flush=True)
-        if layers is not None:
-            print("ZEROKIT_LAYERS " + json.dumps(layers), flush=True)
-
-
-# -- per-layer compute: fixed overhead + achieved throughput -----------------------------------------
-# A transformer block as HF writes them (RMSNorm with fp32 upcast, q/k/v/o, rotary, sdpa with GQA, gated
-# MLP), forward + backward, at growing (tokens, hidden). Small models on CPUs (and small micro batches on
-# GPUs) are dominated by the fixed cost of launching a layer's ~60 ops, not by FLOPs: the fit
-#     t(block) = overhead + 6 * block_params * tokens (+ attention FLOPs) / throughput
-# gives both, and timing.py prices a micro step as layers x (overhead + FLOPs / throughput).
-LAYER_SHAPES_CPU = ((16, 64), (128, 128), (256, 256), (512, 256), (512, 384))
-LAYER_SHAPES_CPU_QUICK = ((16, 64), (128, 128), (512, 256))
-LAYER_SHAPES_GPU = ((16, 256), (1024, 1024), (4096, 2048), (8192, 4096))
-
-
-def _block(h: int, device, dtype, style: str = "gated"):
-    """A transformer block's forward as HF writes it: "gated" = Llama (RMSNorm with fp32 upcast, q/k/v/o
-    with GQA and rotary, sdpa, SiLU-gated MLP), "plain" = GPT-2 (LayerNorm, fused qkv, sdpa with 0.1
-    attention dropout, Python tanh-GELU, residual dropout). Returns (forward, params, attention width)."""
-    if style == "plain":
-        return _plain_block(h, device, dtype)
-    import torch  # noqa: PLC0415
-
-    heads = max(1, h // 64)
-    kv = max(1, heads // 2)
-    d = h // heads
-    inter = int(2.75 * h)
-    lin = lambda i, o: torch.nn.Linear(i, o, bias=False, device=device, dtype=dtype)  # noqa: E731
-    mods = torch.nn.ModuleDict({"q": lin(h, heads * d), "k": lin(h, kv * d), "v": lin(h, kv * d), "o": lin(heads * d, h),
-                                "gate": lin(h, inter), "up": lin(h, inter), "down": lin(inter, h)})
-    n1 = torch.nn.Parameter(torch.ones(h, device=device, dtype=dtype))
-    n2 = torch.nn.Parameter(torch.ones(h, device=device, dtype=dtype))
-    params = sum(p.numel() for p in mods.parameters()) + 2 * h
-
-    def norm(x, w):
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)
-        return w * xf.to(x.dtype)
-
-    def rope(x, cos, sin):
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-    def forward(x, cos, sin):
-        b, s, _ = x.shape
-        y = norm(x, n1)
-        q = mods["q"](y).view(b, s, heads, d).transpose(1, 2)
-        k = mods["k"](y).view(b, s, kv, d).transpose(1, 2)
-        v = mods["v"](y).view(b, s, kv, d).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        k = k.repeat_interleave(heads // kv, dim=1)
-        v = v.repeat_interleave(heads // kv, dim=1)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + mods["o"](a.transpose(1, 2).reshape(b, s, h))
-        y = norm(x, n2)
-        return x + mods["down"](torch.nn.functional.silu(mods["gate"](y)) * mods["up"](y))
-
-    return forward, params, heads * d
-
-
-def _plain_block(h: int, device, dtype):
-    import math  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-    import torch.nn.functional as F  # noqa: PLC0415
-
-    heads = max(1, h // 64)
-    d = h // heads
-    lin = lambda i, o: torch.nn.Linear(i, o, device=device, dtype=dtype)  # noqa: E731
-    mods = torch.nn.ModuleDict({"qkv": lin(h, 3 * h), "o": lin(h, h), "fc": lin(h, 4 * h), "proj": lin(4 * h, h),
-                                "ln1": torch.nn.LayerNorm(h, device=device, dtype=dtype),
-                                "ln2": torch.nn.LayerNorm(h, device=device, dtype=dtype)})
-    params = sum(p.numel() for p in mods.parameters())
-
-    def gelu_new(x):
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
-
-    def forward(x, cos, sin):
-        b, s, _ = x.shape
-        q, k, v = mods["qkv"](mods["ln1"](x)).split(h, dim=2)
-        q, k, v = (t.view(b, s, heads, d).transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
-        x = x + F.dropout(mods["o"](a.transpose(1, 2).reshape(b, s, h)), 0.1)
-        return x + F.dropout(mods["proj"](gelu_new(mods["fc"](mods["ln2"](x)))), 0.1)
-
-    return forward, params, h
-
-
-BLOCK_STYLES = ("gated", "plain")
-
-
-def measure_layer_timing(precisions, device: Any = None, min_time_s: float = 0.3, quick: bool = False,
-                         lockstep: "_Lockstep | None" = None) -> dict:
-    """Forward + backward of one transformer block at several (tokens, hidden): per precision, the fitted
-    fixed overhead per layer (s) and the achieved throughput (TFLOP/s), with the raw points.
-    With `lockstep` (inside the benchmark ranks) every rank times the same point at once and the slowest
-    rank's median is kept; alone, the median over the iterations."""
-    import torch  # noqa: PLC0415
-
-    device = _device(device)
-    if device.type == "cuda":
-        shapes = LAYER_SHAPES_GPU[:3] if quick else LAYER_SHAPES_GPU
-    else:
-        shapes = LAYER_SHAPES_CPU_QUICK if quick else LAYER_SHAPES_CPU
-    out: dict[str, Any] = {}
-    for style, prec in ((st, p) for st in BLOCK_STYLES for p in precisions):
-        ok, _ = precision_supported(prec, device)
-        if not ok:
-            continue
-        dtype = getattr(torch, _DT[prec])
-        points = []
-        for tokens, h in shapes:
-            seq = min(tokens, 128)
-            b = max(1, tokens // seq)
-            fwd, params, ad = _block(h, device, dtype, style)
-            x = torch.randn(b, seq, h, device=device, dtype=dtype, requires_grad=True)
-            pos = torch.arange(seq, device=device, dtype=torch.float32)[:, None] / 100
-            cos, sin = pos.cos().to(dtype), pos.sin().to(dtype)
-
-            def once():
-                fwd(x, cos, sin).float().square().mean().backward()
-
-            if lockstep is not None:
-                seconds = lockstep.time(once, min_time_s)
-            else:
-                once()
-                _sync(device)
-                times, t0 = [], time.perf_counter()
-                while time.perf_counter() - t0 < min_time_s or len(times) < 3:
-                    t1 = time.perf_counter()
-                    once()
-                    _sync(device)
-                    times.append(time.perf_counter() - t1)
-                seconds = sorted(times)[len(times) // 2]
-            flops = 6 * params * b * seq + 12 * b * seq * seq * ad / 2  # causal attention: half the scores
-            points.append({"tokens": b * seq, "hidden": h, "seconds": seconds, "flops": flops})
-        fit = dict(_fit_overhead(points), points=points)
-        if style == "gated":
-            out[prec] = fit  # the Llama-family block: the profile's default
-        else:
-            out.setdefault("plain", {})[prec] = fit
-    return out
-
-
-def _fit_overhead(points: list[dict]) -> dict:
-    """Fit t = a + flops / r over the points, minimising the relative error (weights 1/t^2, so the small
-    blocks that set the overhead count as much as the large ones that set the throughput); a >= 0, r > 0."""
-    xs = [float(p["flops"]) for p in points]
-    ys = [float(p["seconds"]) for p in points]
-    ws = [1.0 / (y * y) for y in ys]
-    sw = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs)) / sw
-    my = sum(w * y for w, y in zip(ws, ys)) / sw
-    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
-    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx if sxx else 0.0
-    if slope <= 0:
-        slope = max(ys[-1] - ys[0], 1e-12) / max(xs[-1] - xs[0], 1.0)
-    a = my - slope * mx
-    if a < 0:  # the throughput alone explains the points: keep the line through the origin
-        a = 0.0
-        slope = sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(w * x * x for w, x in zip(ws, xs))
-    return {"layer_overhead_s": a, "layer_tflops": 1.0 / slope / 1e12}
+        if compute is not None:
+            print("ZEROKIT_COMPUTE " + json.dumps(compute), flush=True)
 
 
 def run_local_ranks(cmd: list[str], envs: list[dict], timeout_s: float, what: str) -> list[str]:
@@ -463,10 +306,12 @@ def run_local_ranks(cmd: list[str], envs: list[dict], timeout_s: float, what: st
 
 
 def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] = (1 * MiB, 16 * MiB), iters: int = 5,
-                        backend: str | None = None, timeout_s: float = 120.0, layers: dict | None = None,
+                        backend: str | None = None, timeout_s: float = 120.0, compute: dict | None = None,
                         threads: int | None = None) -> dict:
     """All-reduce and all-gather over `world_size` local processes (gloo on CPU, nccl on GPUs).
-    Returns per-size times and bus bandwidths (GB/s) and the largest size's figures as the headline."""
+    Returns per-size times and bus bandwidths (GB/s) and the largest size's figures as the headline;
+    with `compute` ({jobs, min_time_s, device}: calibrate_compute.benchmark_jobs) the same ranks then time
+    those models in lockstep, returned as "compute_seconds"."""
     import torch  # noqa: PLC0415
 
     if world_size < 2:
@@ -474,7 +319,7 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
     spec = {"world_size": world_size, "port": _free_port(), "sizes": list(sizes), "iters": iters, "backend": backend,
-            "layers": layers}
+            "compute": compute}
     env = dict(os.environ, ZEROKIT_COLL_SPEC=json.dumps(spec))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -487,10 +332,10 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
     for line in outs[0].splitlines():
         if line.startswith("ZEROKIT_RESULT "):
             rows = json.loads(line[len("ZEROKIT_RESULT "):])
-    layer_rows = None
+    compute_seconds = None
     for line in outs[0].splitlines():
-        if line.startswith("ZEROKIT_LAYERS "):
-            layer_rows = json.loads(line[len("ZEROKIT_LAYERS "):])
+        if line.startswith("ZEROKIT_COMPUTE "):
+            compute_seconds = json.loads(line[len("ZEROKIT_COMPUTE "):])
     if not rows:
         raise ZerokitError("collective benchmark printed no result")
     last = rows[-1]
@@ -508,8 +353,8 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
         "all_gather_latency_s": first["all_gather_s"] if first["bytes"] <= 64 * 1024 else None,
         "by_size": rows,
     }
-    if layer_rows is not None:
-        out["layers"] = layer_rows
+    if compute_seconds is not None:
+        out["compute_seconds"] = compute_seconds
     return out
 
 
@@ -645,10 +490,13 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     if tflops.get("fp32") is None:
         raise ZerokitError("fp32 matmul could not be measured on this machine")
 
-    say(f"collectives and per-layer compute over {world_size} local ranks ...")
+    from zerokit import calibrate_compute  # noqa: PLC0415
+
     sizes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
-    layer_spec = {"precisions": [p for p in PRECISIONS if tflops.get(p)], "min_time_s": 0.2 if quick else 0.5,
-                  "quick": quick, "device": None if device.type == "cpu" else "cuda"}
+    compute_jobs = calibrate_compute.benchmark_jobs([p for p in PRECISIONS if tflops.get(p)], device.type == "cuda", quick)
+    compute_spec = {"jobs": compute_jobs, "min_time_s": 0.15 if quick else 0.3,
+                    "device": None if device.type == "cpu" else "cuda"}
+    say(f"collectives and the compute of {len(compute_jobs)} HF models over {world_size} local ranks ...")
     threads = None
     if device.type == "cpu":
         # the ranks of a CPU job share the cores: each gets cores / ranks threads (DeepSpeed's
@@ -659,7 +507,8 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         notes.append(f"only {torch.cuda.device_count()} GPU(s): collectives measured over gloo between host processes, "
                      "not GPU links; intra_node_bw is kept from the catalog")
     try:
-        coll = measure_collectives(world_size, sizes, iters=3 if quick else 10, layers=layer_spec, threads=threads)
+        coll = measure_collectives(world_size, sizes, iters=3 if quick else 10, compute=compute_spec, threads=threads,
+                                   timeout_s=900.0)
     except ZerokitError as e:
         coll = {"error": str(e)}
         notes.append(f"collectives: {e}")
@@ -698,9 +547,10 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "software": {"torch": torch.__version__, "deepspeed": ds_version, "torch_threads": torch.get_num_threads()},
         "matmul_size": size,
         "matmul_tflops": tflops,
-        "collectives": {k: v for k, v in coll.items() if k != "layers"},
-        "layer_timing": coll.get("layers"),
-        "layer_threads": threads,
+        "collectives": {k: v for k, v in coll.items() if k != "compute_seconds"},
+        "compute_timing": calibrate_compute.fit_profile(compute_jobs, coll["compute_seconds"])
+        if coll.get("compute_seconds") else None,
+        "compute_threads": threads,
         "collective_latency_s": coll.get("latency_s"),
         "all_reduce_latency_s": coll.get("all_reduce_latency_s"),
         "all_gather_latency_s": coll.get("all_gather_latency_s"),
@@ -812,20 +662,25 @@ _TIMING_TERMS: dict[str, dict] = {}
 
 def _timing_terms_of(prof: dict) -> dict:
     out: dict[str, Any] = {}
-    lt = prof.get("layer_timing") or {}
-
-    def fits(block: dict) -> dict:
-        got = {}
+    compute: dict[str, dict] = {}
+    for family, by_prec in (prof.get("compute_timing") or {}).items():
+        for prec, v in (by_prec or {}).items():
+            coef = (v or {}).get("coef") if isinstance(v, dict) else None
+            if prec in PRECISIONS and isinstance(coef, dict) and _pos(coef.get("flop")) and all(
+                    isinstance(coef.get(n, 0.0), (int, float)) and coef.get(n, 0.0) >= 0 for n in COMPUTE_FEATURES):
+                compute.setdefault(family, {})[prec] = {n: float(coef.get(n, 0.0)) for n in COMPUTE_FEATURES}
+    # profiles before compute_timing: a block benchmark's (overhead, throughput) per precision, priced as
+    # (layers (x 4/3 with recompute) + 1) x overhead + FLOPs / throughput
+    lt = {} if compute else (prof.get("layer_timing") or {})
+    for family, block in (("gated", lt), ("plain", lt.get("plain") or {})):
         for prec, v in block.items():
             if prec in PRECISIONS and isinstance(v, dict) and _pos(v.get("layer_tflops")) \
                     and isinstance(v.get("layer_overhead_s"), (int, float)) and v["layer_overhead_s"] >= 0:
-                got[prec] = (float(v["layer_overhead_s"]), float(v["layer_tflops"]))
-        return got
-
-    if fits(lt):
-        out["layers"] = fits(lt)
-    if isinstance(lt.get("plain"), dict) and fits(lt["plain"]):
-        out["layers_plain"] = fits(lt["plain"])
+                o = float(v["layer_overhead_s"])
+                compute.setdefault(family, {})[prec] = {"micro": o, "layer": o, "recompute": o / 3,
+                                                        "flop": 1e-12 / float(v["layer_tflops"])}
+    if compute:
+        out["compute"] = compute
     if _pos(prof.get("collective_latency_s")):
         out["collective_latency_s"] = float(prof["collective_latency_s"])
     for key in ("all_reduce_latency_s", "all_gather_latency_s"):  # profiles before these keys: the shared one
@@ -886,6 +741,11 @@ def format_profile(prof: dict) -> str:
                      f"all-gather: {coll['all_gather_busbw_gbps']:.2f} GB/s")
     if prof.get("h2d_gbps"):
         lines.append(f"host->device {prof['h2d_gbps']:.1f} GB/s, device->host {prof['d2h_gbps']:.1f} GB/s")
+    for family, by_prec in (prof.get("compute_timing") or {}).items():
+        for prec, v in by_prec.items():
+            c = v["coef"]
+            lines.append(f"compute {family} {prec}: {c['micro'] * 1e3:.2f} ms per micro step + {c['layer'] * 1e3:.2f} ms "
+                         f"per layer, {v['tflops'] * 1e3 if v.get('tflops') else 0:.1f} GFLOP/s")
     ca = prof.get("cpu_adam_params_per_s")
     lines.append("DeepSpeedCPUAdam: " + (f"{ca / 1e6:.1f} M params/s" if ca else "not measured"))
     lines.append(f"torch AdamW: {prof['torch_adamw_params_per_s'] / 1e6:.1f} M params/s")

@@ -13,11 +13,11 @@ factor a calibration measures absorbs what overlap recovers).
 - offload: 16-bit gradients down and parameters up over PCIe, the CPU Adam step on Ψ/nodes
   parameters per node, NVMe reads and writes of the swapped state.
 
-With a hardware profile from `zerokit calibrate` that has layer timings (calibrate.timing_terms), the
+With a hardware profile from `zerokit calibrate` that has compute timings (calibrate.timing_terms), the
 compute term is priced the way small models actually behave (docs/memory-model.md, "Time"):
-  per micro step = (layers + 1) x layer overhead (x 4/3 with recompute) + FLOPs per rank / measured
-  block throughput, the fixed overhead and throughput fitted from forward + backward of a real
-  transformer block timed on every rank at once;
+  per micro step = fixed cost + layers x per-layer cost + recomputed layers x their cost + FLOPs x cost
+  per FLOP + attention score, activation and logit elements x their costs, the seven costs fitted on the
+  forward + backward of real HF models timed on every rank at once (calibrate_compute.py, compute_features);
   communication adds the measured per-call latency for every collective call (bucketed reduces,
   per-layer ZeRO-3 gathers); the optimizer step is priced at the measured torch AdamW rate (on the
   rank's partition) when nothing is offloaded; the DeepSpeed engine's own cost (hooks, optimizer
@@ -206,14 +206,33 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     return CollectiveCalls(accum * reduces, accum * passes * (model.num_layers + 2))
 
 
-def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, overhead_s: float, tflops: float) -> float:
-    """One rank's compute per optimizer step from the measured layer overhead and block throughput."""
-    tokens = setup.micro_batch_size * workload.seq_len
-    flops = flops_per_token(model, workload.seq_len, setup.activation_checkpointing) * tokens
-    recompute = 4 / 3 if setup.activation_checkpointing else 1.0
-    # the embedding, final norm, LM head and loss cost about one more layer's launches
-    fixed = (model.num_layers * recompute + 1) * overhead_s
-    return setup.gradient_accumulation_steps * (fixed + flops / (tflops * 1e12))
+# What one micro step's forward + backward is priced on with a calibrated profile, each at its measured
+# seconds per unit (calibrate_compute.py fits them on real HF models): a fixed cost per micro step
+# (embedding, final norm, loss launches), per layer, and per recomputed layer (activation checkpointing
+# re-runs each layer's forward under torch.utils.checkpoint), the FLOPs (recompute's included), the
+# attention score elements (micro batch x heads x seq^2 per layer: softmax, mask and dropout over them are
+# memory-bound), the layers' activation elements (tokens x (hidden + intermediate) per layer: norms,
+# activation functions, residual adds, dtype casts, all memory-bound) and the logits (tokens x vocab: the
+# loss's fp32 upcast and log-softmax). Recompute repeats the forward, about a third of forward + backward:
+# the scores and activation elements count 4/3 under checkpointing, as the FLOPs do.
+COMPUTE_FEATURES = ("micro", "layer", "recompute", "flop", "score", "activation", "logit")
+
+
+def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activation_checkpointing: bool) -> dict[str, float]:
+    passes = 4 / 3 if activation_checkpointing else 1.0
+    tokens = micro_batch * seq_len
+    layers = model.num_layers
+    return {"micro": 1.0, "layer": float(layers), "recompute": float(layers if activation_checkpointing else 0),
+            "flop": flops_per_token(model, seq_len, activation_checkpointing) * tokens,
+            "score": passes * layers * micro_batch * model.num_attention_heads * seq_len * seq_len,
+            "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size),
+            "logit": float(tokens * model.vocab_size)}
+
+
+def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, coef: dict[str, float]) -> float:
+    """One rank's compute per optimizer step: each micro step's features at the measured cost per unit."""
+    feats = compute_features(model, setup.micro_batch_size, workload.seq_len, setup.activation_checkpointing)
+    return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES)
 
 
 def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload, knobs=None) -> TimeEstimate:
@@ -227,17 +246,18 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         from zerokit.calibrate import timing_terms  # noqa: PLC0415 (light module; only with a profile)
 
         terms = timing_terms(acc)
-    # the GPT-2-style block (plain MLP) where the profile measured one, else the Llama-style block
-    family = "layers" if model.gated_mlp else "layers_plain"
-    layer = (terms or {}).get(family, {}).get(setup.precision) or (terms or {}).get("layers", {}).get(setup.precision)
+    # the GPT-2-style fit (plain MLP) where the profile measured one, else the Llama-style one
+    compute_fits = (terms or {}).get("compute") or {}
+    family = "gated" if model.gated_mlp else "plain"
+    coef = (compute_fits.get(family) or {}).get(setup.precision) or (compute_fits.get("gated") or {}).get(setup.precision)
     comm = collective_bytes_per_step(model, cluster, setup) / link_bandwidth(cluster)
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.get("cpu_adam_params_per_s"):
         cpu_adam = terms["cpu_adam_params_per_s"]
     offload = offload_seconds(model, cluster, setup, cpu_adam)
     optimizer = engine = 0.0
-    if layer:
-        compute = _calibrated_compute(model, setup, workload, *layer)
+    if coef:
+        compute = _calibrated_compute(model, setup, workload, coef)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
         # (calibrate.timing_terms gives older profiles' shared latency to both kinds)
         comm += calls.reduces * terms.get("all_reduce_latency_s", 0.0) + calls.gathers * terms.get("all_gather_latency_s", 0.0)
@@ -270,8 +290,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         steps_per_epoch=spe,
         steps=steps,
         total_seconds=total,
-        efficiency=None if layer else acc.efficiency,
+        efficiency=None if coef else acc.efficiency,
         optimizer_seconds=optimizer,
         engine_seconds=engine,
-        calibrated=bool(layer),
+        calibrated=bool(coef),
     )

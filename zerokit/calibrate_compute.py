@@ -1,0 +1,179 @@
+"""What a training micro step's forward + backward costs, measured on real HF models (part of `zerokit calibrate`).
+
+A FLOPs-over-throughput model misses small and medium models badly on CPUs (and small micro batches on
+GPUs): measured on this project's 2-vCPU machine, HF tiny-GPT-2 forward + backward took 25-43% longer
+than a hand-written block benchmark predicted. Three costs do not scale with FLOPs:
+  - a fixed cost per layer and per micro step (the ~60 op launches of a block; the embedding, final norm,
+    loss), which dominates tiny layers;
+  - the attention scores (micro batch x heads x seq^2 per layer): softmax, masking and dropout over the
+    materialised score matrix are memory-bound, and GPT-2's attention dropout sends sdpa down its math
+    path, so doubling seq at fixed tokens doubled GPT-2's per-layer time here while its FLOPs grew 20%;
+  - the logits (tokens x vocab): the loss upcasts them to fp32 and runs log-softmax and its gradient.
+So this module times the forward + backward (with the loss) of real HF models, a Llama (RMSNorm, GQA,
+rotary, gated MLP) and a GPT-2 (LayerNorm, fused qkv, dropout, tanh-GELU), built from synthetic configs at
+1 and 3 layers (and 3 layers checkpointed) over shapes that vary tokens, hidden size, head size, sequence
+length and vocabulary, on every benchmark rank at once (as a job's ranks share the machine), and fits per
+family and precision the seconds per unit of each of timing.compute_features (fixed costs per micro step,
+layer and recomputed layer; FLOPs; attention score, activation and logit elements). The same function
+prices the models zerokit plans, so what is fitted is what is predicted. Least squares on relative error,
+coefficients >= 0.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("gated", "plain")  # Llama-style (gated MLP) and GPT-2-style (plain MLP) blocks
+# (layers, activation checkpointing): two depths split the per-layer costs from the per-micro-step ones, the
+# checkpointed run prices recompute
+RUNS = ((1, False), (3, False), (3, True))
+# (micro batch, seq, hidden, heads, vocab): tokens 64..512, hidden 64..384, head size 32 and 64, seq
+# 64..256 at equal tokens, vocab 512..8192, so that no two features move together
+SHAPES_CPU = ((1, 64, 64, 2, 512), (2, 128, 128, 4, 2048), (1, 256, 128, 2, 1024), (4, 64, 256, 8, 4096),
+              (2, 256, 256, 4, 1024), (1, 128, 384, 6, 8192), (2, 256, 384, 12, 2048))
+SHAPES_CPU_QUICK = SHAPES_CPU[1:5]
+SHAPES_GPU = ((1, 512, 512, 8, 8192), (4, 1024, 1024, 16, 32000), (2, 2048, 1024, 8, 32000),
+              (1, 2048, 2048, 64, 50000), (4, 2048, 2048, 16, 32000), (2, 4096, 4096, 32, 32000))
+SHAPES_GPU_QUICK = SHAPES_GPU[:4]
+
+
+def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> dict:
+    """An HF config of the family (no shape of a bundled or benchmark model)."""
+    if family == "gated":
+        inter = 64 * max(1, round(2.75 * hidden / 64))
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+                "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2),
+                "num_hidden_layers": layers, "vocab_size": vocab, "max_position_embeddings": max(seq, 256),
+                "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False, "attention_dropout": 0.0,
+                "torch_dtype": "float32"}
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": hidden, "n_head": heads,
+            "n_layer": layers, "vocab_size": vocab, "n_positions": max(seq, 256), "activation_function": "gelu_new",
+            "attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "layer_norm_epsilon": 1e-5,
+            "bos_token_id": 0, "eos_token_id": 0,
+            "torch_dtype": "float32"}
+
+
+def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]:
+    """Every (family, precision, shape, depth) to time, with its features from the model's exact spec."""
+    from zerokit.model_spec import load_model_spec  # noqa: PLC0415
+    from zerokit.timing import compute_features  # noqa: PLC0415
+
+    shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
+    jobs = []
+    with tempfile.TemporaryDirectory(prefix="zerokit-compute-") as tmp:
+        for family in FAMILIES:
+            for b, s, h, a, v in shapes:
+                for layers, ckpt in RUNS:
+                    cfg = synthetic_config(family, layers, h, a, v, s)
+                    d = Path(tmp) / f"{family}-{b}-{s}-{h}-{a}-{v}-{layers}"
+                    if not d.is_dir():
+                        d.mkdir()
+                        (d / "config.json").write_text(json.dumps(cfg))
+                    feats = compute_features(load_model_spec(str(d)), b, s, ckpt)
+                    for prec in precisions:
+                        jobs.append({"family": family, "precision": prec, "config": cfg, "micro_batch": b, "seq": s,
+                                     "checkpointing": ckpt, "features": feats})
+    return jobs
+
+
+def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[float]:
+    """One benchmark rank: forward + backward with the loss of each job's model, timed in lockstep."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    seconds = []
+    for job in jobs:
+        cfg = dict(job["config"])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+        model = model.to(device=device, dtype=dtypes[job["precision"]])
+        if job["checkpointing"]:
+            model.gradient_checkpointing_enable()  # as zerokit.launch.train does
+        model.train()
+        model.config.use_cache = False  # as zerokit.launch.train runs it
+        x = torch.randint(0, model.config.vocab_size, (job["micro_batch"], job["seq"]), device=device)
+
+        def once():
+            model(input_ids=x, labels=x).loss.backward()
+
+        seconds.append(lockstep.time(once, min_time_s))
+    return seconds
+
+
+def fit(points: list[dict], names: tuple[str, ...]) -> dict[str, float]:
+    """Least squares of seconds = sum(coef[n] x features[n]) on relative error (weights 1/t^2, so the small
+    points that set the fixed costs count as much as the large ones that set the rates), every coefficient
+    >= 0: a negative one is dropped (0) and the rest refitted, most negative first."""
+    active = list(names)
+    while True:
+        coef = _weighted_lstsq(points, active)
+        worst = min(active, key=lambda n: coef[n]) if active else None
+        if worst is None or coef[worst] >= 0:
+            return {n: max(0.0, coef.get(n, 0.0)) for n in names}
+        active.remove(worst)
+
+
+def _weighted_lstsq(points: list[dict], names: list[str]) -> dict[str, float]:
+    """Normal equations, columns scaled to unit max so that seconds-per-FLOP and seconds-per-layer are
+    solved on one footing; Gauss-Jordan with partial pivoting (7 unknowns at most)."""
+    if not names:
+        return {}
+    scale = {n: max(abs(p["features"][n]) for p in points) or 1.0 for n in names}
+    k = len(names)
+    a = [[0.0] * (k + 1) for _ in range(k)]
+    for p in points:
+        w = 1.0 / p["seconds"] ** 2
+        row = [p["features"][n] / scale[n] for n in names]
+        for i in range(k):
+            for j in range(k):
+                a[i][j] += w * row[i] * row[j]
+            a[i][k] += w * row[i] * p["seconds"]
+    for c in range(k):
+        piv = max(range(c, k), key=lambda r: abs(a[r][c]))
+        a[c], a[piv] = a[piv], a[c]
+        if abs(a[c][c]) < 1e-300:
+            a[c][c] = 1e-300  # a feature that never varies: its coefficient comes out 0
+        for r in range(k):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+    return {n: a[i][k] / a[i][i] / scale[n] for i, n in enumerate(names)}
+
+
+def fit_profile(jobs: list[dict], seconds: list[float]) -> dict[str, Any]:
+    """The profile's compute_timing: {family: {precision: {coef: {feature: s per unit}, tflops, points}}}."""
+    from zerokit.timing import COMPUTE_FEATURES  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+    for family in FAMILIES:
+        for prec in sorted({j["precision"] for j in jobs}):
+            pts = [{"seconds": t, "features": j["features"], "micro_batch": j["micro_batch"], "seq": j["seq"],
+                    "checkpointing": j["checkpointing"],
+                    "hidden": j["config"].get("hidden_size", j["config"].get("n_embd")),
+                    "layers": j["config"].get("num_hidden_layers", j["config"].get("n_layer")),
+                    "vocab": j["config"]["vocab_size"]}
+                   for j, t in zip(jobs, seconds) if j["family"] == family and j["precision"] == prec]
+            if not pts:
+                continue
+            coef = fit(pts, COMPUTE_FEATURES)
+            for p in pts:
+                p["predicted"] = sum(coef[n] * p["features"][n] for n in COMPUTE_FEATURES)
+            tflops = 1.0 / coef["flop"] / 1e12 if coef["flop"] > 0 else None
+            out.setdefault(family, {})[prec] = {"coef": coef, "tflops": tflops, "points": pts}
+    return out
+
+
+def max_fit_error(compute_timing: dict) -> float:
+    """The largest |predicted - measured| / measured over the fitted points (how well the form fits)."""
+    errs = [abs(p["predicted"] - p["seconds"]) / p["seconds"]
+            for fam in compute_timing.values() for v in fam.values() for p in v["points"]]
+    return max(errs) if errs else 0.0
+
+
+def rank_main(spec: dict, device, lockstep) -> list[float]:
+    """Entry from calibrate._worker_main on every rank."""
+    return time_jobs(spec["jobs"], device, spec.get("min_time_s", 0.3), lockstep)
