@@ -191,3 +191,13 @@ def test_real_runs_peak_memory_within_target(tmp_path):
             errors.append(rel_err(pred["per_rank_bytes"], m["peak_bytes"]))
     assert max(abs(e) for e in errors) <= MEMORY_TARGET_MAX, errors
     assert summarize(errors)["median_abs"] <= MEMORY_TARGET_MEDIAN, errors
+
+
+def test_repeats_keep_memory_of_the_first_and_the_fastest_median():
+    import run as bench
+
+    first = {0: {"peak_bytes": 10, "step_seconds": 0.30}, 1: {"peak_bytes": 11, "step_seconds": 0.25}}
+    again = {0: {"peak_bytes": 99, "step_seconds": 0.20}, 1: {"peak_bytes": 99, "step_seconds": 0.40}}
+    got = bench.fastest_of_repeats(first, [again])
+    assert got[0]["peak_bytes"] == 10 and got[0]["step_seconds"] == 0.20 and got[0]["step_seconds_by_repeat"] == [0.30, 0.20]
+    assert got[1]["peak_bytes"] == 11 and got[1]["step_seconds"] == 0.25
