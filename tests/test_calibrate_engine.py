@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.calibrate_engine import RUNS, STAGES, _fit, engine_seconds
+from zerokit.calibrate_engine import OFFLOAD_RUNS, RUNS, STAGES, _fit, engine_seconds
 
 
 def test_fit_recovers_a_line_and_keeps_both_terms_non_negative():
@@ -29,6 +29,9 @@ def test_engine_seconds_picks_the_precision_and_stage():
     eng["by_precision"]["fp32"]["3"]["per_layer_recompute_s"] = 0.003  # only with checkpointing
     assert engine_seconds(eng, "fp32", 3, layers=10, accum=2) == pytest.approx(0.02)
     assert engine_seconds(eng, "fp32", 3, layers=10, accum=2, checkpointing=True) == pytest.approx(0.02 + 0.003 * 20)
+    eng["by_precision"]["fp32"]["3"]["offload"] = {"per_step_s": 0.005, "per_layer_micro_s": 0.0005}  # only offloaded
+    assert engine_seconds(eng, "fp32", 3, layers=10, accum=2) == pytest.approx(0.02)
+    assert engine_seconds(eng, "fp32", 3, layers=10, accum=2, offload=True) == pytest.approx(0.02 + 0.005 + 0.0005 * 20)
 
 
 @pytest.mark.slow
@@ -51,10 +54,11 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
         fit = fits[str(stage)]
         assert fit["per_step_s"] >= 0 and fit["per_layer_micro_s"] >= 0
         assert fit["per_layer_recompute_s"] >= 0
-        runs = {(r["layers"], r["accum"], r["ckpt"]): r for r in fit["runs"]}
-        assert set(runs) == set(RUNS)
+        runs = {(r["layers"], r["accum"], r["ckpt"], r["offload"]): r for r in fit["runs"]}
+        assert set(runs) == set(RUNS + (OFFLOAD_RUNS if stage else ()))
+        assert ("offload" in fit) == (stage > 0) and all(v >= 0 for v in fit.get("offload", {}).values())
         assert all(r["seconds"] > 0 and r["predicted_s"] > 0 for r in runs.values())
-        assert runs[(4, 1, False)]["seconds"] > runs[(1, 1, False)]["seconds"]  # more layers cost more
+        assert runs[(4, 1, False, "none")]["seconds"] > runs[(1, 1, False, "none")]["seconds"]  # more layers cost more
     # the fitted terms reach the prediction of the same setups through the profile
     prof["engine_overhead"] = eng
     path = tmp_path / "prof.json"
@@ -65,7 +69,7 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     (model_dir / "config.json").write_text(json.dumps(synthetic_config(4)))
     spec = load_model_spec(str(model_dir))
     for stage in STAGES:
-        r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"], r["ckpt"]) == (4, 2, False))
+        r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"], r["ckpt"], r["offload"]) == (4, 2, False, "none"))
         t = estimate_time(spec, cluster, ZeroSetup(zero_stage=stage, precision="fp32", micro_batch_size=MICRO_BATCH,
                                                     gradient_accumulation_steps=2), Workload(seq_len=SEQ_LEN))
         fit = fits[str(stage)]

@@ -566,7 +566,9 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
 
         precs = [p for p in PRECISIONS if tflops.get(p)]
         try:
-            profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say)
+            # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
+            profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,
+                                                                 offload=cpu_adam is not None)
         except ZerokitError as e:
             notes.append(f"engine costs: {e}")
     profile["wall_s"] = round(time.perf_counter() - t0, 2)

@@ -1,6 +1,6 @@
 """What the DeepSpeed engine itself costs per step, measured on real engines (part of `zerokit calibrate`).
 
-The step-time model prices compute from a timed transformer block, collectives from their measured
+The step-time model prices compute from timed HF models (calibrate_compute.py), collectives from their measured
 per-call latency and the optimizer from its measured rate. A real DeepSpeed step also runs the engine's
 own Python: ZeRO-3's pre/post forward and backward hooks on every module (fetch, release, prefetch
 bookkeeping), ZeRO-1/2's per-parameter gradient hooks and bucket copies, the optimizer wrapper (fp32
@@ -10,10 +10,12 @@ missed tiny-model ZeRO-3 steps by 60-85 ms, 35-45%).
 
 This module trains a synthetic Llama-style model (hidden 96, 3 heads, 1 KV head, vocab 1024: no shape
 of the bundled or benchmark models) with every ZeRO stage at 1 and 4 layers, accumulation 1 and 2, and
-checkpointed, in every supported precision, on `world_size` ranks at once, and fits per precision and stage
+checkpointed (and at ZeRO-1..3 with the optimizer offloaded to the CPU), in every supported precision, on
+`world_size` ranks at once, and fits per precision and stage
     measured - zerokit's prediction without engine costs = per_step_s + per_layer_micro_s x layers x accumulation
 (least squares over the three runs without checkpointing, both terms >= 0) and, from the checkpointed run,
-per_layer_recompute_s: what recompute costs per layer and micro step beyond the terms already priced.
+per_layer_recompute_s: what recompute costs per layer and micro step beyond the terms already priced, and from
+the two offloaded runs the same two terms for what optimizer offload adds ("offload").
 timing.py adds the fitted terms to the stage's step.
 """
 
@@ -29,9 +31,11 @@ from pathlib import Path
 
 from zerokit.errors import ZerokitError
 
-# (layers, accumulation, activation checkpointing) per stage: the per-layer slope needs two depths, the split
-# between per-step and per-micro-step costs a second accumulation, recompute's own cost a checkpointed run
-RUNS = ((1, 1, False), (4, 1, False), (4, 2, False), (4, 1, True))
+# (layers, accumulation, activation checkpointing, optimizer offload) per stage: the per-layer slope needs two
+# depths, the split between per-step and per-micro-step costs a second accumulation, recompute's own cost a
+# checkpointed run; optimizer offload (ZeRO-1..3) its own per-step and per-layer costs at two depths
+RUNS = ((1, 1, False, "none"), (4, 1, False, "none"), (4, 2, False, "none"), (4, 1, True, "none"))
+OFFLOAD_RUNS = ((1, 1, False, "cpu"), (4, 1, False, "cpu"))
 STAGES = (0, 1, 2, 3)
 MICRO_BATCH, SEQ_LEN = 2, 64
 STEPS, WARMUP = 12, 2
@@ -87,7 +91,8 @@ def _rank_main() -> None:
             times.append(time.perf_counter() - t0)
         t = torch.tensor([statistics.median(times[WARMUP:])], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum", "ckpt")}, "seconds": float(t.item())})
+        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum", "ckpt", "offload")},
+                        "seconds": float(t.item())})
         engine.destroy()
         del engine, model, keep
     dist.barrier()
@@ -111,10 +116,11 @@ def _fit(points: list[tuple[float, float]]) -> dict:
 
 
 def measure_engine_overhead(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
-                            timeout_s: float = 900.0, log=None) -> dict:
+                            timeout_s: float = 900.0, log=None, offload: bool = True) -> dict:
     """Run the synthetic engines on `world_size` local ranks and fit each stage's engine terms against the
     prediction made with `profile` (the rest of the calibration). Returns {"by_precision": {precision:
-    {stage: {per_step_s, per_layer_micro_s, runs: [...]}}}} plus the shapes and world size."""
+    {stage: {per_step_s, per_layer_micro_s, per_layer_recompute_s, offload: {per_step_s, per_layer_micro_s},
+    runs: [...]}}}} plus the shapes and world size (offload=False: no offloaded runs, no "offload" terms)."""
     import torch  # noqa: PLC0415
 
     from zerokit.calibrate import _free_port, run_local_ranks  # noqa: PLC0415
@@ -141,14 +147,16 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
             specs[layers] = (str(d), load_model_spec(str(d)))
         for precision in precisions:
             for stage in STAGES:
-                for layers, accum, ckpt in RUNS:
+                for layers, accum, ckpt, off in RUNS + (OFFLOAD_RUNS if stage and offload else ()):
                     model_dir, spec = specs[layers]
                     setup = ZeroSetup(zero_stage=stage, precision=precision, micro_batch_size=MICRO_BATCH,
-                                      gradient_accumulation_steps=accum, activation_checkpointing=ckpt)
+                                      gradient_accumulation_steps=accum, activation_checkpointing=ckpt,
+                                      offload_optimizer=off)
                     cfg = render_ds_config(setup, cluster, spec, workload, lr=1e-4, warmup_steps=1, total_steps=STEPS)
                     jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum, "ckpt": ckpt,
-                                 "seq_len": SEQ_LEN, "model_dir": model_dir, "ds_config": cfg})
-                    preds[(precision, stage, layers, accum, ckpt)] = estimate_time(spec, cluster, setup, workload).step_seconds
+                                 "offload": off, "seq_len": SEQ_LEN, "model_dir": model_dir, "ds_config": cfg})
+                    preds[(precision, stage, layers, accum, ckpt, off)] = estimate_time(
+                        spec, cluster, setup, workload).step_seconds
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
         port = _free_port()
         env = dict(os.environ, ZEROKIT_ENGINE_SPEC=json.dumps(spec_env), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -172,20 +180,29 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
     for precision in precisions:
         fits = out["by_precision"][precision] = {}
         for stage in STAGES:
-            runs = [dict(r, predicted_s=preds[(precision, stage, r["layers"], r["accum"], r["ckpt"])]) for r in rows
-                    if r["stage"] == stage and r["precision"] == precision]
-            fit = _fit([(r["layers"] * r["accum"], r["seconds"] - r["predicted_s"]) for r in runs if not r["ckpt"]])
+            runs = [dict(r, predicted_s=preds[(precision, stage, r["layers"], r["accum"], r["ckpt"], r["offload"])])
+                    for r in rows if r["stage"] == stage and r["precision"] == precision]
+            plain = [r for r in runs if r["offload"] == "none"]
+            fit = _fit([(r["layers"] * r["accum"], r["seconds"] - r["predicted_s"]) for r in plain if not r["ckpt"]])
+
+            def beyond(r):  # what a run costs beyond the prediction and the fitted per-step and per-layer terms
+                return r["seconds"] - r["predicted_s"] - fit["per_step_s"] - fit["per_layer_micro_s"] * r["layers"] * r["accum"]
+
             # what recompute costs beyond its FLOPs and layer overheads (checkpoint bookkeeping, ZeRO-3's
             # forward hooks firing again), per layer and micro step
-            extra = [(r["seconds"] - r["predicted_s"] - fit["per_step_s"] - fit["per_layer_micro_s"] * r["layers"] * r["accum"])
-                     / (r["layers"] * r["accum"]) for r in runs if r["ckpt"]]
+            extra = [beyond(r) / (r["layers"] * r["accum"]) for r in plain if r["ckpt"]]
             fit["per_layer_recompute_s"] = max(0.0, statistics.median(extra)) if extra else 0.0
+            # optimizer offload: the CPU optimizer's wrapper, per-parameter gradient copies to the host
+            # buffers and the updated partition's copy back, beyond the CPU-Adam rate already priced
+            off = [(r["layers"] * r["accum"], beyond(r)) for r in runs if r["offload"] != "none"]
+            if off:
+                fit["offload"] = _fit(off)
             fits[str(stage)] = {**fit, "runs": runs}
     return out
 
 
 def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,
-                   checkpointing: bool = False) -> float:
+                   checkpointing: bool = False, offload: bool = False) -> float:
     """The fitted engine cost of one optimizer step (0 without a measurement for the stage); a precision
     that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
     by = (engine or {}).get("by_precision") or {}
@@ -194,4 +211,8 @@ def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int,
     if not fit:
         return 0.0
     per_layer = float(fit["per_layer_micro_s"]) + (float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0)
-    return float(fit["per_step_s"]) + per_layer * layers * accum
+    seconds = float(fit["per_step_s"]) + per_layer * layers * accum
+    off = fit.get("offload") if offload else None
+    if off:
+        seconds += float(off["per_step_s"]) + float(off["per_layer_micro_s"]) * layers * accum
+    return seconds

@@ -264,7 +264,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         from zerokit.calibrate_engine import engine_seconds as _engine  # noqa: PLC0415 (light module)
 
         engine = _engine(terms.get("engine_overhead"), setup.precision, setup.zero_stage, model.num_layers,
-                         setup.gradient_accumulation_steps, setup.activation_checkpointing)
+                         setup.gradient_accumulation_steps, setup.activation_checkpointing,
+                         offload=setup.offload_optimizer != "none")
         adamw = terms.get("torch_adamw_params_per_s")
         if adamw and setup.offload_optimizer == "none":
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
