@@ -19,7 +19,8 @@ Profile keys (schema 1; every number is measured on the machine named in "device
   h2d_gbps, d2h_gbps: pinned host<->device copies (GPU only, else null)
   cpu_adam_params_per_s: DeepSpeedCPUAdam fp32 step rate (null if its op is not built, see notes)
   torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on the device's host
-  compute_timing: {gated|plain: {precision: {coef: {micro, layer, flop, score, logit}, tflops, points}}}:
+  compute_timing: {gated|plain: {precision: {coef: {feature: seconds per unit}, tflops, points}}}, the
+    features timing.COMPUTE_FEATURES (micro step, layer, recomputed layer, FLOP, score, activation, logit):
     forward + backward with the loss of real HF models (a Llama for "gated", a GPT-2 for "plain") at 1 and 3
     layers over several shapes, timed on every rank at once (as the ranks of a job share the machine; on
     CPU with cores / ranks threads each, see compute_threads), and the seconds per unit of each of
@@ -305,6 +306,15 @@ def run_local_ranks(cmd: list[str], envs: list[dict], timeout_s: float, what: st
     return [out for out, _ in texts]
 
 
+def tagged_json(stdout: str, tag: str) -> Any:
+    """The JSON a benchmark rank printed on its last line starting with `tag` (its other output is logs), or None."""
+    found = None
+    for line in stdout.splitlines():
+        if line.startswith(tag + " "):
+            found = json.loads(line[len(tag) + 1:])
+    return found
+
+
 def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] = (1 * MiB, 16 * MiB), iters: int = 5,
                         backend: str | None = None, timeout_s: float = 120.0, compute: dict | None = None,
                         threads: int | None = None) -> dict:
@@ -328,14 +338,8 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
     cmd = [sys.executable, "-c", "from zerokit.calibrate import _worker_main; _worker_main()"]
     outs = run_local_ranks(cmd, [dict(env, ZEROKIT_COLL_RANK=str(r)) for r in range(world_size)], timeout_s,
                            f"collective benchmark over {world_size} {backend} ranks")
-    rows = None
-    for line in outs[0].splitlines():
-        if line.startswith("ZEROKIT_RESULT "):
-            rows = json.loads(line[len("ZEROKIT_RESULT "):])
-    compute_seconds = None
-    for line in outs[0].splitlines():
-        if line.startswith("ZEROKIT_COMPUTE "):
-            compute_seconds = json.loads(line[len("ZEROKIT_COMPUTE "):])
+    rows = tagged_json(outs[0], "ZEROKIT_RESULT")
+    compute_seconds = tagged_json(outs[0], "ZEROKIT_COMPUTE")
     if not rows:
         raise ZerokitError("collective benchmark printed no result")
     last = rows[-1]
@@ -494,7 +498,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
 
     sizes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
     compute_jobs = calibrate_compute.benchmark_jobs([p for p in PRECISIONS if tflops.get(p)], device.type == "cuda", quick)
-    compute_spec = {"jobs": compute_jobs, "min_time_s": 0.15 if quick else 0.3,
+    compute_spec = {"jobs": compute_jobs, "min_time_s": 0.05 if quick else 0.3,
                     "device": None if device.type == "cpu" else "cuda"}
     say(f"collectives and the compute of {len(compute_jobs)} HF models over {world_size} local ranks ...")
     threads = None

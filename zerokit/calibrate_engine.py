@@ -123,7 +123,7 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
     runs: [...]}}}} plus the shapes and world size (offload=False: no offloaded runs, no "offload" terms)."""
     import torch  # noqa: PLC0415
 
-    from zerokit.calibrate import _free_port, run_local_ranks  # noqa: PLC0415
+    from zerokit.calibrate import _free_port, run_local_ranks, tagged_json  # noqa: PLC0415
     from zerokit.hardware import build_cluster  # noqa: PLC0415
     from zerokit.model_spec import load_model_spec  # noqa: PLC0415
     from zerokit.render import render_ds_config  # noqa: PLC0415
@@ -172,8 +172,7 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
         cmd = [sys.executable, "-c", "from zerokit.calibrate_engine import _rank_main; _rank_main()"]
         outs = run_local_ranks(cmd, [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(world_size)],
                                timeout_s, "the DeepSpeed engine benchmark")
-        rows = next((json.loads(line.split(" ", 1)[1]) for line in outs[0].splitlines()
-                     if line.startswith("ZEROKIT_ENGINE ")), None)
+        rows = tagged_json(outs[0], "ZEROKIT_ENGINE")
         if not rows:
             raise ZerokitError("the DeepSpeed engine benchmark printed no result")
     out: dict = {"world_size": world_size, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "by_precision": {}}
