@@ -93,6 +93,23 @@ def test_missing_profile_raises(tmp_path):
         apply_profile(hardware.accelerator("cpu"), str(tmp_path / "nope.json"))
 
 
+def test_unwritable_output_fails_before_measuring(tmp_path, capsys):
+    """A bad --output is one line and exit 2 at once (no minutes of measuring first), and nothing is written."""
+    import time
+
+    from zerokit.cli import main as cli_main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    t0 = time.perf_counter()
+    for out in (tmp_path, blocker / "sub" / "p.json"):  # a directory; a folder that cannot be created
+        assert cli_main(["calibrate", "--quick", "-o", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and "--output" in err[0]
+    assert time.perf_counter() - t0 < 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_profile_device_mismatch(tmp_path):
     with pytest.raises(ZerokitError, match="cpu"):
         apply_profile(hardware.accelerator("a100-80gb"), _write(tmp_path, _profile()))

@@ -470,6 +470,22 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     import torch  # noqa: PLC0415
 
     say = log or (lambda msg: None)
+    if output_path:  # before minutes of measuring, not after
+        folder = os.path.dirname(os.path.abspath(os.fspath(output_path)))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise ZerokitError(f"cannot create {folder} for the profile ({e.strerror}): pick another --output") from None
+        try:
+            if os.path.isdir(os.fspath(output_path)):
+                raise IsADirectoryError(21, "a directory")
+            import tempfile  # noqa: PLC0415
+
+            with tempfile.TemporaryFile(dir=folder):  # a real write: permission bits do not tell for root or sysfs
+                pass
+        except OSError as e:
+            raise ZerokitError(f"cannot write the profile to {os.fspath(output_path)} ({e.strerror}): "
+                               "pick a writable file path for --output") from None
     t0 = time.perf_counter()
     device = _device(device)
     notes: list[str] = []
@@ -577,11 +593,9 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
             notes.append(f"engine costs: {e}")
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
-        path = os.fspath(output_path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(profile, f, indent=2)
-            f.write("\n")
+        from zerokit.fsutil import atomic_write_text  # noqa: PLC0415
+
+        atomic_write_text(output_path, json.dumps(profile, indent=2) + "\n")
     return profile
 
 
