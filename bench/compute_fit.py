@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     from transformers.utils import logging as hf_logging
 
     from zerokit import calibrate_compute as cc
-    from zerokit.model_spec import load_model_spec
+    from zerokit.model_spec import config_source, load_model_spec
     from zerokit.timing import _calibrated_compute
     from zerokit.zero_setup import Workload, ZeroSetup
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     lines = [f"calibration models: {len(jobs)} timed alone, fit's largest point error {cc.max_fit_error(fits):.1%}"]
     rows, errs = [], []
     for name, path in MODELS[:2] if args.quick else MODELS:
-        spec, conf = load_model_spec(path), AutoConfig.from_pretrained(load_model_dir(path))
+        spec, conf = load_model_spec(path), AutoConfig.from_pretrained(config_source(path))
         family = "gated" if spec.gated_mlp else "plain"
         for prec in precisions:
             torch.manual_seed(0)
@@ -102,12 +102,6 @@ def main(argv=None) -> int:
     Path(args.out).write_text(text)
     print(text)
     return 0
-
-
-def load_model_dir(path: str) -> str:
-    """A bundled name's directory (tiny-llama -> zerokit/data/models/tiny-llama), else the path."""
-    bundled = ROOT / "zerokit" / "data" / "models" / path
-    return str(bundled) if bundled.is_dir() else path
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """What a training micro step's forward + backward costs, measured on real HF models (part of `zerokit calibrate`).
 
 A FLOPs-over-throughput model misses small and medium models badly on CPUs (and small micro batches on
-GPUs): measured on this project's 2-vCPU machine, HF tiny-GPT-2 forward + backward took 25-43% longer
-than a hand-written block benchmark predicted. Three costs do not scale with FLOPs:
+GPUs): measured on this project's 2-vCPU machine, a hand-written block benchmark under-predicted HF
+tiny-GPT-2 forward + backward by 3-43% (median 24%). Three costs do not scale with FLOPs:
   - a fixed cost per layer and per micro step (the ~60 op launches of a block; the embedding, final norm,
     loss), which dominates tiny layers;
   - the attention scores (micro batch x heads x seq^2 per layer): softmax, masking and dropout over the
     materialised score matrix are memory-bound, and GPT-2's attention dropout sends sdpa down its math
-    path, so doubling seq at fixed tokens doubled GPT-2's per-layer time here while its FLOPs grew 20%;
+    path: at 512 tokens, seq 256 instead of 64 made a tiny-GPT-2 layer 1.3x slower in fp32 and 1.6x in
+    bf16 while its FLOPs grew 1.2x;
   - the logits (tokens x vocab): the loss upcasts them to fp32 and runs log-softmax and its gradient.
 So this module times the forward + backward (with the loss) of real HF models, a Llama (RMSNorm, GQA,
 rotary, gated MLP) and a GPT-2 (LayerNorm, fused qkv, dropout, tanh-GELU), built from synthetic configs at
@@ -25,6 +26,8 @@ import json
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from zerokit.timing import COMPUTE_FEATURES, compute_features
 
 FAMILIES = ("gated", "plain")  # Llama-style (gated MLP) and GPT-2-style (plain MLP) blocks
 # (layers, activation checkpointing): two depths split the per-layer costs from the per-micro-step ones, the
@@ -59,20 +62,20 @@ def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: i
 def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]:
     """Every (family, precision, shape, depth) to time, with its features from the model's exact spec."""
     from zerokit.model_spec import load_model_spec  # noqa: PLC0415
-    from zerokit.timing import compute_features  # noqa: PLC0415
 
     shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
-    jobs = []
+    jobs, specs = [], {}
     with tempfile.TemporaryDirectory(prefix="zerokit-compute-") as tmp:
         for family in FAMILIES:
             for b, s, h, a, v in shapes:
                 for layers, ckpt in RUNS:
                     cfg = synthetic_config(family, layers, h, a, v, s)
                     d = Path(tmp) / f"{family}-{b}-{s}-{h}-{a}-{v}-{layers}"
-                    if not d.is_dir():
+                    if str(d) not in specs:  # the checkpointed run reuses its depth's model
                         d.mkdir()
                         (d / "config.json").write_text(json.dumps(cfg))
-                    feats = compute_features(load_model_spec(str(d)), b, s, ckpt)
+                        specs[str(d)] = load_model_spec(str(d))
+                    feats = compute_features(specs[str(d)], b, s, ckpt)
                     for prec in precisions:
                         jobs.append({"family": family, "precision": prec, "config": cfg, "micro_batch": b, "seq": s,
                                      "checkpointing": ckpt, "features": feats})
@@ -146,8 +149,6 @@ def _weighted_lstsq(points: list[dict], names: list[str]) -> dict[str, float]:
 
 def fit_profile(jobs: list[dict], seconds: list[float]) -> dict[str, Any]:
     """The profile's compute_timing: {family: {precision: {coef: {feature: s per unit}, tflops, points}}}."""
-    from zerokit.timing import COMPUTE_FEATURES  # noqa: PLC0415
-
     out: dict[str, Any] = {}
     for family in FAMILIES:
         for prec in sorted({j["precision"] for j in jobs}):
