@@ -2,8 +2,8 @@
 
 For each (bundled model, seq_len, micro batch, bf16, checkpointing off/on) the real HF modules are
 built from the bundled config.json under FakeTensorMode (nothing allocated) and one forward +
-backward runs under torch's MemTracker (zerokit/trace.py). The traced bytes are compared, like with
-like, with zerokit.memory.activation_terms:
+backward runs under torch's MemTracker (zerokit/measure/trace.py). The traced bytes are compared, like with
+like, with zerokit.estimate.memory.activation_terms:
 
   after forward (traced activation_bytes: activations held when forward returns)
     no checkpointing:  activations + logits_and_loss          (activations includes the final norm)
@@ -64,9 +64,9 @@ GiB = 2**30
 
 
 def analytic(name: str, seq: int, micro: int, ckpt: bool, on_cpu: bool = True) -> dict:
-    from zerokit import memory
-    from zerokit.model_spec import load_model_spec
-    from zerokit.zero_setup import Workload, ZeroSetup
+    from zerokit.estimate import memory
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import Workload, ZeroSetup
 
     spec = load_model_spec(name)
     setup = ZeroSetup(precision="bf16", micro_batch_size=micro, activation_checkpointing=ckpt)
@@ -93,7 +93,7 @@ def analytic(name: str, seq: int, micro: int, ckpt: bool, on_cpu: bool = True) -
 
 
 def trace(config, seq: int, micro: int, ckpt: bool) -> dict:
-    from zerokit.trace import MaxLiveActivations, trace_activation_memory
+    from zerokit.measure.trace import MaxLiveActivations, trace_activation_memory
 
     with MaxLiveActivations() as live:
         r = trace_activation_memory(config, seq_len=seq, micro_batch=micro, precision="bf16",
@@ -106,12 +106,12 @@ def trace(config, seq: int, micro: int, ckpt: bool) -> dict:
 
 def isolate(name: str, seq: int, micro: int, a: dict) -> dict:
     """Trace 1- and 2-layer versions: per-layer bytes and the per-token rest (embeddings, norm, logits)."""
-    from zerokit.model_spec import config_source
-    from zerokit.trace import load_config
+    from zerokit.spec.resolve import resolve_model
+    from zerokit.measure.trace import load_config
 
     out = {}
     for n_layers in (1, 2):
-        cfg = load_config(config_source(name))
+        cfg = load_config(str(resolve_model(name).config_file()))
         cfg.num_hidden_layers = n_layers
         out[n_layers] = trace(cfg, seq, micro, False)
     per_layer = out[2]["activation_bytes"] - out[1]["activation_bytes"]
@@ -179,7 +179,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from zerokit.model_spec import config_source
+    from zerokit.spec.resolve import resolve_model
 
     rows = ROWS + (LONG_ROWS if args.long else [])
     if args.only:
@@ -190,7 +190,7 @@ def main() -> None:
         a = analytic(name, seq, micro, ckpt)
         a_gpu = analytic(name, seq, micro, ckpt, on_cpu=False)
         try:
-            t = trace(config_source(name), seq, micro, ckpt)
+            t = trace(str(resolve_model(name).config_file()), seq, micro, ckpt)
         except Exception as e:  # noqa: BLE001
             results.append({"model": name, "seq_len": seq, "micro_batch": micro, "checkpointing": ckpt,
                             "what": what, "error": f"{type(e).__name__}: {e}"})

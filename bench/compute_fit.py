@@ -2,7 +2,7 @@
 
 One process, one thread, nothing else timed at once (the calibration times the same models on every
 rank in lockstep; alone, both sides here see the same uncontended machine, measured in the same run):
-  1. times the calibration's own synthetic HF models (zerokit/calibrate_compute.py) and fits the costs;
+  1. times the calibration's own synthetic HF models (zerokit/measure/compute_fit.py) and fits the costs;
   2. times forward + backward with the loss of the bundled tiny-llama / tiny-GPT-2 and the benchmark's
      small-llama / small-GPT-2 at the accuracy grid's shapes, with and without checkpointing, in fp32 and
      bf16, and compares each with timing's prediction from those costs.
@@ -58,10 +58,11 @@ def main(argv=None) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from zerokit import calibrate_compute as cc
-    from zerokit.model_spec import config_source, load_model_spec
-    from zerokit.timing import _calibrated_compute
-    from zerokit.zero_setup import Workload, ZeroSetup
+    from zerokit.measure import compute_fit as cc
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.resolve import resolve_model
+    from zerokit.estimate.timing import _calibrated_compute
+    from zerokit.spec.setup import Workload, ZeroSetup
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     lines = [f"calibration models: {len(jobs)} timed alone, fit's largest point error {cc.max_fit_error(fits):.1%}"]
     rows, errs = [], []
     for name, path in MODELS[:2] if args.quick else MODELS:
-        spec, conf = load_model_spec(path), AutoConfig.from_pretrained(config_source(path))
+        spec, conf = load_model_spec(path), AutoConfig.from_pretrained(str(resolve_model(path).config_file()))
         family = "gated" if spec.gated_mlp else "plain"
         for prec in precisions:
             torch.manual_seed(0)

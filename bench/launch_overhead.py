@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from zerokit.measure.ranks import free_port  # noqa: E402
+
 CONFIG = {
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0, "torch_adam": True}},
@@ -35,10 +36,6 @@ CONFIG = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(argv, env) -> tuple[float, int]:
@@ -58,6 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "launch_overhead.txt"))
     args = ap.parse_args(argv)
 
+    from zerokit.core import resources
     from zerokit.launch import data as zdata
 
     work = Path(tempfile.mkdtemp(prefix="zk-bench-"))
@@ -67,11 +65,11 @@ def main(argv=None) -> int:
     cfg = work / "ds_config.json"
     cfg.write_text(json.dumps(CONFIG))
     files = zdata.resolve_data_files(None)
-    tok = str(zdata.bundled_tokenizer())
+    tok = str(resources.bundled_tokenizer())
     arr, total = zdata.tokenize_files(files, tok, args.seq_len)
     prepared = zdata.write_tokens(arr, total, files, tok, args.seq_len, work / "tokens")
     ds = str(Path(sys.executable).parent / "deepspeed")
-    model = str(zdata.bundled_dir("models") / "tiny-llama")
+    model = str(resources.bundled_models_dir() / "tiny-llama")
 
     rows = {"zerokit launch": [], "hand-written deepspeed": []}
     try:

@@ -1,6 +1,6 @@
 """Hand-written ModelSpecs for tests of the arithmetic (no transformers needed)."""
 
-from zerokit.model_spec import ModelSpec
+from zerokit.spec.model import ModelSpec
 
 # Llama-3-8B as its HF config.json gives it (meta-llama/Meta-Llama-3-8B): h 4096, 32 layers,
 # 32 heads, 8 KV heads, intermediate 14336, vocab 128256, untied. 8,030,261,248 parameters.

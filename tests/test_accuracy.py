@@ -2,7 +2,7 @@
 
 Fast: the benchmark's table arithmetic, the calibrated time model's terms, the fit of a layer's fixed
 overhead and throughput, the report's "efficiency that would have matched".
-Slow: real 2-rank DeepSpeed jobs (gloo, CPU) whose measured peak memory (zerokit.measure's exact
+Slow: real 2-rank DeepSpeed jobs (gloo, CPU) whose measured peak memory (zerokit.measure.meter's exact
 live-tensor bytes, per phase) must be within the benchmark's target of the prediction.
 """
 
@@ -53,9 +53,9 @@ def test_table_shows_each_row_and_the_summary():
 def test_compute_fit_recovers_known_costs():
     """calibrate_compute.fit on points made from known per-unit costs gives those costs back, and keeps
     every cost >= 0 when the data would pull one negative."""
-    from zerokit.calibrate_compute import fit
-    from zerokit.model_spec import load_model_spec
-    from zerokit.timing import COMPUTE_FEATURES, compute_features
+    from zerokit.measure.compute_fit import fit
+    from zerokit.spec.model import load_model_spec
+    from zerokit.estimate.timing import COMPUTE_FEATURES, compute_features
 
     truth = {"micro": 4e-4, "layer": 1e-3, "recompute": 1.2e-3, "flop": 1e-11, "score": 7e-9, "activation": 1e-8,
              "logit": 3e-9}
@@ -94,10 +94,10 @@ def _profile(tmp_path, overhead=2e-3, tflops=0.05, latency=1e-4, adamw=2e8, engi
 
 
 def test_calibrated_time_prices_layer_overhead_flops_latency_and_optimizer(tmp_path):
-    from zerokit.hardware import build_cluster
-    from zerokit.model_spec import load_model_spec
-    from zerokit.timing import collective_bytes_per_step, collective_calls_per_step, estimate_time, flops_per_token, link_bandwidth
-    from zerokit.zero_setup import Workload, ZeroSetup
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.estimate.timing import collective_bytes_per_step, collective_calls_per_step, estimate_time, flops_per_token, link_bandwidth
+    from zerokit.spec.setup import Workload, ZeroSetup
 
     spec = load_model_spec("tiny-llama")
     cl = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(_profile(tmp_path, engine=ENGINE)))
@@ -126,10 +126,10 @@ def test_calibrated_compute_prices_each_feature_at_its_family_cost(tmp_path):
     """A profile from the HF-model benchmark (compute_timing): a micro step is the sum of each feature
     times its measured cost, GPT-2 takes the plain family's costs, Llama the gated ones; accumulation
     multiplies it."""
-    from zerokit.hardware import build_cluster
-    from zerokit.model_spec import load_model_spec
-    from zerokit.timing import COMPUTE_FEATURES, compute_features, estimate_time
-    from zerokit.zero_setup import Workload, ZeroSetup
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.estimate.timing import COMPUTE_FEATURES, compute_features, estimate_time
+    from zerokit.spec.setup import Workload, ZeroSetup
 
     gated = {"micro": 1e-3, "layer": 2e-3, "recompute": 3e-3, "flop": 1e-11, "score": 1e-8, "activation": 2e-8, "logit": 5e-9}
     plain = {n: 2 * v for n, v in gated.items()}
@@ -150,7 +150,7 @@ def test_calibrated_compute_prices_each_feature_at_its_family_cost(tmp_path):
 
 
 def test_report_prints_the_efficiency_that_would_have_matched():
-    from zerokit.launch.report import build_report, format_report
+    from zerokit.report.run_report import build_report, format_report
 
     pred = {"setup": "x", "per_rank_memory_bytes": 100, "step_seconds": 0.1, "efficiency": 0.4}
     measured = {"ranks": {}, "step_seconds": 0.4, "peak_memory_bytes_max": 90}

@@ -10,10 +10,10 @@ particular architectures are also pinned per layer, where they are exact.
 
 import pytest
 
-from zerokit.hardware import Cluster, accelerator
-from zerokit.memory import activation_bytes_per_layer, activation_terms
-from zerokit.model_spec import load_model_spec
-from zerokit.zero_setup import Workload, ZeroSetup
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.estimate.memory import activation_bytes_per_layer, activation_terms
+from zerokit.spec.model import load_model_spec
+from zerokit.spec.setup import Workload, ZeroSetup
 
 SEQ, MICRO = 256, 2
 
@@ -85,7 +85,7 @@ PER_LAYER = ["mistral-window-reached-bf16", "mistral-window-reached-fp32", "mist
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_analytic_activations_match_the_traced_modules(case, tmp_path):
-    from zerokit.trace import trace_activation_memory
+    from zerokit.measure.trace import trace_activation_memory
 
     make, kw, precision, attention = CASES[case]
     config = make(**kw)
@@ -104,7 +104,7 @@ def test_analytic_activations_match_the_traced_modules(case, tmp_path):
 
 
 def _spec_and_trace(make, kw, precision, tmp_path, layers, seq=SEQ, micro=MICRO):
-    from zerokit.trace import trace_activation_memory
+    from zerokit.measure.trace import trace_activation_memory
 
     config = make(num_hidden_layers=layers, **kw)
     config.save_pretrained(tmp_path / str(layers))

@@ -5,9 +5,10 @@ import os
 
 import pytest
 
-from zerokit import hardware
-from zerokit.calibrate import apply_profile, efficiency_from_run, load_profile
-from zerokit.errors import ZerokitError
+from zerokit.spec import hardware
+from zerokit.estimate.timing import efficiency_from_run
+from zerokit.spec.profile import apply_profile, load_profile
+from zerokit.core.errors import ZerokitError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,7 +128,7 @@ def test_efficiency_from_run():
 
 def test_measure_matmul_cpu():
     pytest.importorskip("torch")
-    from zerokit.calibrate import measure_matmul
+    from zerokit.measure.calibrate import measure_matmul
 
     assert measure_matmul("fp32", 128, "cpu", min_time_s=0.05) > 0
     assert measure_matmul("bf16", 128, "cpu", min_time_s=0.05) > 0
@@ -137,7 +138,7 @@ def test_measure_matmul_cpu():
 
 def test_torch_adamw_rate():
     pytest.importorskip("torch")
-    from zerokit.calibrate import measure_torch_adamw
+    from zerokit.measure.calibrate import measure_torch_adamw
 
     assert measure_torch_adamw(100_000, "cpu", min_time_s=0.05) > 0
 
@@ -145,7 +146,7 @@ def test_torch_adamw_rate():
 @pytest.mark.slow
 def test_quick_calibration_end_to_end(tmp_path):
     pytest.importorskip("torch")
-    from zerokit.calibrate import run_calibration
+    from zerokit.measure.calibrate import run_calibration
 
     ext = os.path.join(REPO, ".cache", "torch_extensions")
     if os.path.isdir(ext):
@@ -164,8 +165,8 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert on_disk["torch_adamw_params_per_s"] > 0
     # the compute benchmark: both families in both CPU precisions, every point timed, the fit's costs >= 0
     # and its points predicted within a loose bound (a quick run on a noisy 2-vCPU machine)
-    from zerokit.calibrate_compute import max_fit_error
-    from zerokit.timing import COMPUTE_FEATURES
+    from zerokit.measure.compute_fit import max_fit_error
+    from zerokit.estimate.timing import COMPUTE_FEATURES
 
     ct = on_disk["compute_timing"]
     assert sorted(ct) == ["gated", "plain"] and all(sorted(ct[f]) == ["bf16", "fp32"] for f in ct)

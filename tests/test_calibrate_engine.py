@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.calibrate_engine import OFFLOAD_RUNS, RUNS, STAGES, _fit, engine_seconds
+from zerokit.estimate.timing import engine_seconds
+from zerokit.measure.engine_fit import OFFLOAD_RUNS, RUNS, STAGES, _fit
 
 
 def test_fit_recovers_a_line_and_keeps_both_terms_non_negative():
@@ -37,12 +38,12 @@ def test_engine_seconds_picks_the_precision_and_stage():
 @pytest.mark.slow
 def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     pytest.importorskip("deepspeed")
-    from zerokit.calibrate import load_profile
-    from zerokit.calibrate_engine import SEQ_LEN, MICRO_BATCH, measure_engine_overhead, synthetic_config
-    from zerokit.hardware import build_cluster
-    from zerokit.model_spec import load_model_spec
-    from zerokit.timing import estimate_time
-    from zerokit.zero_setup import Workload, ZeroSetup
+    from zerokit.spec.profile import load_profile
+    from zerokit.measure.engine_fit import SEQ_LEN, MICRO_BATCH, measure_engine_overhead, synthetic_config
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.estimate.timing import estimate_time
+    from zerokit.spec.setup import Workload, ZeroSetup
 
     # a profile as calibrate writes it before the engine step (the committed CPU benchmark profile)
     prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile.json")

@@ -85,7 +85,7 @@ def test_render_writes_a_config_deepspeed_accepts(tmp_path):
     assert r.returncode == 0, r.stderr
     cfg = json.loads(out.read_text())
     assert cfg["train_batch_size"] == 8
-    from zerokit.ds_check import validate_with_deepspeed
+    from zerokit.config.rules import validate_with_deepspeed
 
     validate_with_deepspeed(cfg, world_size=2)
     # and check agrees that it is valid and fits
@@ -184,7 +184,7 @@ def test_plan_trace_replaces_analytic_activations_with_a_traced_measure():
             "--stage", "2", "--precision", "fp32", "--micro-batch", "4", "--json"]
     analytic = json.loads(zk(*args).stdout)
     traced = json.loads(zk(*args, "--trace").stdout)
-    from zerokit.trace import ANALYTIC_ACTIVATION_TERMS
+    from zerokit.plan.refine import ANALYTIC_ACTIVATION_TERMS
 
     # the start of backward holds every activation: there the traced peak replaces the analytic terms
     a_terms = analytic["memory"]["phase_terms"]["backward"]

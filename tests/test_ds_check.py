@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from zerokit import ds_check  # noqa: E402
-from zerokit.ds_check import (  # noqa: E402
+from zerokit.config import rules as ds_check  # noqa: E402
+from zerokit.config.rules import (  # noqa: E402
     Finding,
     fill_auto,
     lint_config,
@@ -20,10 +20,10 @@ from zerokit.ds_check import (  # noqa: E402
     setup_from_config,
     validate_with_deepspeed,
 )
-from zerokit.errors import ZerokitError  # noqa: E402
-from zerokit.hardware import Cluster, accelerator  # noqa: E402
-from zerokit.render import render_ds_config  # noqa: E402
-from zerokit.zero_setup import ZeroKnobs, ZeroSetup  # noqa: E402
+from zerokit.core.errors import ZerokitError  # noqa: E402
+from zerokit.spec.hardware import Cluster, accelerator  # noqa: E402
+from zerokit.config.render import render_ds_config  # noqa: E402
+from zerokit.spec.setup import ZeroKnobs, ZeroSetup  # noqa: E402
 
 A100 = accelerator("a100-80gb")
 V100 = accelerator("v100-32gb")

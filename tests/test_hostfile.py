@@ -1,4 +1,4 @@
-"""zerokit.hostfile against DeepSpeed's own runner: same results where both accept, errors otherwise."""
+"""zerokit.spec.hostfile against DeepSpeed's own runner: same results where both accept, errors otherwise."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.errors import ZerokitError
-from zerokit.hostfile import (
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hostfile import (
     apply_filters,
     deepspeed_env_name,
     format_deepspeed_env,

@@ -153,18 +153,20 @@ def test_launch_end_to_end_with_report(tmp_path):
 
 
 def test_bundled_tokenizer_and_corpus():
+    from zerokit.core import resources
     from zerokit.launch import data as zdata
 
-    tok = zdata.load_tokenizer(str(zdata.bundled_tokenizer()))
+    tok = zdata.load_tokenizer(str(resources.bundled_tokenizer()))
     assert len(tok) == 2048 and tok.eos_token_id == 2 and tok.pad_token_id == 0 and tok.bos_token_id == 1
-    size = zdata.bundled_corpus().stat().st_size
+    size = resources.bundled_corpus().stat().st_size
     assert 50_000 < size < 400_000
-    arr, total = zdata.tokenize_files([zdata.bundled_corpus()], str(zdata.bundled_tokenizer()), 64)
+    arr, total = zdata.tokenize_files([resources.bundled_corpus()], str(resources.bundled_tokenizer()), 64)
     assert arr.shape == (total // 64, 64) and int(arr.max()) < 2048
 
 
 def test_data_directory_txt_and_jsonl(tmp_path):
-    from zerokit.errors import ZerokitError
+    from zerokit.core.errors import ZerokitError
+    from zerokit.core import resources
     from zerokit.launch import data as zdata
 
     (tmp_path / "a.txt").write_text("The river flows north.\nIt is cold.\n")
@@ -175,7 +177,7 @@ def test_data_directory_txt_and_jsonl(tmp_path):
     assert [f.name for f in files] == ["a.txt", "b.jsonl"]
     docs = list(zdata.read_documents(files))
     assert docs == ["The river flows north.\nIt is cold.\n", "Ada found a lantern.", "Bram counted owls."]
-    tok = zdata.load_tokenizer(str(zdata.bundled_tokenizer()))
+    tok = zdata.load_tokenizer(str(resources.bundled_tokenizer()))
     arr, total = zdata.tokenize_and_pack(files, tok, 4)
     # documents are joined with EOS, the tail shorter than one block is dropped
     assert arr.shape[1] == 4 and arr.shape[0] == total // 4
@@ -189,11 +191,12 @@ def test_data_directory_txt_and_jsonl(tmp_path):
 
 
 def test_tokens_cache_round_trip(tmp_path):
+    from zerokit.core import resources
     from zerokit.launch import data as zdata
 
     f = tmp_path / "d.txt"
     f.write_text("Ada found a lantern near Amberly. " * 40)
-    tok = str(zdata.bundled_tokenizer())
+    tok = str(resources.bundled_tokenizer())
     arr, total = zdata.tokenize_files([f], tok, 16)
     prep = zdata.write_tokens(arr, total, [f], tok, 16, tmp_path / "data")
     assert zdata.cached_tokens([f], tok, 16, tmp_path / "data") == prep
@@ -203,7 +206,7 @@ def test_tokens_cache_round_trip(tmp_path):
 
 
 def test_steps_for_counts_like_the_trainer():
-    from zerokit.launch.cli import steps_for
+    from zerokit.spec.setup import optimizer_steps as steps_for
 
     assert steps_for(100, 2, 4, 2, 7, None) == 7  # --steps wins
     # 100 sequences / 2 ranks = 50 per rank; micro 4 -> 13 micro batches per epoch; accumulation 2 -> 6 steps

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import stat
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.errors import ZerokitError
+from zerokit.core.errors import ZerokitError
+from zerokit.measure.ranks import free_port
 from zerokit.launch.command import (
     LaunchSpec,
     build_launch_command,
@@ -306,10 +306,6 @@ def test_sbatch_script_runs_the_deepspeed_command(tmp_path, ds_runner):
 # real launches (2 ranks over gloo on CPU)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_env(extra: dict[str, str]) -> dict[str, str]:

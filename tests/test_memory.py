@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from specs import LLAMA3_8B
-from zerokit.hardware import Cluster, accelerator
-from zerokit.memory import (
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.estimate.memory import (
     activation_terms,
     CUDA_CONTEXT_BYTES,
     MODEL_STATE_TERMS,
@@ -22,8 +22,8 @@ from zerokit.memory import (
     host_terms,
     model_state_terms,
 )
-from zerokit.model_spec import ModelSpec
-from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup
+from zerokit.spec.model import ModelSpec
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 
 GiB = 2**30
 

@@ -1,4 +1,4 @@
-"""zerokit.model_spec: exact meta-device counts vs DeepSpeed on real models, published oracles,
+"""zerokit.spec.model: exact meta-device counts vs DeepSpeed on real models, published oracles,
 the per-config cache, bad inputs, and shapes from a bare parameter count."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.errors import ZerokitError
-from zerokit.model_spec import (
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.resolve import bundled_models
+from zerokit.spec.model import (
     ModelSpec,
-    bundled_models,
     load_model_spec,
     spec_cache_dir,
     spec_from_params,
@@ -289,7 +289,7 @@ def test_70b_meta_count_timing():
         """
         import time, json
         t0 = time.perf_counter()
-        from zerokit.model_spec import load_model_spec, spec_cache_dir
+        from zerokit.spec.model import load_model_spec, spec_cache_dir
         s = load_model_spec("llama-3-70b")
         t1 = time.perf_counter()
         s2 = load_model_spec("llama-3-70b")
@@ -321,7 +321,7 @@ def test_second_load_reads_cache_without_torch(tmp_path):
     env = {"ZEROKIT_CACHE_DIR": str(cache)}
     code = """
         import sys, json, time
-        from zerokit.model_spec import load_model_spec
+        from zerokit.spec.model import load_model_spec
         t = time.perf_counter()
         s = load_model_spec(sys.argv[1] if len(sys.argv) > 1 else {target!r})
         dt = time.perf_counter() - t
@@ -493,7 +493,7 @@ def test_spec_from_params_is_pure_python():
     r = _run_py(
         """
         import sys, json
-        from zerokit.model_spec import spec_from_params
+        from zerokit.spec.model import spec_from_params
         s = spec_from_params(7e9)
         print(json.dumps({"torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules, "h": s.hidden_size}))
         """

@@ -2,7 +2,7 @@
 
 The test starts a private sshd (own config, host key and authorized_keys under tmp_path, on a free
 port of 127.0.0.1), writes a hostfile `localhost slots=1` / `127.0.0.1 slots=1` and .deepspeed_env
-(zerokit.hostfile.write_deepspeed_env) for the remote ranks' PATH/PYTHONPATH/TORCH_EXTENSIONS_DIR,
+(zerokit.spec.hostfile.write_deepspeed_env) for the remote ranks' PATH/PYTHONPATH/TORCH_EXTENSIONS_DIR,
 then runs `deepspeed --launcher pdsh --ssh_port P --master_addr 127.0.0.1 --no_ssh_check` over the
 tests.helpers.ranks_probe module: pdsh ssh-es into both "hosts", each runs one rank, and the two
 ranks all_reduce over gloo.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.hostfile import parse_hostfile, write_deepspeed_env
+from zerokit.spec.hostfile import parse_hostfile, write_deepspeed_env
 from zerokit.launch.command import LaunchSpec, build_launch_command, resolve_resources
+from zerokit.measure.ranks import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -39,10 +39,6 @@ PROBE_LINE = re.compile(r"PROBE tag=pdsh rank=(\d+) world=(\d+) local_rank=(\d+)
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def find_sshd() -> str | None:

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 
 from specs import LLAMA3_8B
-from zerokit.errors import ZerokitError
-from zerokit.hardware import Cluster, accelerator, build_cluster
-from zerokit.planner import evaluate, make_plan, simplicity
-from zerokit.zero_setup import Workload, ZeroSetup
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hardware import Cluster, accelerator, build_cluster
+from zerokit.plan.planner import evaluate, make_plan, simplicity
+from zerokit.spec.setup import Workload, ZeroSetup
 
 A100x8 = Cluster(accelerator=accelerator("a100-80gb"), gpus_per_node=8, cpu_memory_bytes=10**12)
 
@@ -103,3 +103,40 @@ def test_suggested_sequence_length_fits():
     seq = int(seq_hint[0].split("to ")[1].split(" ")[0])
     assert evaluate(LLAMA3_8B, small_gpu, replace(w, seq_len=seq), plan.best.setup).fits
     assert not evaluate(LLAMA3_8B, small_gpu, replace(w, seq_len=seq + 1), plan.best.setup).fits
+
+
+# -- --memory-fraction is kept by the plan (it was dropped: to_dict, the "% of" column and --trace re-decided fit
+# at the default 0.95) ---------------------------------------------------------------------------------------
+
+
+def _plan_between(fraction_low=0.5):
+    """A pinned 8B setup whose per-GPU total lies between 0.5 and 0.95 of an 80 GB A100, planned at 0.5."""
+    cl = Cluster(accelerator("a100-80gb"), gpus_per_node=8)
+    w = Workload(seq_len=4096, global_batch=64)
+    pins = dict(zero_stage=3, precision="bf16", micro_batch_size=1, activation_checkpointing=False,
+                offload_optimizer="none", offload_param="none")
+    total = make_plan(LLAMA3_8B, cl, w, pins).best.memory.per_gpu_total
+    mem = cl.accelerator.memory_bytes
+    assert fraction_low * mem < total < 0.95 * mem, "the oracle setup must sit between the two budgets"
+    return make_plan(LLAMA3_8B, cl, w, pins, memory_fraction=fraction_low), total, mem
+
+
+def test_the_plan_keeps_its_memory_fraction_everywhere():
+    from zerokit.report.plan_text import format_plan
+
+    plan, total, mem = _plan_between()
+    assert not plan.fits  # judged at 0.5
+    assert plan.to_dict()["budget"]["per_gpu_bytes"] == int(mem * 0.5)
+    assert f"({total / int(mem * 0.5):.0%})" in format_plan(plan)  # the "% of" column against the same budget
+
+
+def test_a_traced_plan_is_judged_against_its_own_memory_fraction():
+    from zerokit.plan.refine import ANALYTIC_ACTIVATION_TERMS, apply_activation_trace
+
+    plan, _total, _mem = _plan_between()
+    terms = plan.best.memory.phase_terms[plan.best.memory.peak_phase]
+    analytic = sum(terms.get(k, 0) for k in ANALYTIC_ACTIVATION_TERMS)
+    # a trace that measures exactly the analytic activations: nothing changes, so the verdict must not either
+    apply_activation_trace(plan, {"peak_activation_bytes": analytic, "activation_bytes": analytic,
+                                  "attn_implementation": "sdpa", "wall_s": 0.0})
+    assert not plan.fits and plan.best.reasons

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from zerokit import render
-from zerokit.ds_check import (
+from zerokit.config import render
+from zerokit.config.rules import (
     TRAINER_FILLED_KEYS,
     auto_keys,
     fill_auto,
@@ -27,11 +27,12 @@ from zerokit.ds_check import (
     setup_from_config,
     validate_with_deepspeed,
 )
-from zerokit.errors import ZerokitError
-from zerokit.hardware import Cluster, accelerator
-from zerokit.model_spec import ModelSpec
-from zerokit.render import render_ds_config, template_dir, write_json_atomic
-from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.spec.model import ModelSpec
+from zerokit.config.render import render_ds_config, write_json_atomic
+from zerokit.core.resources import template_dir
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (zerokit[train])")
 
@@ -271,11 +272,11 @@ def test_template_dir_in_a_checkout_holds_both_profiles():
 
 
 RENDER_FROM_WHEEL = """
-import json, zerokit, zerokit.render as r
-from zerokit.hardware import Cluster, accelerator
-from zerokit.zero_setup import ZeroSetup
+import json, zerokit, zerokit.config.render as r, zerokit.core.resources as res
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.spec.setup import ZeroSetup
 cfg = r.render_ds_config(ZeroSetup(zero_stage=3, offload_optimizer="nvme"), Cluster(accelerator("a100-80gb"), nvme_path="/n"), None, profile="hf")
-print(json.dumps({"file": zerokit.__file__, "templates": str(r.template_dir()), "cfg": cfg}))
+print(json.dumps({"file": zerokit.__file__, "templates": str(res.template_dir()), "cfg": cfg}))
 """
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.launch import report as zreport
+from zerokit.report import run_report as zreport
 from zerokit.launch.runner import remove_shm, run_with_restarts, shm_files
-from zerokit.launch.train import latest_step, read_latest, stale_checkpoints, write_latest
+from zerokit.launch.checkpoints import latest_step, read_latest, stale_checkpoints, write_latest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ FAKE = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     sys.path.insert(0, os.environ["REPO"])
-    from zerokit.launch.train import write_latest, latest_step
+    from zerokit.launch.checkpoints import write_latest, latest_step
     out = Path(sys.argv[1]); resume = "--resume" in sys.argv
     attempt = int(os.environ["ZEROKIT_ATTEMPT"])
     fail = attempt in [int(x) for x in os.environ.get("FAKE_FAIL_ATTEMPTS", "").split(",") if x]

@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 
 from specs import LLAMA3_8B
-from zerokit.errors import ZerokitError
-from zerokit.hardware import Cluster, accelerator
-from zerokit.timing import collective_bytes_per_step, estimate_time, flops_per_token, matmul_params
-from zerokit.zero_setup import Workload, ZeroSetup, batch_split, steps_per_epoch
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.estimate.timing import collective_bytes_per_step, estimate_time, flops_per_token, matmul_params
+from zerokit.spec.setup import Workload, ZeroSetup, batch_split, steps_per_epoch
 
 
 def test_worked_example_1000_samples_batch_10():
@@ -80,7 +80,7 @@ def test_a100_throughput_lands_in_the_published_range():
 
 # -- collective calls: counted in real DeepSpeed steps ------------------------------------------------------
 def test_bucketing_rule_on_hand_made_sizes():
-    from zerokit.timing import reduce_bucket_calls
+    from zerokit.estimate.timing import reduce_bucket_calls
 
     # DeepSpeed reduces the bucket before a gradient that would overflow it; a large gradient is alone
     assert reduce_bucket_calls([10, 10, 10], 30) == 1
@@ -101,11 +101,11 @@ def test_collective_calls_match_a_real_deepspeed_step(tmp_path):
     from pathlib import Path
 
     pytest.importorskip("deepspeed")
-    from zerokit.hardware import build_cluster
-    from zerokit.model_spec import load_model_spec
-    from zerokit.render import render_ds_config
-    from zerokit.timing import collective_calls_per_step
-    from zerokit.zero_setup import ZeroKnobs
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.config.render import render_ds_config
+    from zerokit.estimate.timing import collective_calls_per_step
+    from zerokit.spec.setup import ZeroKnobs
 
     repo = Path(__file__).resolve().parents[1]
     spec = load_model_spec("tiny-llama")

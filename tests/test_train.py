@@ -12,7 +12,6 @@ reproduces the uninterrupted run's losses and final weights exactly.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -23,7 +22,8 @@ pytest.importorskip("transformers")
 
 from zerokit.launch.command import LaunchSpec, build_launch_command  # noqa: E402
 from zerokit.launch.runner import run_with_restarts, shm_files  # noqa: E402
-from zerokit.launch.train import read_latest, stale_checkpoints  # noqa: E402
+from zerokit.launch.checkpoints import read_latest, stale_checkpoints  # noqa: E402
+from zerokit.measure.ranks import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +32,6 @@ STEPS = 8
 SEQ = 32
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ds_config(stage: int, precision: str = "fp32", offload_optimizer: str = "none", offload_param: str = "none",

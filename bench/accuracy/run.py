@@ -8,7 +8,7 @@
 Every job is a real 2-rank run through the CLI a user would type:
     python -m zerokit launch --model M --config <render_ds_config(setup)> [--gpu cpu] --gpus-per-node 2
         --seq-len S --steps 6 [--activation-checkpointing on] --output-dir RUNS/<job>
-with ZEROKIT_MEMORY_STEPS=2 and OMP_NUM_THREADS=cores/ranks on CPU (see rank_threads): the live-tensor-byte meter (zerokit.measure) runs for the first 2
+with ZEROKIT_MEMORY_STEPS=2 and OMP_NUM_THREADS=cores/ranks on CPU (see rank_threads): the live-tensor-byte meter (zerokit.measure.meter) runs for the first 2
 optimizer steps (step 1 creates the optimizer states lazily, step 2 is the steady state) and is then
 stopped, so the step times that follow carry none of its overhead. On CUDA the allocator's counters cost
 nothing and every step is measured (--gpu is left to launch's auto-detection).
@@ -16,7 +16,7 @@ nothing and every step is measured (--gpu is left to launch's auto-detection).
 Measured per rank: peak memory = the highest per-phase peak (forward, backward, step) over the metered
 steps (the training peak: model build and deepspeed.initialize are logged apart as init_peak_bytes);
 step time = median of the steps after the warm-up (first 2) and after the meter stopped.
-Predicted: zerokit.planner.evaluate for the same setup, with the knobs read back from the rendered config
+Predicted: zerokit.plan.planner.evaluate for the same setup, with the knobs read back from the rendered config
 (what `zerokit check` and `zerokit launch --config` do).
 """
 
@@ -78,7 +78,7 @@ class Job:
         return "_".join(parts)
 
     def setup(self):
-        from zerokit.zero_setup import ZeroSetup
+        from zerokit.spec.setup import ZeroSetup
 
         return ZeroSetup(zero_stage=self.stage, offload_optimizer=self.offload_optimizer,
                          offload_param=self.offload_param, precision=self.precision,
@@ -135,7 +135,7 @@ def full_grid() -> list[Job]:
 # ----------------------------------------------------------------------------------------------------------
 def detect_device() -> tuple[str, int, int | None]:
     """('cpu'|'cuda', ranks, GPU MiB) the way `zerokit launch` sees the machine (nvidia-smi, no torch)."""
-    from zerokit.launch.cli import _cuda_devices
+    from zerokit.launch.probes import cuda_devices as _cuda_devices
 
     n, mib = _cuda_devices()
     if n:
@@ -152,7 +152,7 @@ def rank_threads(ranks: int) -> int:
 
 
 def make_cluster(device: str, ranks: int, gpu: str | None, gpu_mib: int | None, profile: str | None):
-    from zerokit.hardware import build_cluster
+    from zerokit.spec.hardware import build_cluster
 
     if device == "cpu":
         return build_cluster(gpu=gpu or "cpu", gpus_per_node=ranks, hardware_profile=profile)
@@ -161,9 +161,9 @@ def make_cluster(device: str, ranks: int, gpu: str | None, gpu_mib: int | None, 
 
 
 def render(job: Job, cluster, steps: int) -> dict:
-    from zerokit.model_spec import load_model_spec
-    from zerokit.render import render_ds_config
-    from zerokit.zero_setup import Workload
+    from zerokit.spec.model import load_model_spec
+    from zerokit.config.render import render_ds_config
+    from zerokit.spec.setup import Workload
 
     spec = load_model_spec(MODELS[job.model])
     return render_ds_config(job.setup(), cluster, spec, Workload(seq_len=job.seq_len), lr=1e-3, warmup_steps=1,
@@ -208,7 +208,7 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
 def measure(out: Path, warmup: int) -> dict[int, dict]:
     """Per rank: training peak (max phase peak over metered steps), the phase and category mix at it, and
     the median step time over the unmetered steps after the warm-up."""
-    from zerokit.launch.report import read_metrics
+    from zerokit.report.run_report import read_metrics
 
     res = {}
     for rank, recs in read_metrics(out).items():
@@ -242,9 +242,9 @@ def fastest_of_repeats(first: dict[int, dict], others: list[dict[int, dict]]) ->
 
 
 def predict(job: Job, cluster, cfg: dict) -> dict:
-    from zerokit.model_spec import load_model_spec
-    from zerokit.planner import evaluate
-    from zerokit.zero_setup import Workload, ZeroKnobs
+    from zerokit.spec.model import load_model_spec
+    from zerokit.plan.planner import evaluate
+    from zerokit.spec.setup import Workload, ZeroKnobs
 
     spec = load_model_spec(MODELS[job.model])
     knobs = ZeroKnobs.from_zero_config(cfg.get("zero_optimization") or {})

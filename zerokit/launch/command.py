@@ -25,7 +25,7 @@ MASTER_ADDR/MASTER_PORT are in the returned env so `srun --export=ALL` hands the
 Environment: the returned env is for the `deepspeed` process (merge it into os.environ). With
 local and slurm the ranks inherit it. pdsh/openmpi/mpich ranks on other hosts only get PYTHON*,
 UCX*, NCCL*-style variables and what .deepspeed_env says: write spec.env there with
-zerokit.hostfile.write_deepspeed_env(<directory deepspeed starts in>, env).
+zerokit.spec.hostfile.write_deepspeed_env(<directory deepspeed starts in>, env).
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ if __name__ == "__main__":  # launcher slurm's entry script: make `zerokit` impo
     sys.path[0] = os.getcwd()
     sys.path.append(str(Path(__file__).resolve().parents[2]))  # a checkout that is not pip-installed
 
-from zerokit.errors import ZerokitError  # noqa: E402
+from zerokit.core.errors import ZerokitError  # noqa: E402
+from zerokit.spec.hostfile import ENV_KEY  # noqa: E402
 
 LAUNCHERS = ("local", "pdsh", "openmpi", "mpich", "slurm")
 MULTI_NODE = ("pdsh", "openmpi", "mpich", "slurm")
 DEFAULT_MODULE = "zerokit.launch.train"
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass
@@ -100,7 +100,7 @@ def validate(spec: LaunchSpec) -> None:
     if not isinstance(spec.script_args, list) or not all(isinstance(a, str) for a in spec.script_args):
         raise ZerokitError("script_args must be a list of strings")
     for key, value in spec.env.items():
-        if not isinstance(key, str) or not _ENV_KEY.match(key):
+        if not isinstance(key, str) or not ENV_KEY.match(key):
             raise ZerokitError(f"environment name {key!r} is not valid: use letters, digits and '_'")
         if not isinstance(value, str):
             raise ZerokitError(f"environment value of {key} must be a string, got {type(value).__name__}")
@@ -188,9 +188,9 @@ def resolve_resources(spec: LaunchSpec, hosts: dict[str, int]) -> dict[str, list
 
     Also refuses a spec the hostfile cannot satisfy (DeepSpeed would silently start ranks on
     slots a host does not have, or ignore the spec's counts). Pure: parse the file with
-    zerokit.hostfile.parse_hostfile first.
+    zerokit.spec.hostfile.parse_hostfile first.
     """
-    from zerokit.hostfile import apply_filters  # noqa: PLC0415
+    from zerokit.spec.hostfile import apply_filters  # noqa: PLC0415
 
     validate(spec)
     if spec.launcher == "local":
@@ -282,7 +282,7 @@ def render_sbatch(
             lines.append(word(argv[i]))
             i += 1
     lines.append(" ".join(word(a) for a in argv[script_at:]))
-    from zerokit.render import template_environment  # noqa: PLC0415 (installed package, else the checkout's templates/)
+    from zerokit.core.resources import template_environment  # noqa: PLC0415
 
     env = template_environment(keep_trailing_newline=True)
     return env.get_template("sbatch.sh.j2").render(

@@ -17,26 +17,12 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-from zerokit.errors import ZerokitError
+from zerokit.core.errors import ZerokitError
+from zerokit.core.resources import bundled_corpus
 
 DATA_SUFFIXES = (".txt", ".jsonl")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def bundled_dir(name: str) -> Path:
-    """A directory under zerokit/data (corpus, tokenizer, models)."""
-    return Path(str(resources.files("zerokit.data").joinpath(name)))
-
-
-def bundled_corpus() -> Path:
-    return bundled_dir("corpus") / "tiny_corpus.txt"
-
-
-def bundled_tokenizer() -> Path:
-    return bundled_dir("tokenizer")
 
 
 def resolve_data_files(data: str | os.PathLike | None) -> list[Path]:
@@ -79,20 +65,6 @@ def read_documents(files: list[Path]):
                     raise ZerokitError(f'{f}:{lineno}: expected an object with a "text" string field')
                 if rec["text"].strip():
                     yield rec["text"]
-
-
-def resolve_tokenizer(model: str | None) -> str:
-    """Where the tokenizer comes from: the model's own (local dir with tokenizer files, or a hub id),
-    else the bundled one."""
-    if model:
-        p = Path(model).expanduser()
-        if p.is_dir():
-            if any((p / f).exists() for f in TOKENIZER_FILES):
-                return str(p)
-            return str(bundled_tokenizer())
-        if not p.exists() and "/" in model and not model.startswith((".", "/")):
-            return model  # a hub id such as meta-llama/Llama-3.2-1B
-    return str(bundled_tokenizer())
 
 
 def load_tokenizer(name_or_path: str):

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from zerokit.launch.train import CKPT_SUBDIR, METRICS_SUBDIR, latest_step
+from zerokit.launch.checkpoints import CKPT_SUBDIR, METRICS_SUBDIR, latest_step
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer"

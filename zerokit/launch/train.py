@@ -25,144 +25,55 @@ Test hooks (environment; only act on attempt ZEROKIT_ATTEMPT == ZEROKIT_TEST_CRA
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-CKPT_SUBDIR = "checkpoints"
-METRICS_SUBDIR = "metrics"
-FINAL_SUBDIR = "final"
-LATEST = "latest"
-TAG_RE = re.compile(r"^step(\d+)$")
+from zerokit.spec.setup import optimizer_steps
+from zerokit.launch.checkpoints import (
+    CKPT_SUBDIR,
+    FINAL_SUBDIR,
+    METRICS_SUBDIR,
+    read_latest,
+    stale_checkpoints,
+    tag_for_step,
+    write_latest,
+)
 
+@dataclass(frozen=True)
+class RankOptions:
+    """What one rank is told to do (zerokit/cli/rank.py parses the command line into it)."""
 
-# ----------------------------------------------------------------------------------------------
-# checkpoint bookkeeping (pure file operations; also used by the runner and the tests)
-
-
-def tag_for_step(step: int) -> str:
-    return f"step{step}"
-
-
-def step_of_tag(tag: str) -> int | None:
-    m = TAG_RE.match(tag.strip())
-    return int(m.group(1)) if m else None
-
-
-def read_latest(ckpt_dir: str | os.PathLike) -> str | None:
-    """The tag of the newest complete checkpoint, or None."""
-    p = Path(ckpt_dir) / LATEST
-    try:
-        tag = p.read_text().strip()
-    except OSError:
-        return None
-    return tag if tag and (Path(ckpt_dir) / tag).is_dir() else None
-
-
-def latest_step(ckpt_dir: str | os.PathLike) -> int:
-    tag = read_latest(ckpt_dir)
-    return (step_of_tag(tag) or 0) if tag else 0
-
-
-def write_latest(ckpt_dir: str | os.PathLike, tag: str) -> None:
-    """Mark `tag` complete: write the tag to a temporary file, fsync, and rename over `latest`."""
-    from zerokit.fsutil import atomic_write_text
-
-    ckpt_dir = Path(ckpt_dir)
-    atomic_write_text(ckpt_dir / LATEST, tag, mode=0o644)
-    try:  # and make the rename itself durable
-        fd = os.open(ckpt_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def stale_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """Tag directories that `latest` does not cover: written by a run that died before marking them."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    done = latest_step(ckpt_dir) if read_latest(ckpt_dir) else -1
-    out = []
-    for d in ckpt_dir.iterdir():
-        s = step_of_tag(d.name) if d.is_dir() else None
-        if s is not None and s > done:
-            out.append(d)
-    return sorted(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# arguments
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m zerokit.launch.train", description="zerokit per-rank training")
-    ap.add_argument("--model", required=True, help="HF id, model directory, or config-only directory")
-    ap.add_argument("--tokens", help="packed tokens.npy written by `zerokit launch` (int32 [n, seq_len])")
-    ap.add_argument("--data", help="instead of --tokens: .txt/.jsonl file or directory, tokenized on every rank")
-    ap.add_argument("--tokenizer", help="tokenizer dir or id (default: the model's, else the bundled one)")
-    ap.add_argument("--seq-len", type=int, default=None, help="with --data: sequence length (default 64)")
-    ap.add_argument("--ds-config", "--deepspeed_config", dest="ds_config", required=True)
-    ap.add_argument("--output-dir", required=True)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
-    g.add_argument("--epochs", type=float, default=None, help="passes over the data (default 1)")
-    ap.add_argument("--save-every", type=int, default=0, help="checkpoint every K optimizer steps (0: only at the end)")
-    ap.add_argument("--resume", action="store_true", help="continue from checkpoints/latest if there is one")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--gradient-checkpointing", action="store_true", help="model.gradient_checkpointing_enable()")
-    ap.add_argument("--lr", type=float, default=1e-3, help="only when the config has no optimizer block")
-    ap.add_argument("--no-export", action="store_true", help="skip writing final/ weights")
-    ap.add_argument("--no-memory-meter", action="store_true", help="CPU: skip the live-tensor-byte meter")
-    ap.add_argument("--memory-steps", type=int, default=_env_int("ZEROKIT_MEMORY_STEPS") or 0,
-                    help="CPU: stop the live-tensor-byte meter after this many optimizer steps, so later step "
-                         "times carry none of its overhead (0: meter every step; env ZEROKIT_MEMORY_STEPS)")
-    ap.add_argument("--log-every", type=int, default=1)
-    ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    args = ap.parse_args(argv)
-    if not args.tokens and not args.data:
-        args.data = ""  # the bundled corpus
-    if args.steps is not None and args.steps < 1:
-        ap.error("--steps must be at least 1")
-    if args.epochs is not None and not args.epochs > 0:
-        ap.error("--epochs must be positive")
-    return args
+    model: str  # HF id, model directory, or config-only directory
+    ds_config: str  # the ds_config.json path
+    output_dir: str
+    tokens: str | None = None  # packed tokens.npy written by `zerokit launch` (int32 [n, seq_len])
+    data: str | None = None  # instead of tokens: .txt/.jsonl file or directory ("": the bundled corpus)
+    tokenizer: str | None = None  # default: the model's, else the bundled one
+    seq_len: int | None = None  # with data: sequence length (default 64)
+    steps: int | None = None  # optimizer steps in total
+    epochs: float | None = None  # passes over the data (default 1)
+    save_every: int = 0  # checkpoint every K optimizer steps (0: only at the end)
+    resume: bool = False
+    seed: int = 1234
+    gradient_checkpointing: bool = False
+    lr: float = 1e-3  # only when the config has no optimizer block
+    no_export: bool = False
+    no_memory_meter: bool = False
+    memory_steps: int = 0  # CPU: stop the live-tensor-byte meter after this many optimizer steps
+    log_every: int = 1
+    local_rank: int = 0
 
 
 # ----------------------------------------------------------------------------------------------
 # model
-
-
-def has_weights(path: Path) -> bool:
-    pats = ("*.safetensors", "pytorch_model*.bin", "model*.safetensors.index.json", "pytorch_model.bin.index.json")
-    return any(any(path.glob(p)) for p in pats)
-
-
-def resolve_model_source(model: str) -> tuple[str, str]:
-    """('weights', path_or_id) to load pretrained weights, or ('config', dir) for random init.
-
-    A bundled config name (zerokit/data/models/NAME/config.json) is a config-only source.
-    """
-    p = Path(model).expanduser()
-    if p.is_dir():
-        return ("weights" if has_weights(p) else "config", str(p))
-    from zerokit.launch.data import bundled_dir
-
-    b = bundled_dir("models") / model
-    if (b / "config.json").is_file():
-        return ("config", str(b))
-    return ("weights", model)  # a hub id
 
 
 def _causal_lm_class(config):
@@ -181,7 +92,10 @@ def build_model(model: str, ds_config: dict, seed: int):
     import torch
     from transformers import AutoConfig
 
-    kind, src = resolve_model_source(model)
+    from zerokit.spec.resolve import resolve_model
+
+    resolved = resolve_model(model)
+    kind, src = resolved.init, resolved.source
     config = AutoConfig.from_pretrained(src)
     cls = _causal_lm_class(config)  # import the class (and torch._dynamo) BEFORE zero.Init
     import torch._dynamo  # noqa: F401
@@ -255,10 +169,11 @@ def make_dataset(args):
 
         arr = load_tokens(args.tokens)
     else:
-        from zerokit.launch.data import resolve_data_files, resolve_tokenizer, tokenize_files
+        from zerokit.launch.data import resolve_data_files, tokenize_files
+        from zerokit.spec.resolve import resolve_model
 
         files = resolve_data_files(args.data or None)
-        arr, _ = tokenize_files(files, args.tokenizer or resolve_tokenizer(args.model), args.seq_len or 64)
+        arr, _ = tokenize_files(files, args.tokenizer or resolve_model(args.model).tokenizer, args.seq_len or 64)
 
     class Packed(torch.utils.data.Dataset):
         def __len__(self):
@@ -343,7 +258,7 @@ class _PhaseMeter:
     """Per-phase peaks of one optimizer step (forward, backward, step), for the metrics JSONL.
 
     CUDA: the allocator's max_memory_allocated/reserved, reset at each phase start (one synchronize per
-    phase). CPU: zerokit.measure.MemoryMeter's exact live tensor bytes; each phase opens a fresh peak
+    phase). CPU: zerokit.measure.meter.MemoryMeter's exact live tensor bytes; each phase opens a fresh peak
     window (MemoryMeter.reset_peak), so the category mix recorded is the one at that phase's own peak
     (parameters, buffers, gradients, optimizer_states as labelled by register_deepspeed_engine; other
     tensors carry the phase that created them: "forward" = activations and logits). The run's overall
@@ -440,8 +355,7 @@ def _fmt_eta(s: float) -> str:
 # main
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: RankOptions) -> int:
     t_start = time.time()
     import torch
 
@@ -465,12 +379,12 @@ def main(argv=None) -> int:
     deepspeed.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure
+    # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure.meter
     meter = None
     mem_method = "cuda_max_allocated" if on_cuda else "none"
     if not args.no_memory_meter:
         try:
-            from zerokit.measure import MemoryMeter
+            from zerokit.measure.meter import MemoryMeter
 
             meter = MemoryMeter(f"cuda:{local_rank}" if on_cuda else "cpu")
             meter.start()
@@ -515,10 +429,8 @@ def main(argv=None) -> int:
     ga = engine.gradient_accumulation_steps()
     loader = torch.utils.data.DataLoader(dataset, batch_size=mb, sampler=sampler, drop_last=False, num_workers=0)
     micro_per_epoch = math.ceil(sampler.num_samples / mb)
-    if args.steps is not None:
-        total_steps = args.steps
-    else:
-        total_steps = max(1, int(math.floor((args.epochs or 1.0) * micro_per_epoch / ga)))
+    # the one step-count rule: `zerokit launch` predicted with it (sampler.num_samples = ceil(n / world))
+    total_steps = optimizer_steps(len(dataset), world, mb, ga, args.steps, args.epochs)
 
     # resume
     epoch, batch_in_epoch, resumed_from = 0, 0, 0
@@ -695,9 +607,9 @@ def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: 
         module.save_pretrained(str(tmp), safe_serialization=True)  # bf16 run: the bf16 module weights
     if rank == 0:
         try:
-            from zerokit.launch.data import resolve_tokenizer
+            from zerokit.spec.resolve import resolve_model
 
-            src = args.tokenizer or resolve_tokenizer(args.model)
+            src = args.tokenizer or resolve_model(args.model).tokenizer
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(src).save_pretrained(str(tmp))
@@ -708,5 +620,7 @@ def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: 
         os.replace(tmp, final)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # `python -m zerokit.launch.train`: the command line is the CLI layer's
+    from zerokit.cli.rank import main as _cli_main
+
+    raise SystemExit(_cli_main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zerokit.units import fmt_bytes, fmt_seconds
+from zerokit.core.units import fmt_bytes, fmt_seconds
 
 TERM_LABELS = {
     "parameters": "parameters",
@@ -80,8 +80,6 @@ def format_time(t, world_size: int) -> list[str]:
 
 
 def format_plan(plan) -> str:
-    from zerokit.memory import Budget
-
     m, c, w = plan.model, plan.cluster, plan.workload
     exact = "exact" if m.exact else "estimated from --params"
     out = [
@@ -105,7 +103,7 @@ def format_plan(plan) -> str:
                f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}")
     for r in plan.best.reasons:
         out.append(f"  - {r}")
-    out += format_memory(plan.best.memory, Budget.of(c), c)
+    out += format_memory(plan.best.memory, plan.budget, c)
     out += format_time(plan.best.time, c.world_size)
     for note in plan.notes:
         out.append(f"  note: {note}")
@@ -122,8 +120,6 @@ def format_plan(plan) -> str:
 
 
 def format_check(result) -> str:
-    from zerokit.memory import Budget
-
     out = [f"check {result.config_path} (world size {result.world_size})"]
     for f in result.findings:
         out.append(f"  {f.level}: {f.key}: {f.message}")
@@ -141,5 +137,5 @@ def format_check(result) -> str:
     for r in ev.reasons:
         out.append(f"  - {r}")
     cluster = result.cluster
-    out += format_memory(ev.memory, Budget.of(cluster), cluster) + format_time(ev.time, cluster.world_size)
+    out += format_memory(ev.memory, ev.budget, cluster) + format_time(ev.time, cluster.world_size)
     return "\n".join(out)

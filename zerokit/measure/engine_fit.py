@@ -1,6 +1,6 @@
 """What the DeepSpeed engine itself costs per step, measured on real engines (part of `zerokit calibrate`).
 
-The step-time model prices compute from timed HF models (calibrate_compute.py), collectives from their measured
+The step-time model prices compute from timed HF models (compute_fit.py), collectives from their measured
 per-call latency and the optimizer from its measured rate. A real DeepSpeed step also runs the engine's
 own Python: ZeRO-3's pre/post forward and backward hooks on every module (fetch, release, prefetch
 bookkeeping), ZeRO-1/2's per-parameter gradient hooks and bucket copies, the optimizer wrapper (fp32
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zerokit.errors import ZerokitError
+from zerokit.core.errors import ZerokitError
 
 # (layers, accumulation, activation checkpointing, optimizer offload) per stage: the per-layer slope needs two
 # depths, the split between per-step and per-micro-step costs a second accumulation, recompute's own cost a
@@ -123,12 +123,12 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
     runs: [...]}}}} plus the shapes and world size (offload=False: no offloaded runs, no "offload" terms)."""
     import torch  # noqa: PLC0415
 
-    from zerokit.calibrate import _free_port, run_local_ranks, tagged_json  # noqa: PLC0415
-    from zerokit.hardware import build_cluster  # noqa: PLC0415
-    from zerokit.model_spec import load_model_spec  # noqa: PLC0415
-    from zerokit.render import render_ds_config  # noqa: PLC0415
-    from zerokit.timing import estimate_time  # noqa: PLC0415
-    from zerokit.zero_setup import Workload, ZeroSetup  # noqa: PLC0415
+    from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json  # noqa: PLC0415
+    from zerokit.spec.hardware import build_cluster  # noqa: PLC0415
+    from zerokit.spec.model import load_model_spec  # noqa: PLC0415
+    from zerokit.config.render import render_ds_config  # noqa: PLC0415
+    from zerokit.estimate.timing import estimate_time  # noqa: PLC0415
+    from zerokit.spec.setup import Workload, ZeroSetup  # noqa: PLC0415
 
     say = log or (lambda m: None)
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
@@ -158,7 +158,7 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
                     preds[(precision, stage, layers, accum, ckpt, off)] = estimate_time(
                         spec, cluster, setup, workload).step_seconds
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
-        port = _free_port()
+        port = free_port()
         env = dict(os.environ, ZEROKIT_ENGINE_SPEC=json.dumps(spec_env), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), LOCAL_SIZE=str(world_size),
                    CROSS_RANK="0", CROSS_SIZE="1")
@@ -169,7 +169,7 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
             env["DS_ACCELERATOR"] = "cpu"
             env["OMP_NUM_THREADS"] = str(threads or 1)
         say(f"DeepSpeed engine costs: {len(jobs)} synthetic engines on {world_size} ranks ...")
-        cmd = [sys.executable, "-c", "from zerokit.calibrate_engine import _rank_main; _rank_main()"]
+        cmd = [sys.executable, "-c", "from zerokit.measure.engine_fit import _rank_main; _rank_main()"]
         outs = run_local_ranks(cmd, [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(world_size)],
                                timeout_s, "the DeepSpeed engine benchmark")
         rows = tagged_json(outs[0], "ZEROKIT_ENGINE")
@@ -198,20 +198,3 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
                 fit["offload"] = _fit(off)
             fits[str(stage)] = {**fit, "runs": runs}
     return out
-
-
-def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,
-                   checkpointing: bool = False, offload: bool = False) -> float:
-    """The fitted engine cost of one optimizer step (0 without a measurement for the stage); a precision
-    that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
-    by = (engine or {}).get("by_precision") or {}
-    fits = by.get(precision) or by.get("bf16" if precision == "fp16" else "fp16") or next(iter(by.values()), None)
-    fit = (fits or {}).get(str(stage))
-    if not fit:
-        return 0.0
-    per_layer = float(fit["per_layer_micro_s"]) + (float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0)
-    seconds = float(fit["per_step_s"]) + per_layer * layers * accum
-    off = fit.get("offload") if offload else None
-    if off:
-        seconds += float(off["per_step_s"]) + float(off["per_layer_micro_s"]) * layers * accum
-    return seconds

@@ -22,14 +22,14 @@ import os
 import re
 from pathlib import Path
 
-from zerokit.errors import ZerokitError
-from zerokit.fsutil import atomic_write_text
+from zerokit.core.errors import ZerokitError
+from zerokit.core.fsutil import atomic_write_text
 
 # DeepSpeed: r'^(\S+)\s+slots=(\d+)' searched on the stripped line.
 _LINE = re.compile(r"^(\S+)\s+slots=(\d+)(.*)$")
 _OPTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S+$")
 _BAD_HOST_CHARS = "@:,"
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _EXAMPLE = "'worker-0 slots=8'"
 
@@ -194,7 +194,7 @@ def format_deepspeed_env(env: dict[str, str]) -> str:
     """
     lines = []
     for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_KEY.match(key):
+        if not isinstance(key, str) or not ENV_KEY.match(key):
             raise ZerokitError(f"environment name {key!r} is not valid: use letters, digits and '_', not starting with a digit")
         value = str(value)
         if any(c in value for c in "\n\r\0\""):

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
 
-from zerokit.errors import ZerokitError
-from zerokit.units import parse_size
-
-MiB = 2**20
-GB = 10**9
+from zerokit.core.errors import ZerokitError
+from zerokit.core.resources import bundled_data
+from zerokit.core.units import MiB, parse_size
+from zerokit.spec.profile import HardwareProfile, apply_profile
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class Accelerator:
 
 @lru_cache(maxsize=1)
 def catalog() -> dict[str, Accelerator]:
-    raw = json.loads(resources.files("zerokit.data").joinpath("gpus.json").read_text())
+    raw = json.loads(bundled_data("gpus.json").read_text())
     out = {}
     for name, d in raw.items():
         if name.startswith("_"):
@@ -76,6 +74,8 @@ class Cluster:
     nvme_path: str | None = None
     nvme_bytes: int = 0  # free NVMe per node
     hosts: tuple[tuple[str, int], ...] = ()  # from a hostfile: (host, slots)
+    # what `zerokit calibrate` measured on this hardware: the time model reads its terms from here
+    profile: HardwareProfile | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.gpus_per_node < 1 or self.nodes < 1:
@@ -91,6 +91,7 @@ class Cluster:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("profile")  # its figures are already in the accelerator; accelerator.source names the file
         d["world_size"] = self.world_size
         return d
 
@@ -108,10 +109,10 @@ def build_cluster(
 ) -> Cluster:
     """The Cluster from the CLI's hardware options. Explicit numbers override the catalog."""
     acc = accelerator(gpu or "a100-80gb")
+    profile = None
     if hardware_profile:
-        from zerokit.calibrate import apply_profile  # noqa: PLC0415 (only when asked)
-
-        acc = apply_profile(acc, hardware_profile)
+        profile = HardwareProfile.from_file(hardware_profile)
+        acc = apply_profile(acc, profile)
     if gpu_memory is not None:
         mem = parse_size(gpu_memory, "--gpu-memory")
         if mem <= 0:
@@ -119,7 +120,7 @@ def build_cluster(
         acc = replace(acc, memory_bytes=mem, name=acc.name if gpu else "custom")
     hosts: tuple[tuple[str, int], ...] = ()
     if hostfile:
-        from zerokit.hostfile import parse_hostfile
+        from zerokit.spec.hostfile import parse_hostfile
 
         parsed = parse_hostfile(hostfile)
         hosts = tuple(parsed.items())
@@ -154,4 +155,23 @@ def build_cluster(
         nvme_path=nvme_path,
         nvme_bytes=nvme_bytes,
         hosts=hosts,
+        profile=profile,
     )
+
+
+@dataclass(frozen=True)
+class HardwareOptions:
+    """The hardware a user described (the same options on every command); build() makes the Cluster."""
+
+    gpu: str | None = None
+    gpu_memory: str | None = None
+    gpus_per_node: int | None = None
+    nodes: int | None = None
+    hostfile: str | None = None
+    cpu_memory: str | None = None
+    nvme_path: str | None = None
+    nvme_size: str | None = None
+    hardware_profile: str | None = None
+
+    def build(self) -> Cluster:
+        return build_cluster(**asdict(self))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zerokit.errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, ZerokitError
+from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, ZerokitError
 
 
 @dataclass
@@ -50,9 +50,9 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     activation_checkpointing: None = what the config says (its activation_checkpointing block)."""
     from dataclasses import replace
 
-    from zerokit import ds_check
-    from zerokit.memory import DEFAULT_MEMORY_FRACTION
-    from zerokit.planner import evaluate
+    from zerokit.config import rules as ds_check
+    from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
+    from zerokit.plan.planner import evaluate
 
     result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster)
     result.findings = ds_check.lint_config(config, cluster.world_size, cluster.accelerator)
@@ -74,22 +74,3 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
         result.evaluation = evaluate(model, cluster, workload, setup, knobs, memory_fraction or DEFAULT_MEMORY_FRACTION)
     return result
-
-
-def run_check(args) -> CheckResult:
-    from zerokit.cli import load_cluster, load_model, load_workload
-    from zerokit.ds_check import load_config_file
-
-    config = load_config_file(args.config)
-    has_model = bool(getattr(args, "model", None) or getattr(args, "params", None))
-    model = load_model(args) if has_model else None
-    cluster = load_cluster(args)
-    trainer_values = {}
-    if args.micro_batch_size:
-        trainer_values["train_micro_batch_size_per_gpu"] = args.micro_batch_size
-    if args.gradient_accumulation_steps:
-        trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
-    ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
-    return check_config(config, args.config, model, cluster, load_workload(args), activation_checkpointing=ckpt,
-                        trainer_values=trainer_values or None)
-

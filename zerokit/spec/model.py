@@ -11,7 +11,6 @@ Public functions:
   path to a ``config.json`` file, or a HuggingFace hub id.
 * ``spec_from_params(params, hidden_size=None, num_layers=None, vocab_size=None, seq_len=None)``:
   plausible Llama-like shapes for a bare parameter count (pure Python, ``exact=False``).
-* ``bundled_models() -> list[str]``: the names ``load_model_spec`` accepts without a path.
 * ``spec_cache_dir() -> Path``: where cached specs live.
 
 Counting rules (the same numbers DeepSpeed's ``model_to_params`` gives on a real model):
@@ -41,8 +40,11 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from zerokit.errors import ZerokitError
-from zerokit.fsutil import atomic_write_text
+from zerokit.core.errors import ZerokitError
+from zerokit.core.fsutil import atomic_write_text
+from zerokit.spec.arch_params import count_params_from_config
+from zerokit.spec.resolve import HINT as _HINT
+from zerokit.spec.resolve import ResolvedModel, resolve_model
 
 
 @dataclass(frozen=True)
@@ -99,30 +101,11 @@ class ModelSpec:
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
 # 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
 _SCHEMA_VERSION = 4
-_CONFIG_NAME = "config.json"
 
 
 # --------------------------------------------------------------------------------------------
 # Bundled configs and the cache (pure Python)
 # --------------------------------------------------------------------------------------------
-
-
-def _bundled_root():
-    try:
-        from importlib.resources import files
-
-        return files("zerokit.data") / "models"
-    except Exception:  # pragma: no cover - a broken install; fall back to the source tree
-        return Path(__file__).resolve().parent / "data" / "models"
-
-
-def bundled_models() -> list[str]:
-    """Names of the bundled model configs (``zerokit/data/models/<name>/config.json``)."""
-    root = _bundled_root()
-    try:
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / _CONFIG_NAME).is_file())
-    except (OSError, FileNotFoundError):
-        return []
 
 
 def spec_cache_dir() -> Path:
@@ -182,98 +165,6 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
         atomic_write_text(directory / f"{key}.json", json.dumps(entry, indent=1, sort_keys=True), mode=0o644)
     except OSError:
         pass  # an unwritable cache only costs a recount next time
-
-
-# --------------------------------------------------------------------------------------------
-# Resolving the `model` argument
-# --------------------------------------------------------------------------------------------
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-_HINT = "pass a directory containing a HuggingFace config.json, a bundled name, a hub id, or --params N"
-
-
-def read_config_file(path: Path) -> dict:
-    """A HF config.json as a dict; one-line ZerokitError if unreadable, not JSON, or without model_type."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ZerokitError(f"cannot read {path}: {exc.__class__.__name__}: {exc}; {_HINT}") from None
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        raise ZerokitError(f"{path} is not valid JSON ({exc}): fix the file or {_HINT}") from None
-    if not isinstance(config, dict):
-        raise ZerokitError(f"{path} does not hold a JSON object: a HuggingFace config.json is a mapping; {_HINT}")
-    if not config.get("model_type"):
-        raise ZerokitError(
-            f"{path} has no model_type: it is not a HuggingFace transformers config.json; {_HINT}"
-        )
-    return config
-
-
-def _resolve_local(model: str) -> tuple[Path, str] | None:
-    """(config.json path, display name) for a local path or a bundled name; None for a hub id."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        cfg = path / _CONFIG_NAME
-        if not cfg.is_file():
-            raise ZerokitError(f"model directory {model} has no config.json: {_HINT}")
-        return cfg, path.resolve().name or model
-    if path.is_file():
-        return path, path.resolve().parent.name if path.name == _CONFIG_NAME else path.stem
-    if "/" not in model and "\\" not in model:
-        try:
-            cfg = _bundled_root() / model / _CONFIG_NAME
-            if cfg.is_file():
-                return Path(str(cfg)), model
-        except OSError:
-            pass
-    if model.startswith((".", "/", "~")) or model.endswith(".json") or not _HUB_ID.match(model):
-        names = ", ".join(bundled_models())
-        raise ZerokitError(f"model directory {model} does not exist: {_HINT} (bundled: {names})")
-    return None
-
-
-def _fetch_hub_config(model: str) -> tuple[Path, dict]:
-    """Download (or reuse HF's local cache of) config.json for a hub id, without transformers."""
-    try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub import errors as hf_errors
-    except ImportError:
-        raise ZerokitError(
-            f"{model} is not a bundled name or a local path, and huggingface_hub is not installed to fetch it: "
-            f"pip install 'zerokit[train]', or {_HINT}"
-        ) from None
-    names = ", ".join(bundled_models())
-    try:
-        path = Path(hf_hub_download(repo_id=model, filename=_CONFIG_NAME))
-    except hf_errors.GatedRepoError:
-        raise ZerokitError(
-            f"hub model {model} is gated: accept its license on huggingface.co and run `hf auth login`, "
-            f"or use a local copy / bundled name ({names})"
-        ) from None
-    except hf_errors.RepositoryNotFoundError:
-        raise ZerokitError(
-            f"no model {model} on the HuggingFace hub (nor a local path or bundled name): check the id, "
-            f"log in for private repos, or use one of: {names}"
-        ) from None
-    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled):
-        # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
-        raise ZerokitError(
-            f"cannot reach the HuggingFace hub to fetch {model} and it is not cached locally: "
-            f"connect to the internet, or pass a local directory / bundled name ({names})"
-        ) from None
-    except hf_errors.EntryNotFoundError:
-        raise ZerokitError(f"hub model {model} has no config.json: {_HINT}") from None
-    except hf_errors.HfHubHTTPError as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise ZerokitError(f"fetching {model} from the HuggingFace hub failed ({msg}): {_HINT}") from None
-    except Exception as exc:  # network stack errors, invalid ids, ...
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise ZerokitError(
-            f"cannot fetch {model} from the HuggingFace hub ({exc.__class__.__name__}: {msg}): {_HINT}"
-        ) from None
-    return path, read_config_file(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,33 +457,30 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         transformers.logging.set_verbosity(verbosity)
 
 
-def load_model_spec(model: str, trust_remote_code: bool = False) -> ModelSpec:
-    """Exact spec for a bundled name, a local dir/config.json, or a hub id (meta-device count, cached).
+def load_model_spec(model: "str | ResolvedModel", trust_remote_code: bool = False) -> ModelSpec:
+    """Exact spec for a bundled name, a local dir/config.json, or a hub id (zerokit.spec.resolve decides which).
 
-    Raises ZerokitError (one line) for a missing path, a directory without config.json, malformed
-    JSON, an unknown model_type, or an unreachable / unknown hub id.
+    Counted without torch (spec/arch_params.py) for the architectures it knows, else on the meta device
+    (imports torch and transformers) and cached. Raises ZerokitError (one line) for a missing path, a
+    directory without config.json, malformed JSON, an unknown model_type, or an unreachable / unknown hub id.
     """
-    if not isinstance(model, str) or not model.strip():
-        raise ZerokitError(f"no model given: {_HINT}")
-    model = model.strip()
-    local = _resolve_local(model)
-    hub_id = None
-    if local is not None:
-        path, name = local
-        config = read_config_file(path)
-    else:
-        hub_id = name = model
-        path, config = _fetch_hub_config(model)
+    resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
+    config_path, config = resolved.load_config()
+    if not trust_remote_code:
+        counted = count_params_from_config(config)
+        if counted is not None:
+            return ModelSpec(name=resolved.name, **counted)
 
     key = _cache_key(config, trust_remote_code)
-    cached = _cache_read(key, name)
+    cached = _cache_read(key, resolved.name)
     if cached is not None:
         return cached
 
-    measured = _count_on_meta(config, str(path), trust_remote_code, hub_id)
+    source = str(config_path)
+    measured = _count_on_meta(config, source, trust_remote_code, resolved.hub_id)
     seconds = measured.pop("_seconds")  # instantiate + count on meta, imports excluded
-    spec = ModelSpec(name=name, **measured)
-    _cache_write(key, spec, hub_id or str(path), seconds)
+    spec = ModelSpec(name=resolved.name, **measured)
+    _cache_write(key, spec, resolved.hub_id or source, seconds)
     return spec
 
 
@@ -732,12 +620,4 @@ def _human(n: int) -> str:
     return str(n)
 
 
-__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "bundled_models", "spec_cache_dir"]
-
-
-def config_source(model: str) -> str:
-    """A path transformers can load the config from: a local config.json, or the cached hub download."""
-    local = _resolve_local(model)
-    if local is not None:
-        return str(local[0])
-    return str(_fetch_hub_config(model)[0])
+__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "spec_cache_dir"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from zerokit.errors import ZerokitError
+from zerokit.core.errors import ZerokitError
 
 _UNITS = {
     "": 1, "b": 1,
@@ -13,7 +13,11 @@ _UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
+# The only size constants in zerokit: binary units as nvidia-smi and DeepSpeed print them, decimal GB as vendors sell.
+KiB = 2**10
+MiB = 2**20
 GiB = 2**30
+GB = 10**9
 
 
 def parse_size(text: str | int | float, what: str = "size") -> int:

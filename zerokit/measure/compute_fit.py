@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from zerokit.timing import COMPUTE_FEATURES, compute_features
+from zerokit.estimate.timing import COMPUTE_FEATURES, compute_features
 
 FAMILIES = ("gated", "plain")  # Llama-style (gated MLP) and GPT-2-style (plain MLP) blocks
 # (layers, activation checkpointing): two depths split the per-layer costs from the per-micro-step ones, the
@@ -61,7 +61,7 @@ def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: i
 
 def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]:
     """Every (family, precision, shape, depth) to time, with its features from the model's exact spec."""
-    from zerokit.model_spec import load_model_spec  # noqa: PLC0415
+    from zerokit.spec.model import load_model_spec  # noqa: PLC0415
 
     shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
     jobs, specs = [], {}

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zerokit.hardware import Cluster
-from zerokit.model_spec import ModelSpec
-from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup
+from zerokit.core.units import GiB
+from zerokit.spec.hardware import Cluster
+from zerokit.spec.model import ModelSpec
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element
 
-GiB = 2**30
 
 # CUDA context + cuBLAS/NCCL workspaces: planners in the field add 0.65-1 GB (shared/reference
 # memory-and-time.md, "DeepSpeed buffers that users hit"). We take the upper-middle of that range.
@@ -47,7 +47,7 @@ PARAM_SWAP_BUFFER_ELEMENTS = 5 * 100_000_000
 
 
 def dtype_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
+    return bytes_per_element(precision)
 
 
 @dataclass
@@ -180,7 +180,7 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         if model.attention_dropout > 0 and on_cpu:
             # math kernel: 12 bytes per score; bf16 adds fp32 copies of q/k/v (6h), fp32 keeps one
             # h-wide tensor fewer than the flash path; no log-sum-exp. Measured on real tensors with
-            # zerokit.measure (GPT-2 shapes, seq 128 and 512): 12.0 B/score + 6h (bf16) / -4h (fp32) - 4a.
+            # zerokit.measure.meter (GPT-2 shapes, seq 128 and 512): 12.0 B/score + 6h (bf16) / -4h (fp32) - 4a.
             per_token += 12 * scores + (-4 if precision == "fp32" else 6) * h - 4 * a
     per_token += _mlp_bytes_per_token(model, precision)
     if model.num_experts > 1:
@@ -381,7 +381,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                 knobs: ZeroKnobs) -> dict[str, dict[str, int]]:
     """The per-rank terms live at each point where a step can peak (steady state: optimizer states exist).
 
-    Measured with zerokit.measure's live-tensor-byte meter on real 2-rank DeepSpeed runs
+    Measured with zerokit.measure.meter's live-tensor-byte meter on real 2-rank DeepSpeed runs
     (bench/results/accuracy_cpu.txt; docs/memory-model.md, "Phases"):
     - backward: the start of backward. Every activation is still saved, the loss's backward has
       written the fp32 gradient of the logits while the nll gradient is alive (8 bytes per logit in
@@ -551,7 +551,7 @@ class Budget:
 
 def fit_problems(est: MemoryEstimate, cluster: Cluster, budget: Budget) -> list[str]:
     """Why an estimate does not fit, one reason per exhausted budget; empty when it fits."""
-    from zerokit.units import fmt_bytes
+    from zerokit.core.units import fmt_bytes
 
     problems = []
     if est.per_gpu_total > budget.gpu_bytes:

@@ -21,8 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from zerokit.errors import ZerokitError
-from zerokit.zero_setup import ZeroKnobs, ZeroSetup
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
 AUTO = "auto"
 
@@ -359,7 +359,7 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
     if unfilled:
         raise ZerokitError(
             f"{unfilled[0]} is \"auto\" (filled by the HF Trainer at start-up): fill it before validating "
-            "(zerokit.ds_check.fill_auto) or give a concrete value"
+            "(zerokit.config.rules.fill_auto) or give a concrete value"
         )
     ds_config = _import_deepspeed_config()
     import pydantic  # noqa: PLC0415 (deepspeed depends on it)
@@ -435,7 +435,7 @@ def _batch_findings(config: Mapping, world_size: int) -> list[Finding]:
 def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding]:
     """Problems DeepSpeed lets through silently or reports only at run time; errors first.
 
-    accelerator: a zerokit.hardware.Accelerator, to check the precision against; None skips that rule.
+    accelerator: a zerokit.spec.hardware.Accelerator, to check the precision against; None skips that rule.
     """
     schema = _schema()
     out: list[Finding] = []

@@ -11,59 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 
-from zerokit.errors import ZerokitError
-from zerokit.hardware import Cluster
-from zerokit.model_spec import ModelSpec
-from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
+from zerokit.core.errors import ZerokitError
+from zerokit.core.resources import template_environment
+from zerokit.spec.hardware import Cluster
+from zerokit.spec.model import ModelSpec
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
 
 PROFILES = ("deepspeed", "hf")
 TEMPLATE_NAMES = {profile: f"ds_config.{profile}.json.j2" for profile in PROFILES}
-
-
-def template_dir():
-    """The folder holding the .j2 templates, as an importlib Traversable (a Path in practice).
-
-    An installed wheel ships them as the package `zerokit.templates`; a plain checkout has them at
-    <repo>/templates (pyproject maps that folder onto the package only when building).
-    """
-    try:
-        d = resources.files("zerokit.templates")
-        probe = d.joinpath(TEMPLATE_NAMES["deepspeed"])
-        if probe.is_file():
-            # templates/ has no __init__.py, so files() gives a namespace MultiplexedPath; the file's folder is a
-            # plain Path (a zip import would give a zipfile.Path, which is as good to the loader)
-            return probe.parent if isinstance(probe, Path) else d
-    except ModuleNotFoundError:
-        pass
-    d = Path(__file__).resolve().parent.parent / "templates"
-    if (d / TEMPLATE_NAMES["deepspeed"]).is_file():
-        return d
-    raise ZerokitError(f"zerokit's templates are missing (looked in the package zerokit.templates and {d}): reinstall zerokit")
-
-
-@lru_cache(maxsize=2)
-def template_environment(keep_trailing_newline: bool = False):
-    """The Jinja2 environment over templates/: strict (an undefined name is an error), no escaping."""
-    import jinja2
-
-    base = template_dir()
-
-    def load(name: str) -> str | None:
-        f = base.joinpath(name)
-        return f.read_text(encoding="utf-8") if f.is_file() else None
-
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(load),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=keep_trailing_newline,
-    )
-    env.filters["j"] = json.dumps  # every value goes through JSON: strings quoted, paths escaped, bools lowercase
-    return env
 
 
 def _total_steps(total_steps, workload, global_batch):
@@ -147,8 +103,8 @@ def render_ds_config(
 
 
 def write_json_atomic(path, obj) -> None:
-    """Write obj as indented JSON atomically (zerokit.fsutil.atomic_write_text)."""
-    from zerokit.fsutil import atomic_write_text
+    """Write obj as indented JSON atomically (zerokit.core.fsutil.atomic_write_text)."""
+    from zerokit.core.fsutil import atomic_write_text
 
     try:
         atomic_write_text(path, json.dumps(obj, indent=2) + "\n")

@@ -9,11 +9,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from zerokit.errors import ZerokitError
+from zerokit.core.errors import ZerokitError
 
 STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 PRECISIONS = ("bf16", "fp16", "fp32")
+# bytes per element of each training precision, and the torch dtype it names (torch.<name>)
+BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def bytes_per_element(precision: str) -> int:
+    return BYTES_PER_ELEMENT[precision]
 ATTENTION_IMPLS = ("sdpa", "flash", "eager")
 
 
@@ -109,6 +116,18 @@ def batch_split(global_batch: int, world_size: int, micro_batch: int) -> int:
 def steps_per_epoch(samples: int, global_batch: int) -> int:
     """Optimizer steps in one epoch; a last partial batch still costs a step."""
     return math.ceil(samples / global_batch)
+
+
+def optimizer_steps(num_sequences: int, world: int, micro: int, accum: int, steps: int | None = None,
+                    epochs: float | None = None) -> int:
+    """Optimizer steps of a run, counted exactly as zerokit.launch.train streams the data: DistributedSampler pads
+    every rank to ceil(n / world) samples, the last micro batch of an epoch may be short, and the data stream runs
+    across epoch boundaries, so a fractional epoch counts its micro batches. `steps` given wins; at least one."""
+    if steps is not None:
+        return steps
+    per_rank = math.ceil(num_sequences / world)
+    micro_per_epoch = math.ceil(per_rank / micro)
+    return max(1, int(math.floor((epochs or 1.0) * micro_per_epoch / accum)))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import os
 import statistics
 from pathlib import Path
 
-from zerokit.units import fmt_bytes, fmt_seconds
+from zerokit.core.units import fmt_bytes, fmt_seconds
 
 
 def read_metrics(output_dir: str | os.PathLike) -> dict[int, list[dict]]:
@@ -150,7 +150,7 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
         r["ratio"] = _ratio(r["measured"], r["predicted"])
     efficiency_to_match = None
     if p.get("efficiency") and p.get("step_seconds") and measured.get("step_seconds"):
-        from zerokit.calibrate import efficiency_from_run
+        from zerokit.estimate.timing import efficiency_from_run
 
         efficiency_to_match = efficiency_from_run(p["step_seconds"], measured["step_seconds"], p["efficiency"])
     per_rank = []
@@ -219,7 +219,7 @@ def format_report(report: dict) -> str:
 
 
 def write_report(output_dir: str | os.PathLike, report: dict) -> tuple[Path, Path]:
-    from zerokit.fsutil import atomic_write_text
+    from zerokit.core.fsutil import atomic_write_text
 
     out = Path(output_dir)
     txt, js = out / "report.txt", out / "report.json"

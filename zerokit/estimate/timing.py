@@ -13,15 +13,15 @@ factor a calibration measures absorbs what overlap recovers).
 - offload: 16-bit gradients down and parameters up over PCIe, the CPU Adam step on Ψ/nodes
   parameters per node, NVMe reads and writes of the swapped state.
 
-With a hardware profile from `zerokit calibrate` that has compute timings (calibrate.timing_terms), the
+With a hardware profile from `zerokit calibrate` that has compute timings (cluster.profile.timing), the
 compute term is priced the way small models actually behave (docs/memory-model.md, "Time"):
   per micro step = fixed cost + layers x per-layer cost + recomputed layers x their cost + FLOPs x cost
   per FLOP + attention score, activation and logit elements x their costs, the seven costs fitted on the
-  forward + backward of real HF models timed on every rank at once (calibrate_compute.py, compute_features);
+  forward + backward of real HF models timed on every rank at once (measure/compute_fit.py, compute_features);
   communication adds the measured per-call latency for every collective call (bucketed reduces,
   per-layer ZeRO-3 gathers); the optimizer step is priced at the measured torch AdamW rate (on the
   rank's partition) when nothing is offloaded; the DeepSpeed engine's own cost (hooks, optimizer
-  wrapper) is added as measured on real engines per ZeRO stage (calibrate_engine.py).
+  wrapper) is added as measured on real engines per ZeRO stage (measure/engine_fit.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from zerokit.hardware import Cluster
-from zerokit.model_spec import ModelSpec
-from zerokit.zero_setup import Workload, ZeroSetup, steps_per_epoch
+from zerokit.core.errors import ZerokitError
+
+from zerokit.spec.hardware import Cluster
+from zerokit.spec.model import ModelSpec
+from zerokit.spec.profile import COMPUTE_FEATURES
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
 
 # DeepSpeedCPUAdam throughput per node when no calibration is given. ZeRO-Offload paper
 # (Ren et al. 2021, Table 3): CPU-Adam updates 1B params in ~0.22-0.44 s on a dual-socket server.
@@ -92,7 +95,7 @@ def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     if n == 1:
         return 0.0
     ring = (n - 1) / n
-    e = 4 if setup.precision == "fp32" else 2
+    e = bytes_per_element(setup.precision)
     model_bytes = e * model.params
     accum = setup.gradient_accumulation_steps
     if setup.zero_stage in (0, 1):
@@ -115,7 +118,7 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
         return 0.0
     acc = cluster.accelerator
     n = cluster.world_size
-    e = 4 if setup.precision == "fp32" else 2
+    e = bytes_per_element(setup.precision)
     shard = model.params / n
     seconds = 0.0
     pcie = acc.pcie_bw * 1e9 if acc.pcie_bw else math.inf  # a CPU "device" copies nothing
@@ -182,8 +185,6 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     step, ZeRO-3's per-layer gathers (forward, backward, recompute)."""
     if cluster.world_size == 1:
         return CollectiveCalls(0, 0)
-    from zerokit.zero_setup import ZeroKnobs  # noqa: PLC0415
-
     knobs = knobs or ZeroKnobs.for_hidden_size(model.hidden_size)
     accum = setup.gradient_accumulation_steps
     if setup.zero_stage == 0:
@@ -207,15 +208,14 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
 
 
 # What one micro step's forward + backward is priced on with a calibrated profile, each at its measured
-# seconds per unit (calibrate_compute.py fits them on real HF models): a fixed cost per micro step
-# (embedding, final norm, loss launches), per layer, and per recomputed layer (activation checkpointing
-# re-runs each layer's forward under torch.utils.checkpoint), the FLOPs (recompute's included), the
-# attention score elements (micro batch x heads x seq^2 per layer: softmax, mask and dropout over them are
-# memory-bound), the layers' activation elements (tokens x (hidden + intermediate) per layer: norms,
-# activation functions, residual adds, dtype casts, all memory-bound) and the logits (tokens x vocab: the
-# loss's fp32 upcast and log-softmax). Recompute repeats the forward, about a third of forward + backward:
-# the scores and activation elements count 4/3 under checkpointing, as the FLOPs do.
-COMPUTE_FEATURES = ("micro", "layer", "recompute", "flop", "score", "activation", "logit")
+# seconds per unit (measure/compute_fit.py fits them on real HF models; spec.profile.COMPUTE_FEATURES names
+# them): a fixed cost per micro step (embedding, final norm, loss launches), per layer, and per recomputed
+# layer (activation checkpointing re-runs each layer's forward under torch.utils.checkpoint), the FLOPs
+# (recompute's included), the attention score elements (micro batch x heads x seq^2 per layer: softmax, mask
+# and dropout over them are memory-bound), the layers' activation elements (tokens x (hidden + intermediate)
+# per layer: norms, activation functions, residual adds, dtype casts, all memory-bound) and the logits
+# (tokens x vocab: the loss's fp32 upcast and log-softmax). Recompute repeats the forward, about a third of
+# forward + backward: the scores and activation elements count 4/3 under checkpointing, as the FLOPs do.
 
 
 def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activation_checkpointing: bool) -> dict[str, float]:
@@ -241,32 +241,23 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * n
     tokens = global_batch * workload.seq_len
     flops = flops_per_token(model, workload.seq_len, setup.activation_checkpointing) * tokens
-    terms = None
-    if acc.source.startswith("measured by zerokit calibrate"):
-        from zerokit.calibrate import timing_terms  # noqa: PLC0415 (light module; only with a profile)
-
-        terms = timing_terms(acc)
-    # the GPT-2-style fit (plain MLP) where the profile measured one, else the Llama-style one
-    compute_fits = (terms or {}).get("compute") or {}
-    family = "gated" if model.gated_mlp else "plain"
-    coef = (compute_fits.get(family) or {}).get(setup.precision) or (compute_fits.get("gated") or {}).get(setup.precision)
+    terms = cluster.profile.timing if cluster.profile is not None else None
+    coef = terms.compute_coefficients(model.gated_mlp, setup.precision) if terms else None
     comm = collective_bytes_per_step(model, cluster, setup) / link_bandwidth(cluster)
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
-    if terms and terms.get("cpu_adam_params_per_s"):
-        cpu_adam = terms["cpu_adam_params_per_s"]
+    if terms and terms.cpu_adam_params_per_s:
+        cpu_adam = terms.cpu_adam_params_per_s
     offload = offload_seconds(model, cluster, setup, cpu_adam)
     optimizer = engine = 0.0
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
-        # (calibrate.timing_terms gives older profiles' shared latency to both kinds)
-        comm += calls.reduces * terms.get("all_reduce_latency_s", 0.0) + calls.gathers * terms.get("all_gather_latency_s", 0.0)
-        from zerokit.calibrate_engine import engine_seconds as _engine  # noqa: PLC0415 (light module)
-
-        engine = _engine(terms.get("engine_overhead"), setup.precision, setup.zero_stage, model.num_layers,
+        # (spec.profile.TimingTerms gives older profiles' shared latency to both kinds)
+        comm += calls.reduces * terms.all_reduce_latency_s + calls.gathers * terms.all_gather_latency_s
+        engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
                          setup.gradient_accumulation_steps, setup.activation_checkpointing,
                          offload=setup.offload_optimizer != "none")
-        adamw = terms.get("torch_adamw_params_per_s")
+        adamw = terms.torch_adamw_params_per_s
         if adamw and setup.offload_optimizer == "none":
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
             share = model.params / (n if setup.zero_stage >= 1 else 1)
@@ -296,3 +287,30 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         engine_seconds=engine,
         calibrated=bool(coef),
     )
+
+
+def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,
+                   checkpointing: bool = False, offload: bool = False) -> float:
+    """The fitted engine cost (measure/engine_fit.py measures it on real engines) of one optimizer step (0 without a measurement for the stage); a precision
+    that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
+    by = (engine or {}).get("by_precision") or {}
+    fits = by.get(precision) or by.get("bf16" if precision == "fp16" else "fp16") or next(iter(by.values()), None)
+    fit = (fits or {}).get(str(stage))
+    if not fit:
+        return 0.0
+    per_layer = float(fit["per_layer_micro_s"]) + (float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0)
+    seconds = float(fit["per_step_s"]) + per_layer * layers * accum
+    off = fit.get("offload") if offload else None
+    if off:
+        seconds += float(off["per_step_s"]) + float(off["per_layer_micro_s"]) * layers * accum
+    return seconds
+
+
+def efficiency_from_run(predicted_step_s: float, measured_step_s: float, current_efficiency: float) -> float:
+    """The efficiency that would have made the prediction match the measured step time.
+    Step time scales as 1/efficiency, so new = current * predicted / measured, clamped to [0.01, 1]."""
+    for name, v in (("predicted_step_s", predicted_step_s), ("measured_step_s", measured_step_s),
+                    ("current_efficiency", current_efficiency)):
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")):
+            raise ZerokitError(f"{name} must be a positive number, got {v!r}")
+    return max(0.01, min(1.0, current_efficiency * predicted_step_s / measured_step_s))

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zerokit.errors import ZerokitError
-from zerokit.hardware import Cluster
-from zerokit.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, estimate_memory, fit_problems
-from zerokit.model_spec import ModelSpec
-from zerokit.timing import TimeEstimate, estimate_time
-from zerokit.units import fmt_bytes
-from zerokit.zero_setup import Workload, ZeroKnobs, ZeroSetup, batch_split
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hardware import Cluster
+from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, estimate_memory, fit_problems
+from zerokit.spec.model import ModelSpec
+from zerokit.estimate.timing import TimeEstimate, estimate_time
+from zerokit.core.units import fmt_bytes
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, batch_split
 
 TIE_TOLERANCE = 0.01  # relative step-time difference treated as a tie
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -35,6 +35,7 @@ class Evaluation:
     fits: bool
     memory: MemoryEstimate
     time: TimeEstimate
+    budget: Budget  # what it was judged against (device memory x --memory-fraction, host RAM, NVMe)
     reasons: list[str] = field(default_factory=list)  # why it does not fit
 
     def to_dict(self) -> dict:
@@ -51,10 +52,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, workload: Workload, setup: Zero
              knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Evaluation:
     """Memory, time and fit of one setup."""
     mem = estimate_memory(model, cluster, setup, workload, knobs)
-    reasons = fit_problems(mem, cluster, Budget.of(cluster, memory_fraction))
+    budget = Budget.of(cluster, memory_fraction)
+    reasons = fit_problems(mem, cluster, budget)
     if not cluster.accelerator.supports(setup.precision):
         reasons.insert(0, f"{setup.precision} is not supported on {cluster.accelerator.name}")
-    return Evaluation(setup, not reasons, mem, estimate_time(model, cluster, setup, workload, knobs), reasons)
+    return Evaluation(setup, not reasons, mem, estimate_time(model, cluster, setup, workload, knobs), budget, reasons)
 
 
 def simplicity(setup: ZeroSetup) -> tuple:
@@ -76,13 +78,18 @@ class Plan:
     suggestions: list[str]
     ds_config: dict | None = None
     notes: list[str] = field(default_factory=list)
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION  # the share of device memory every fit was judged on
+
+    @property
+    def budget(self) -> Budget:
+        return Budget.of(self.cluster, self.memory_fraction)
 
     @property
     def choice(self) -> ZeroSetup | None:
         return self.best.setup if self.best else None
 
     def to_dict(self) -> dict:
-        budget = Budget.of(self.cluster)
+        budget = self.budget
         out = {
             "model": self.model.to_dict(),
             "hardware": self.cluster.to_dict(),
@@ -207,7 +214,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
         rejected.append(_rejection(ev, reason))
     for ev in family_failures:
         rejected.append(_rejection(ev, "does not fit: " + "; ".join(ev.reasons)))
-    plan = Plan(model, cluster, workload, chosen is not None, chosen or smallest, rejected, [])
+    plan = Plan(model, cluster, workload, chosen is not None, chosen or smallest, rejected, [],
+                memory_fraction=memory_fraction)
     if chosen is None and smallest is not None:
         plan.suggestions = suggest(model, cluster, workload, smallest, knobs, memory_fraction)
     return plan

@@ -31,11 +31,11 @@ import os
 import time
 from typing import Any
 
-from zerokit.errors import ZerokitError
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.setup import TORCH_DTYPE_NAMES
 
 __all__ = ["trace_activation_memory", "load_config"]
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _CATS = {
     "Parameter": "parameters",
     "Buffer": "buffers",
@@ -218,8 +218,8 @@ def trace_activation_memory(
       all-ones mask for eager; True/False force it.
     fake=False runs the same step on real tensors (small configs only: it allocates everything).
     """
-    if precision not in _DTYPES:
-        raise ZerokitError(f"precision {precision!r} is not one of {', '.join(_DTYPES)}")
+    if precision not in TORCH_DTYPE_NAMES:
+        raise ZerokitError(f"precision {precision!r} is not one of {', '.join(TORCH_DTYPE_NAMES)}")
     if seq_len < 1 or micro_batch < 1:
         raise ZerokitError("seq_len and micro_batch must be at least 1")
     import torch  # noqa: PLC0415
@@ -227,7 +227,7 @@ def trace_activation_memory(
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     config = load_config(config_or_model_dir)
-    dtype = getattr(torch, _DTYPES[precision])
+    dtype = getattr(torch, TORCH_DTYPE_NAMES[precision])
     t0 = time.perf_counter()
     tried = [attn_implementation] if attn_implementation == "eager" else [attn_implementation, "eager"]
     errors = []
@@ -286,62 +286,3 @@ def trace_activation_memory(
         "phases": phases,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
-
-
-
-# The memory model's terms that a trace of forward + backward measures directly. Kept analytic:
-# logits_output (the logits a training loop's outputs object keeps alive through backward belong to
-# the loop: train.py, the HF Trainer) and loss_backward_transient (the nll gradient alive with the
-# logits gradient, measured in real runs; the trace's MemTracker snapshot does not hold it).
-ANALYTIC_ACTIVATION_TERMS = ("activations", "activations_checkpoints", "activations_recompute", "activations_final_norm",
-                             "logits_and_loss", "logits_grad", "attention_backward")
-
-
-LAYER_ACTIVATION_TERMS = ("activations", "activations_checkpoints", "activations_recompute")
-
-
-def apply_trace_to_plan(plan, model: str | None) -> None:
-    """`zerokit plan --trace`: replace the chosen setup's analytic activation terms with a traced measure.
-
-    The trace runs the real HF modules under FakeTensorMode (no memory allocated) at the plan's micro
-    batch, sequence length, precision and checkpointing. In every phase of the memory model that holds
-    layer activations, the analytic activation and logits terms are replaced: by the traced peak (activations + temporaries) in
-    the phase where the analytic activations are largest, by the activations held after forward in the
-    others; then the peak phase and the fit are taken again. It costs ~20 s per plan for 2B-8B models
-    on 2 cores (bench/results/activation_trace.txt), so only the chosen setup is traced.
-    """
-    from zerokit.memory import Budget, fit_problems
-    from zerokit.model_spec import config_source
-
-    if not model:
-        raise ZerokitError("--trace needs a model config to trace: give a model id or directory, not --params")
-    if plan.best is None:
-        return
-    ev = plan.best
-    setup, workload, mem = ev.setup, plan.workload, ev.memory
-    traced = trace_activation_memory(
-        config_source(model), seq_len=workload.seq_len, micro_batch=setup.micro_batch_size,
-        precision=setup.precision, activation_checkpointing=setup.activation_checkpointing,
-        attn_implementation="eager" if workload.attention == "eager" else "sdpa",
-    )
-    analytic = {name: sum(t.get(k, 0) for k in ANALYTIC_ACTIVATION_TERMS) for name, t in mem.phase_terms.items()}
-    # phases that hold layer activations (not those holding only the outputs' logits after backward)
-    with_acts = [name for name, t in mem.phase_terms.items() if any(k in t for k in LAYER_ACTIVATION_TERMS)]
-    top = max(with_acts, key=analytic.get)
-    for name, terms in mem.phase_terms.items():
-        if name not in with_acts:
-            continue
-        for k in ANALYTIC_ACTIVATION_TERMS:
-            terms.pop(k, None)
-        key = "peak_activation_bytes" if name == top else "activation_bytes"
-        terms["activations_traced"] = int(traced[key])
-    mem.phases = {name: sum(t.values()) for name, t in mem.phase_terms.items()}
-    mem.peak_phase = max(mem.phases, key=mem.phases.get)
-    mem.per_gpu = dict(mem.phase_terms[mem.peak_phase])
-    mem.notes.append(
-        f"activations traced under FakeTensorMode ({traced['attn_implementation']}) in {traced['wall_s']:.1f} s: "
-        f"{traced['peak_activation_bytes']:,} bytes at peak vs {analytic[top]:,} analytic"
-    )
-    ev.reasons = fit_problems(mem, plan.cluster, Budget.of(plan.cluster))
-    ev.fits = not ev.reasons
-    plan.fits = ev.fits

@@ -1,0 +1,46 @@
+"""`zerokit check CONFIG`: validate a ds_config.json a user already has, then check that it fits."""
+
+from __future__ import annotations
+
+import json
+
+from zerokit.cli.common import load_cluster, load_model, load_workload, positive_int
+
+
+def add_check_parser(sub, parents) -> None:
+    p = sub.add_parser("check", parents=parents, help="validate an existing ds_config.json and check that it fits")
+    p.add_argument("config", help="ds_config.json to check")
+    p.add_argument("--model", dest="model", help="HF model id, local directory or bundled name")
+    p.add_argument("--activation-checkpointing", choices=("on", "off"),
+                   help="override what the config says (its activation_checkpointing block)")
+    p.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size",
+                   help='for "auto" configs: the per-device batch the HF Trainer will fill in (default: its default, 8)')
+    p.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps",
+                   help='for "auto" configs: the accumulation the HF Trainer will fill in (default 1)')
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args) -> int:
+    from zerokit.config.check import check_config
+    from zerokit.config.rules import load_config_file
+
+    config = load_config_file(args.config)
+    has_model = bool(getattr(args, "model", None) or getattr(args, "params", None))
+    model = load_model(args) if has_model else None
+    cluster = load_cluster(args)
+    trainer_values = {}
+    if args.micro_batch_size:
+        trainer_values["train_micro_batch_size_per_gpu"] = args.micro_batch_size
+    if args.gradient_accumulation_steps:
+        trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
+    ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
+    result = check_config(config, args.config, model, cluster, load_workload(args), activation_checkpointing=ckpt,
+                          trainer_values=trainer_values or None)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from zerokit.report.plan_text import format_check
+
+        print(format_check(result))
+    return result.exit_code

@@ -1,0 +1,156 @@
+"""What every command shares: number types, the one-line usage error, the option groups, and the only place a
+Namespace becomes typed objects (model spec, hardware, workload, pins)."""
+
+from __future__ import annotations
+
+import argparse
+
+from zerokit.core.errors import EXIT_INVALID, ZerokitError
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line with exit code 2 (no usage dump)."""
+
+    def error(self, message):
+        self.exit(EXIT_INVALID, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def hardware_parent() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False)
+    g = p.add_argument_group("hardware (the same on every command)")
+    g.add_argument("--gpu", help="accelerator from the catalog (a100-80gb, h100-80gb, h200, l40s, a10g, v100-32gb, "
+                                 "rtx4090, cpu, ...); default a100-80gb, or cpu for launch on a machine without CUDA")
+    g.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, overrides the catalog (e.g. 80GB, 24GiB)")
+    g.add_argument("--gpus-per-node", type=positive_int, metavar="N")
+    g.add_argument("--nodes", type=positive_int, metavar="N")
+    g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile (`host slots=N` per line): sets nodes and GPUs per node")
+    g.add_argument("--cpu-memory", metavar="SIZE", help="host RAM per node (checked when given)")
+    g.add_argument("--nvme-path", metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
+    g.add_argument("--nvme-size", metavar="SIZE", help="free NVMe per node (default: free space at --nvme-path)")
+    g.add_argument("--hardware-profile", metavar="FILE", help="measured profile from `zerokit calibrate`")
+    return p
+
+
+def model_parent() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False)
+    g = p.add_argument_group("model")
+    g.add_argument("--params", metavar="N", help="bare parameter count (7e9, 7B, 125M) instead of a model config")
+    g.add_argument("--hidden-size", type=positive_int)
+    g.add_argument("--num-layers", type=positive_int)
+    g.add_argument("--vocab-size", type=positive_int)
+    return p
+
+
+def workload_parent() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False)
+    g = p.add_argument_group("workload")
+    g.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per sample (default 2048)")
+    g.add_argument("--global-batch", type=positive_int, metavar="N",
+                   help="samples per optimizer step = micro x accumulation x GPUs per node x nodes")
+    g.add_argument("--samples", type=positive_int, metavar="N", help="training samples per epoch (for total time)")
+    g.add_argument("--epochs", type=positive_float, default=1.0)
+    g.add_argument("--attention", choices=("sdpa", "flash", "eager"), default="sdpa")
+    return p
+
+
+def setup_parent() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False)
+    g = p.add_argument_group("pin a setup dimension (the planner chooses the rest)")
+    g.add_argument("--stage", type=int, choices=(0, 1, 2, 3), dest="zero_stage")
+    g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"))
+    g.add_argument("--offload-param", choices=("none", "cpu", "nvme"))
+    g.add_argument("--precision", choices=("bf16", "fp16", "fp32"))
+    g.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size")
+    g.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps")
+    g.add_argument("--activation-checkpointing", choices=("on", "off"))
+    g.add_argument("--memory-fraction", type=positive_float, default=None,
+                   help="share of GPU memory a plan may use (default 0.95; the rest absorbs fragmentation)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Namespace -> typed objects
+
+
+def hardware_from_args(args, default_gpu: str | None = None):
+    from zerokit.spec.hardware import HardwareOptions
+
+    return HardwareOptions(gpu=args.gpu or default_gpu, gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node,
+                           nodes=args.nodes, hostfile=args.hostfile, cpu_memory=args.cpu_memory,
+                           nvme_path=args.nvme_path, nvme_size=args.nvme_size, hardware_profile=args.hardware_profile)
+
+
+def load_cluster(args, default_gpu: str | None = None):
+    return hardware_from_args(args, default_gpu).build()
+
+
+def load_model(args):
+    """The ModelSpec: from --params (pure arithmetic) or the model the resolver finds."""
+    if getattr(args, "params", None):
+        if getattr(args, "model", None):
+            raise ZerokitError("give either a model or --params, not both")
+        from zerokit.core.units import parse_count
+        from zerokit.spec.model import spec_from_params
+
+        return spec_from_params(parse_count(args.params, "--params"), hidden_size=args.hidden_size,
+                                num_layers=args.num_layers, vocab_size=args.vocab_size)
+    if not getattr(args, "model", None):
+        raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or --params N")
+    from zerokit.spec.model import load_model_spec
+
+    return load_model_spec(args.model)
+
+
+def load_workload(args):
+    from zerokit.spec.setup import Workload
+
+    return Workload(seq_len=args.seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs,
+                    attention=args.attention)
+
+
+def pins_from_args(args) -> dict:
+    pins = {k: getattr(args, k, None) for k in ("zero_stage", "offload_optimizer", "offload_param", "precision",
+                                                "micro_batch_size", "gradient_accumulation_steps")}
+    ac = getattr(args, "activation_checkpointing", None)
+    if ac is not None:
+        pins["activation_checkpointing"] = ac == "on"
+    return {k: v for k, v in pins.items() if v is not None}
+
+
+def memory_fraction_from_args(args) -> float:
+    from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
+
+    fraction = getattr(args, "memory_fraction", None) or DEFAULT_MEMORY_FRACTION
+    if fraction > 1:
+        raise ZerokitError(f"--memory-fraction must be at most 1, got {fraction}")
+    return fraction

@@ -1,0 +1,98 @@
+"""`zerokit launch`: plan (or take) a ds_config, check it fits, then run it under the deepspeed launcher.
+
+    zerokit launch --model tiny-llama --plan --gpus-per-node 2 --steps 20
+    zerokit launch --model DIR --data corpus/ --config ds_config.json --output-dir runs/x --save-every 50
+    zerokit launch ... --dry-run            # print the exact command, env and config; run and write nothing
+
+This module only parses: launch/prepare.py validates and plans (writing nothing), launch/execute.py writes
+the run directory, runs the ranks through the restart supervisor and writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zerokit.cli.common import hardware_from_args, memory_fraction_from_args, nonneg_int, pins_from_args, positive_float, positive_int
+from zerokit.core.errors import EXIT_OK
+
+
+def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
+    """Add the `launch` subcommand (parents: the setup-pin and hardware option groups)."""
+    p = subparsers.add_parser(
+        "launch", parents=parents,
+        help="check the setup fits, then train with the deepspeed launcher (restarts, checkpoints, report)",
+        description="Train MODEL on DATA with DeepSpeed: plan or take a ds_config, refuse what does not fit, "
+                    "run every rank under the deepspeed launcher, restart from the latest checkpoint after a "
+                    "crash, and report predicted vs measured memory and speed.",
+    )
+    p.add_argument("--model", required=True,
+                   help="HF id, local model directory (weights loaded if present), config-only directory, or "
+                        "bundled config name (tiny-llama, ...) for random init")
+    p.add_argument("--data", help=".txt/.jsonl file (\"text\" field) or a directory of them; default: the bundled "
+                                  "tiny corpus")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--plan", action="store_true", help="let the planner choose the setup and render the config")
+    src.add_argument("--config", metavar="DS_CONFIG", help="use this ds_config.json (checked first)")
+    p.add_argument("--output-dir", metavar="DIR", help="default runs/<model>-<time>")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=positive_int, help="optimizer steps (default: one epoch)")
+    length.add_argument("--epochs", type=positive_float, help="passes over the data (default 1)")
+    p.add_argument("--save-every", type=nonneg_int, metavar="K",
+                   help="checkpoint every K steps (default: 10 checkpoints when --max-restarts > 0, else only the last)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
+    p.add_argument("--max-restarts", type=nonneg_int, default=0, metavar="R",
+                   help="relaunch from the latest complete checkpoint up to R times if a rank dies")
+    p.add_argument("--dry-run", action="store_true", help="print the command, environment and config; run nothing")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sample (default min(512, the model's maximum))")
+    p.add_argument("--global-batch", type=positive_int, metavar="N", help="samples per optimizer step (--plan)")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (--plan; default 2e-5 for pretrained "
+                                                     "weights, 1e-3 for a random-init model)")
+    p.add_argument("--warmup-steps", type=nonneg_int, default=None, help="LR warm-up steps (--plan; default 1/10 of the run)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--master-port", type=positive_int, help="rendezvous port (default: a free one)")
+    p.add_argument("--no-report", action="store_true", help="skip the predicted-vs-measured report")
+    multi = p.add_argument_group("multi-node")
+    multi.add_argument("--launcher", choices=("pdsh", "openmpi", "mpich", "slurm"),
+                       help="DeepSpeed's multi-node launcher (default pdsh when --hostfile names other hosts)")
+    multi.add_argument("--master-addr", metavar="HOST", help="rendezvous address (default: DeepSpeed asks the first host)")
+    multi.add_argument("--sbatch", metavar="FILE",
+                       help="prepare the run directory and write a Slurm batch script for this job instead of running it "
+                            "(submit with: sbatch FILE)")
+    multi.add_argument("--time-limit", default="04:00:00", help="--sbatch: Slurm time limit (default 04:00:00)")
+    multi.add_argument("--partition", help="--sbatch: Slurm partition")
+    p.set_defaults(func=run_launch)
+    return p
+
+
+def request_from_args(args):
+    from zerokit.launch.prepare import LaunchRequest
+
+    return LaunchRequest(
+        model=args.model, hardware=hardware_from_args(args), data=args.data, config=args.config,
+        pins=pins_from_args(args), memory_fraction=memory_fraction_from_args(args), output_dir=args.output_dir,
+        steps=args.steps, epochs=args.epochs, save_every=args.save_every, resume=args.resume,
+        max_restarts=args.max_restarts, seq_len=args.seq_len, global_batch=args.global_batch, lr=args.lr,
+        warmup_steps=args.warmup_steps, seed=args.seed, master_port=args.master_port, launcher=args.launcher,
+        master_addr=args.master_addr, sbatch=args.sbatch, time_limit=args.time_limit, partition=args.partition,
+    )
+
+
+def run_launch(args) -> int:
+    from zerokit.launch import execute
+    from zerokit.launch.prepare import prepare_launch
+
+    plan = prepare_launch(request_from_args(args))
+    if args.dry_run:
+        print(execute.describe_command(plan, args.resume))
+        print(f"# ds_config ({plan.cfg_path}):")
+        print(json.dumps(plan.ds_config, indent=2))
+        print("# dry run: nothing was written or started")
+        return EXIT_OK
+    execute.write_run_directory(plan)
+    if args.sbatch:
+        print(execute.write_sbatch(plan))
+        return EXIT_OK
+    sys.stderr.flush()
+    return execute.run(plan, report=not args.no_report)

@@ -1,0 +1,110 @@
+"""`zerokit plan` and `zerokit render`: the planner's choice, as a table or JSON, and as a ds_config.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from zerokit.cli.common import (
+    load_cluster,
+    load_model,
+    load_workload,
+    memory_fraction_from_args,
+    pins_from_args,
+)
+from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_OK, ZerokitError
+
+
+def add_plan_parser(sub, parents) -> None:
+    p = sub.add_parser("plan", parents=parents, help="memory breakdown, best ZeRO setup, step and total time")
+    p.add_argument("model", nargs="?", help="HF model id, local directory with config.json, or bundled name (tiny-llama, llama-3-8b, ...)")
+    p.add_argument("--trace", action="store_true", help="measure activations by tracing the model under FakeTensorMode (slower)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_plan)
+
+
+def add_render_parser(sub, parents) -> None:
+    p = sub.add_parser("render", parents=parents, help="plan, then write the ds_config.json")
+    p.add_argument("model", nargs="?")
+    p.add_argument("-o", "--output", default="ds_config.json", help="where to write (default ds_config.json; - for stdout)")
+    p.add_argument("--profile", choices=("deepspeed", "hf"), default="deepspeed",
+                   help="deepspeed: every value concrete; hf: 'auto' where the HF Trainer fills values")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON as well")
+    p.set_defaults(func=cmd_render)
+
+
+def build_plan(args):
+    from zerokit.plan.planner import make_plan
+
+    model = load_model(args)
+    cluster = load_cluster(args)
+    workload = load_workload(args)
+    fraction = memory_fraction_from_args(args)
+    pins = pins_from_args(args)
+    plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
+    if args.hardware_profile:
+        from zerokit.plan.refine import calibration_effect
+
+        try:  # the same plan on the catalog's figures
+            catalog = make_plan(model, load_cluster(_without_profile(args)), workload, pins, memory_fraction=fraction)
+        except ZerokitError:
+            catalog = None
+        plan.notes.append(calibration_effect(plan, catalog, args.hardware_profile))
+    if getattr(args, "trace", False) and plan.best is not None:
+        if not args.model:
+            raise ZerokitError("--trace needs a model config to trace: give a model id or directory, not --params")
+        from zerokit.measure.trace import trace_activation_memory
+        from zerokit.plan.refine import apply_activation_trace
+        from zerokit.spec.resolve import resolve_model
+
+        setup = plan.best.setup
+        traced = trace_activation_memory(
+            str(resolve_model(args.model).config_file()), seq_len=workload.seq_len, micro_batch=setup.micro_batch_size,
+            precision=setup.precision, activation_checkpointing=setup.activation_checkpointing,
+            attn_implementation="eager" if workload.attention == "eager" else "sdpa",
+        )
+        apply_activation_trace(plan, traced)
+    if plan.best is not None:
+        from zerokit.config.render import render_ds_config
+
+        plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
+                                          profile=getattr(args, "profile", "deepspeed"))
+    return plan
+
+
+def _without_profile(args):
+    from argparse import Namespace
+
+    return Namespace(**{**vars(args), "hardware_profile": None})
+
+
+def cmd_plan(args) -> int:
+    plan = build_plan(args)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        from zerokit.report.plan_text import format_plan
+
+        print(format_plan(plan))
+    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+
+
+def cmd_render(args) -> int:
+    plan = build_plan(args)
+    if plan.ds_config is None or not plan.fits:
+        from zerokit.report.plan_text import format_plan
+
+        print(format_plan(plan), file=sys.stderr)
+        raise ZerokitError("nothing fits, no ds_config written: see the suggestions above", exit_code=EXIT_DOES_NOT_FIT)
+    text = json.dumps(plan.ds_config, indent=2) + "\n"
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        from zerokit.config.render import write_json_atomic
+
+        write_json_atomic(args.output, plan.ds_config)
+        if args.json:
+            print(json.dumps(plan.to_dict(), indent=2))
+        else:
+            print(f"wrote {args.output} ({plan.choice.label})")
+    return EXIT_OK

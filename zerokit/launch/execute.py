@@ -1,0 +1,85 @@
+"""`zerokit launch`, running: write the run directory, start the deepspeed launcher through the restart
+supervisor (launch/runner.py), then write the predicted-vs-measured report."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from zerokit.core.errors import EXIT_OK, ZerokitError
+from zerokit.core.fsutil import atomic_write_text
+from zerokit.launch.command import build_launch_command, render_sbatch
+from zerokit.launch.prepare import LaunchPlan
+
+
+def describe_command(plan: LaunchPlan, resume: bool) -> str:
+    """The exact command and environment, as shell lines (what --dry-run prints)."""
+    argv, env = build_launch_command(plan.launch_spec(resume))
+    lines = [f"# {plan.setup.label} | {plan.cluster.world_size} ranks | {plan.steps} steps | seq {plan.seq_len} | "
+             f"{plan.samples} sequences ({plan.total_tokens:,} tokens)", "# environment:"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines += ["# command:", shlex.join(argv)]
+    return "\n".join(lines)
+
+
+def write_run_directory(plan: LaunchPlan) -> None:
+    """The config and the packed tokens every rank memory-maps (and, for pdsh, DeepSpeed's .deepspeed_env)."""
+    from zerokit.config.render import write_json_atomic
+    from zerokit.launch import data as zdata
+
+    plan.out_abs.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(plan.cfg_path, plan.ds_config)
+    zdata.write_tokens(plan.tokens, plan.total_tokens, plan.files, plan.tokenizer, plan.seq_len, plan.tokens_path.parent)
+    if plan.multi_node and not plan.request.sbatch:  # the sbatch script exports the same variables itself
+        from zerokit.spec.hostfile import write_deepspeed_env
+
+        write_deepspeed_env(os.getcwd(), plan.env)
+
+
+def write_sbatch(plan: LaunchPlan) -> str:
+    req = plan.request
+    script = render_sbatch(plan.launch_spec(req.resume), job_name=f"zerokit-{plan.out_abs.name}",
+                           nodes=plan.cluster.nodes, gpus_per_node=plan.cluster.gpus_per_node,
+                           time_limit=req.time_limit, partition=req.partition, output_dir=str(plan.out_abs))
+    atomic_write_text(req.sbatch, script, mode=0o755)
+    return (f"wrote {req.sbatch} for {plan.setup.label} on {plan.cluster.nodes} node(s); submit with: "
+            f"sbatch {shlex.quote(req.sbatch)}")
+
+
+def run(plan: LaunchPlan, report: bool = True) -> int:
+    """Train: launch.json, the launcher under the restart supervisor, the report. Returns the exit code."""
+    from zerokit.config.render import write_json_atomic
+    from zerokit.launch.runner import run_with_restarts
+
+    req, out = plan.request, plan.out_abs
+    argv0, env0 = build_launch_command(plan.launch_spec(req.resume))
+    write_json_atomic(out / "launch.json", {
+        "command": argv0, "env": env0, "steps": plan.steps, "save_every": plan.save_every, "seq_len": plan.seq_len,
+        "model": plan.model.source, "tokenizer": plan.tokenizer, "data": [str(f) for f in plan.files],
+        "setup": plan.setup.to_dict(), "prediction": plan.prediction, "max_restarts": req.max_restarts,
+    })
+    print(describe_command(plan, req.resume), file=sys.stderr, flush=True)
+
+    def make(resume: bool, attempt: int):
+        return build_launch_command(plan.launch_spec(resume))
+
+    result = run_with_restarts(make, out, max_restarts=req.max_restarts, resume=req.resume,
+                               shm_port=None if plan.multi_node else plan.port)
+    if report:
+        from zerokit.report.run_report import build_report, format_report, read_metrics, summarize_metrics, write_report
+
+        measured = summarize_metrics(read_metrics(out))
+        rep = build_report(plan.prediction, measured, result.to_dict())
+        write_report(out, rep)
+        print(format_report(rep))
+    if result.interrupted:
+        print("interrupted: every rank was stopped", file=sys.stderr)
+        return result.returncode
+    if not result.ok:
+        raise ZerokitError(f"training failed (launcher exit code {result.returncode}) after {result.restarts} restarts: "
+                           f"see the rank output above; resume with --resume --output-dir {plan.out}",
+                           exit_code=result.returncode if 0 < result.returncode < 128 else 1)
+    print(f"done: {plan.steps} steps, {result.restarts} restarts ({result.redone_steps} steps redone); "
+          f"weights in {plan.out / 'final'}")
+    return EXIT_OK

@@ -1,0 +1,297 @@
+"""`zerokit launch`, before anything runs: a typed LaunchRequest becomes a frozen LaunchPlan.
+
+Order: validate everything (model, data, tokenizer, hardware, hostfile, config, fit) before the output
+directory exists. Each step is a small function; prepare_launch() runs them in order and writes nothing.
+Raises ZerokitError (one line) on bad input; a setup that does not fit prints its breakdown to stderr first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
+from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
+from zerokit.launch.checkpoints import CKPT_SUBDIR, read_latest
+from zerokit.launch.command import LaunchSpec, validate
+from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
+from zerokit.measure.ranks import free_port
+from zerokit.spec.hardware import Cluster, HardwareOptions
+from zerokit.spec.resolve import ResolvedModel, resolve_model
+from zerokit.spec.setup import Workload, optimizer_steps
+
+DEFAULT_SEQ_LEN = 512  # at most; the model's maximum positions when smaller
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the user asked `zerokit launch` for (zerokit/cli/launch.py builds it from the command line)."""
+
+    model: str
+    hardware: HardwareOptions = HardwareOptions()
+    data: str | None = None  # None: the bundled tiny corpus
+    config: str | None = None  # a ds_config.json to use (checked); None: plan one
+    pins: dict = field(default_factory=dict)  # setup dimensions pinned for the planner (planner.PIN_KEYS)
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION
+    output_dir: str | None = None  # default runs/<model>-<time>
+    steps: int | None = None
+    epochs: float | None = None
+    save_every: int | None = None  # None: 10 checkpoints when max_restarts > 0, else only the last
+    resume: bool = False
+    max_restarts: int = 0
+    seq_len: int | None = None  # default min(DEFAULT_SEQ_LEN, the model's maximum positions)
+    global_batch: int | None = None
+    lr: float | None = None  # default 2e-5 for pretrained weights, 1e-3 for a random-init model
+    warmup_steps: int | None = None  # default 1/10 of the run
+    seed: int = 1234
+    master_port: int | None = None
+    launcher: str | None = None  # pdsh | openmpi | mpich | slurm; default pdsh when the hostfile names other hosts
+    master_addr: str | None = None
+    sbatch: str | None = None  # write a Slurm batch script here instead of running
+    time_limit: str = "04:00:00"
+    partition: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """Everything validated: what a run, a dry run or an sbatch script needs. Nothing is written yet."""
+
+    request: LaunchRequest
+    model: ResolvedModel
+    cluster: Cluster
+    spec: Any  # spec.model.ModelSpec
+    files: list  # the data files
+    tokenizer: str
+    tokens: Any  # numpy int32 [samples, seq_len]
+    total_tokens: int
+    seq_len: int
+    ds_config: dict
+    evaluation: Any  # plan.planner.Evaluation of the setup that runs
+    steps: int
+    save_every: int
+    out: Path  # as the user named it
+    out_abs: Path
+    launcher: str  # local | pdsh | openmpi | mpich | slurm
+    multi_node: bool
+    port: int
+    env: dict
+    deepspeed_bin: str
+    prediction: dict
+
+    @property
+    def setup(self):
+        return self.evaluation.setup
+
+    @property
+    def samples(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def cfg_path(self) -> Path:
+        return self.out_abs / "ds_config.json"
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.out_abs / "data" / "tokens.npy"
+
+    def script_args(self, resume: bool) -> list[str]:
+        """The rank entrypoint's arguments (zerokit/cli/rank.py)."""
+        a = ["--model", self.model.source, "--tokens", str(self.tokens_path), "--tokenizer", self.tokenizer,
+             "--ds-config", str(self.cfg_path), "--output-dir", str(self.out_abs), "--steps", str(self.steps),
+             "--save-every", str(self.save_every), "--seed", str(self.request.seed)]
+        if self.setup.activation_checkpointing:
+            a.append("--gradient-checkpointing")
+        if resume:
+            a.append("--resume")
+        return a
+
+    def launch_spec(self, resume: bool) -> LaunchSpec:
+        """What launch/command.py turns into the deepspeed command (a fresh run, or a resume)."""
+        req, cluster = self.request, self.cluster
+        common = dict(num_gpus=cluster.gpus_per_node, master_port=self.port, script_args=self.script_args(resume),
+                      env=self.env, deepspeed_bin=self.deepspeed_bin)
+        hostfile = req.hardware.hostfile
+        if self.launcher == "slurm":
+            # the sbatch template replaces hostfile and master address with the allocation's
+            return LaunchSpec(launcher="slurm", num_nodes=cluster.nodes,
+                              hostfile=str(Path(hostfile).resolve() if hostfile else self.out_abs / "hostfile"),
+                              master_addr=req.master_addr or "localhost", **common)
+        if self.multi_node:
+            return LaunchSpec(launcher=self.launcher, num_nodes=cluster.nodes, hostfile=str(Path(hostfile).resolve()),
+                              master_addr=req.master_addr, **common)
+        return LaunchSpec(launcher="local", **common)
+
+
+# ----------------------------------------------------------------------------------------------
+# the steps
+
+
+def resolve_cluster(req: LaunchRequest) -> tuple[Cluster, dict, bool]:
+    """(cluster, hosts from the hostfile, whether other hosts take part). On a machine without CUDA the ranks
+    are CPU processes (gloo): the default accelerator is then `cpu`, else the local GPUs."""
+    hw = req.hardware
+    n_cuda, cuda_mib = cuda_devices()
+    gpus_per_node = hw.gpus_per_node if hw.gpus_per_node is not None else (None if hw.hostfile else n_cuda or 1)
+    gpu_memory = hw.gpu_memory or (None if hw.gpu else (f"{cuda_mib}MiB" if cuda_mib else None))
+    cluster = replace(hw, gpu=hw.gpu or (None if n_cuda else "cpu"), gpu_memory=gpu_memory,
+                      gpus_per_node=gpus_per_node).build()
+    hosts = dict(cluster.hosts) if cluster.hosts else {}
+    multi_node = bool(hosts) and not (len(hosts) == 1 and is_local(next(iter(hosts))))
+    if cluster.nodes > 1 and not hosts and not (req.sbatch or req.launcher == "slurm"):
+        raise ZerokitError(f"--nodes {cluster.nodes} needs --hostfile naming the nodes: give one")
+    return cluster, hosts, multi_node
+
+
+def choose_seq_len(req: LaunchRequest, config: dict) -> int:
+    max_pos = config.get("max_position_embeddings") or config.get("n_positions") or 2048
+    seq_len = req.seq_len or min(DEFAULT_SEQ_LEN, int(max_pos))
+    if seq_len > int(max_pos):
+        raise ZerokitError(f"--seq-len {seq_len} exceeds the model's maximum of {max_pos} positions: lower it")
+    return seq_len
+
+
+def tokenize_data(req: LaunchRequest, model: ResolvedModel, config: dict, spec, seq_len: int):
+    """(files, tokenizer, token blocks, total tokens): the empty-data and vocabulary checks need the tokens."""
+    from zerokit.launch import data as zdata
+
+    files = zdata.resolve_data_files(req.data)
+    tokenizer = model.tokenizer
+    arr, total_tokens = zdata.tokenize_files(files, tokenizer, seq_len)
+    vocab = config.get("vocab_size") or spec.vocab_size
+    if vocab and int(arr.max()) >= int(vocab):
+        raise ZerokitError(f"tokenizer {tokenizer} produces token id {int(arr.max())} but the model's vocabulary has "
+                           f"{vocab} entries: use the model's own tokenizer")
+    return files, tokenizer, arr, total_tokens
+
+
+def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluster, samples: int, seq_len: int):
+    """(ds_config, evaluation, steps): the user's --config checked, or the planner's choice rendered.
+    A setup that does not fit prints its breakdown to stderr and raises (exit 1)."""
+    from zerokit.report.plan_text import format_check, format_plan
+
+    pins, world = dict(req.pins), cluster.world_size
+    if req.config:
+        if pins.keys() - {"activation_checkpointing"}:
+            raise ZerokitError("--stage/--offload-*/--precision/--micro-batch/--grad-accum choose a setup for --plan; "
+                               "with --config the config decides: drop them or use --plan")
+        from zerokit.config.check import check_config
+        from zerokit.config.rules import load_config_file
+
+        ds_config = load_config_file(req.config)
+        result = check_config(ds_config, req.config, spec, cluster, Workload(seq_len=seq_len, samples=samples),
+                              activation_checkpointing=bool(pins.get("activation_checkpointing")),
+                              memory_fraction=req.memory_fraction)
+        if not result.valid or (result.evaluation is not None and not result.evaluation.fits):
+            print(format_check(result), file=sys.stderr)
+            if not result.valid:
+                raise ZerokitError(f"{req.config} is not a valid DeepSpeed config for {world} ranks: see above")
+            raise ZerokitError(f"the setup in {req.config} does not fit: see the breakdown above (or try --plan)",
+                               exit_code=EXIT_DOES_NOT_FIT)
+        evaluation = result.evaluation
+        micro = int(ds_config.get("train_micro_batch_size_per_gpu") or evaluation.setup.micro_batch_size)
+        accum = int(ds_config.get("gradient_accumulation_steps") or evaluation.setup.gradient_accumulation_steps)
+        return ds_config, evaluation, optimizer_steps(samples, world, micro, accum, req.steps, req.epochs)
+
+    from zerokit.config.render import render_ds_config
+    from zerokit.plan.planner import make_plan
+
+    workload = Workload(seq_len=seq_len, global_batch=req.global_batch, samples=samples, epochs=req.epochs or 1.0)
+    plan = make_plan(spec, cluster, workload, pins, memory_fraction=req.memory_fraction)
+    if not plan.fits or plan.best is None:
+        print(format_plan(plan), file=sys.stderr)
+        raise ZerokitError("no ZeRO setup fits this model on this hardware: see the breakdown above",
+                           exit_code=EXIT_DOES_NOT_FIT)
+    setup = plan.best.setup
+    steps = optimizer_steps(samples, world, setup.micro_batch_size, setup.gradient_accumulation_steps,
+                            req.steps, req.epochs)
+    lr = req.lr or (2e-5 if model.init == "weights" else 1e-3)
+    warmup = req.warmup_steps if req.warmup_steps is not None else max(1, steps // 10)
+    ds_config = render_ds_config(setup, cluster, spec, workload, lr=lr, warmup_steps=warmup, total_steps=steps)
+    return ds_config, plan.best, steps
+
+
+def output_dir(req: LaunchRequest, tokens) -> Path:
+    """The run directory, checked against --resume: a resumed run must exist with the same data."""
+    out = Path(req.output_dir) if req.output_dir else Path("runs") / (
+        f"{Path(req.model.rstrip('/')).name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and not out.is_dir():
+        raise ZerokitError(f"--output-dir {out} is a file: give a directory")
+    ckpt = out / CKPT_SUBDIR
+    if req.resume:
+        if not read_latest(ckpt):
+            raise ZerokitError(f"--resume: {out} has no complete checkpoint (checkpoints/latest): drop --resume to start fresh")
+        old_tokens = out / "data" / "tokens.npy"
+        if old_tokens.is_file():
+            from zerokit.launch.data import load_tokens
+
+            prev = load_tokens(old_tokens)
+            if prev.shape != tokens.shape or not (prev == tokens).all():
+                raise ZerokitError(f"--resume: the data or --seq-len differ from the run in {out} (its data position "
+                                   "would point elsewhere): resume with the same --data and --seq-len")
+    elif ckpt.is_dir() and any(ckpt.iterdir()):
+        raise ZerokitError(f"--output-dir {out} already holds checkpoints: pass --resume to continue it, or choose another directory")
+    return out
+
+
+def choose_launcher(req: LaunchRequest, hosts: dict, multi_node: bool) -> tuple[str, bool]:
+    """(launcher, multi_node): local, DeepSpeed's pdsh / openmpi / mpich runners, or slurm (--sbatch)."""
+    launcher = req.launcher or ("pdsh" if multi_node else "local")
+    if req.sbatch:
+        sb_dir = Path(req.sbatch).expanduser().resolve().parent
+        if not sb_dir.is_dir() or not os.access(sb_dir, os.W_OK):
+            raise ZerokitError(f"cannot write --sbatch {req.sbatch}: {sb_dir} is not a writable directory")
+        launcher = "slurm"  # the script runs DeepSpeed's slurm launcher inside the allocation
+    elif launcher == "slurm" and not req.master_addr:
+        raise ZerokitError("--launcher slurm runs inside a Slurm allocation and needs --master-addr: "
+                           "or use --sbatch FILE to get a batch script that finds it")
+    if launcher in ("pdsh", "openmpi", "mpich"):
+        if not hosts:
+            raise ZerokitError(f"--launcher {launcher} needs --hostfile naming the nodes: give one")
+        check_hosts_reachable(list(hosts), need_pdsh=launcher == "pdsh")
+    return launcher, multi_node or launcher != "local"
+
+
+def rank_environment(cluster: Cluster, multi_node: bool) -> dict:
+    """Variables every rank needs beyond the launcher's own: this package importable, CPU ranks' threads."""
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env = {"PYTHONPATH": os.pathsep.join(x for x in (pkg_root, os.environ.get("PYTHONPATH", "")) if x)}
+    if cluster.accelerator.is_cpu:
+        env["DS_ACCELERATOR"] = "cpu"
+        if "OMP_NUM_THREADS" not in os.environ:
+            # torch gives every rank all cores; N ranks on N x fewer cores each fight for them
+            # (measured: a tiny ZeRO-0 step 5.8 s instead of 0.05 s with 2 ranks on 2 cores)
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
+    for k in ("TORCH_EXTENSIONS_DIR", "HF_HOME", "HF_HUB_OFFLINE"):
+        if os.environ.get(k) and multi_node:
+            env[k] = os.environ[k]
+    return env
+
+
+def prepare_launch(req: LaunchRequest) -> LaunchPlan:
+    """All validation and planning, in order; writes nothing. Raises ZerokitError."""
+    from zerokit.report.run_report import prediction_from_evaluation
+    from zerokit.spec.model import load_model_spec
+
+    model = resolve_model(req.model)
+    config = model.read_config()
+    cluster, hosts, multi_node = resolve_cluster(req)
+    spec = load_model_spec(model)
+    seq_len = choose_seq_len(req, config)
+    files, tokenizer, tokens, total_tokens = tokenize_data(req, model, config, spec, seq_len)
+    ds_config, evaluation, steps = choose_setup(req, model, spec, cluster, int(tokens.shape[0]), seq_len)
+    save_every = req.save_every if req.save_every is not None else (max(1, steps // 10) if req.max_restarts else 0)
+    out = output_dir(req, tokens)
+    launcher, multi_node = choose_launcher(req, hosts, multi_node)
+    plan = LaunchPlan(
+        request=req, model=model, cluster=cluster, spec=spec, files=files, tokenizer=tokenizer, tokens=tokens,
+        total_tokens=total_tokens, seq_len=seq_len, ds_config=ds_config, evaluation=evaluation, steps=steps,
+        save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
+        port=req.master_port or free_port(), env=rank_environment(cluster, multi_node), deepspeed_bin=deepspeed_bin(),
+        prediction=prediction_from_evaluation(evaluation, steps),
+    )
+    validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time
+    return plan

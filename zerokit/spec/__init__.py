@@ -1,0 +1,1 @@
+"""Layer 1: the typed inputs: setup/workload/knobs, model specs and the one model resolver, hardware, hostfiles, hardware profiles."""

@@ -1,0 +1,189 @@
+"""A hardware profile (what `zerokit calibrate` measured) as a typed object the estimates read from the cluster.
+
+`zerokit calibrate` (zerokit/measure/calibrate.py) writes the JSON; this module only reads it. Keys (schema 1;
+every number measured on the machine named in "device"):
+  zerokit_hardware_profile: 1
+  device: {type: "cpu"|"cuda", name, count, memory_bytes, cpu_cores}
+  matmul_tflops: {bf16, fp16, fp32}: TFLOP/s, or null where the device does not support the precision
+  matmul_size: n of the n x n x n matmul
+  collectives: {backend, world_size, all_reduce_busbw_gbps, all_gather_busbw_gbps, by_size: [...]}
+    (bus bandwidth in GB/s, the nccl-tests convention: all-reduce algbw * 2(n-1)/n, all-gather
+    algbw * (n-1)/n), or {error: ...}
+  h2d_gbps, d2h_gbps: pinned host<->device copies (GPU only, else null)
+  cpu_adam_params_per_s: DeepSpeedCPUAdam fp32 step rate (null if its op is not built)
+  torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on the device's host
+  compute_timing: {gated|plain: {precision: {coef: {feature: seconds per unit}, tflops, points}}}, the
+    features COMPUTE_FEATURES below: forward + backward with the loss of real HF models (a Llama for
+    "gated", a GPT-2 for "plain"), timed on every rank at once and fitted (measure/compute_fit.py).
+    (Profiles written before it have layer_timing, a block benchmark's overhead and throughput: still read.)
+  compute_threads: torch threads per rank during the compute benchmark (CPU), null on GPUs
+  collective_latency_s: the time of a 4 KiB all-reduce / all-gather, the faster (per-call cost of a collective)
+  all_reduce_latency_s, all_gather_latency_s: the same per kind
+  engine_overhead: {world_size, by_precision: {precision: {"0".."3": {per_step_s, per_layer_micro_s, ...}}}}:
+    what real DeepSpeed engines cost beyond the terms above (measure/engine_fit.py); absent in quick mode
+  notes: [str], quick: bool, created, software: {torch, deepspeed}, wall_s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerokit.core.errors import ZerokitError
+
+SCHEMA = 1
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+# What one micro step's forward + backward is priced on with a calibrated profile (estimate/timing.py
+# compute_features gives each feature's count, measure/compute_fit.py fits the seconds per unit): a fixed
+# cost per micro step, per layer, per recomputed layer, per FLOP, per attention score element, per layer
+# activation element and per logit. The profile's schema names them, so they live here.
+COMPUTE_FEATURES = ("micro", "layer", "recompute", "flop", "score", "activation", "logit")
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v and v != float("inf")
+
+
+@dataclass(frozen=True)
+class TimingTerms:
+    """The measured step-time terms of a profile, in the units their names say."""
+
+    # {family ("gated" | "plain"): {precision: {feature: seconds per unit}}}
+    compute: dict = field(default_factory=dict)
+    all_reduce_latency_s: float = 0.0
+    all_gather_latency_s: float = 0.0
+    torch_adamw_params_per_s: float = 0.0
+    cpu_adam_params_per_s: float = 0.0
+    engine_overhead: dict | None = None  # measure/engine_fit.py's fit, read by estimate.timing.engine_seconds
+
+    @classmethod
+    def from_profile(cls, prof: dict) -> "TimingTerms":
+        compute: dict[str, dict] = {}
+        for family, by_prec in (prof.get("compute_timing") or {}).items():
+            for prec, v in (by_prec or {}).items():
+                coef = (v or {}).get("coef") if isinstance(v, dict) else None
+                if prec in PRECISIONS and isinstance(coef, dict) and _pos(coef.get("flop")) and all(
+                        isinstance(coef.get(n, 0.0), (int, float)) and coef.get(n, 0.0) >= 0 for n in COMPUTE_FEATURES):
+                    compute.setdefault(family, {})[prec] = {n: float(coef.get(n, 0.0)) for n in COMPUTE_FEATURES}
+        # profiles before compute_timing: a block benchmark's (overhead, throughput) per precision, priced as
+        # (layers (x 4/3 with recompute) + 1) x overhead + FLOPs / throughput
+        lt = {} if compute else (prof.get("layer_timing") or {})
+        for family, block in (("gated", lt), ("plain", lt.get("plain") or {})):
+            for prec, v in block.items():
+                if prec in PRECISIONS and isinstance(v, dict) and _pos(v.get("layer_tflops")) \
+                        and isinstance(v.get("layer_overhead_s"), (int, float)) and v["layer_overhead_s"] >= 0:
+                    o = float(v["layer_overhead_s"])
+                    compute.setdefault(family, {})[prec] = {"micro": o, "layer": o, "recompute": o / 3,
+                                                            "flop": 1e-12 / float(v["layer_tflops"])}
+        latency = {}
+        for key in ("all_reduce_latency_s", "all_gather_latency_s"):  # profiles before these keys: the shared one
+            v = prof.get(key) if _pos(prof.get(key)) else prof.get("collective_latency_s")
+            latency[key] = float(v) if _pos(v) else 0.0
+        rates = {k: float(prof[k]) if _pos(prof.get(k)) else 0.0
+                 for k in ("torch_adamw_params_per_s", "cpu_adam_params_per_s")}
+        engine = prof.get("engine_overhead") if isinstance(prof.get("engine_overhead"), dict) else None
+        return cls(compute=compute, engine_overhead=engine, **latency, **rates)
+
+    def compute_coefficients(self, gated_mlp: bool, precision: str) -> dict[str, float] | None:
+        """Seconds per unit of each compute feature for this block family and precision: the GPT-2-style fit
+        (plain MLP) where the profile measured one, else the Llama-style one; None when not measured."""
+        family = "gated" if gated_mlp else "plain"
+        return (self.compute.get(family) or {}).get(precision) or (self.compute.get("gated") or {}).get(precision)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    path: str
+    device_type: str  # "cpu" | "cuda"
+    device_name: str
+    created: str
+    quick: bool
+    timing: TimingTerms
+    data: dict = field(repr=False, compare=False)  # the whole JSON, for the accelerator figures
+
+    @classmethod
+    def from_dict(cls, prof: dict, path: str | os.PathLike = "<profile>") -> "HardwareProfile":
+        path = os.fspath(path)
+        if not isinstance(prof, dict) or prof.get("zerokit_hardware_profile") != SCHEMA:
+            raise ZerokitError(f"{path} is not a zerokit hardware profile (schema {SCHEMA}): re-run `zerokit calibrate`")
+        mt = prof.get("matmul_tflops")
+        if not isinstance(mt, dict) or not _pos(mt.get("fp32")):
+            raise ZerokitError(f"hardware profile {path} has no positive matmul_tflops.fp32: re-run `zerokit calibrate`")
+        for prec in PRECISIONS:
+            v = mt.get(prec)
+            if v is not None and not _pos(v):
+                raise ZerokitError(f"hardware profile {path}: matmul_tflops.{prec} = {v!r} is not a positive number or null")
+        dev = prof.get("device")
+        if not isinstance(dev, dict) or dev.get("type") not in ("cpu", "cuda"):
+            raise ZerokitError(f"hardware profile {path} has no device.type (cpu or cuda): re-run `zerokit calibrate`")
+        return cls(path=path, device_type=dev["type"], device_name=str(dev.get("name") or dev["type"]),
+                   created=str(prof.get("created", "?")), quick=bool(prof.get("quick")),
+                   timing=TimingTerms.from_profile(prof), data=prof)
+
+    @classmethod
+    def from_file(cls, profile_path: str | os.PathLike) -> "HardwareProfile":
+        return cls.from_dict(load_profile(profile_path), profile_path)
+
+    @property
+    def source(self) -> str:
+        """What the plan names as the origin of the accelerator's figures."""
+        return (f"measured by zerokit calibrate{' --quick' if self.quick else ''} on {self.device_name} "
+                f"({self.created}): {self.path}")
+
+
+def load_profile(profile_path: str | os.PathLike) -> dict:
+    """The profile JSON, validated (one-line ZerokitError naming the fix otherwise)."""
+    path = os.fspath(profile_path)
+    try:
+        with open(path) as f:
+            prof = json.load(f)
+    except FileNotFoundError:
+        raise ZerokitError(f"hardware profile {path} does not exist: run `zerokit calibrate --output {path}` first") from None
+    except (OSError, ValueError) as e:
+        raise ZerokitError(f"hardware profile {path} is not readable JSON ({e}): re-run `zerokit calibrate`") from None
+    HardwareProfile.from_dict(prof, path)  # validates
+    return prof
+
+
+def apply_profile(accelerator, profile: "HardwareProfile | str | os.PathLike"):
+    """The accelerator with measured figures from a profile. TFLOP/s <- matmul_tflops (efficiency 1.0: measured
+    throughput already includes it; a precision the profile marks null becomes unsupported), intra_node_bw <-
+    all-reduce bus bandwidth, pcie_bw <- min(h2d, d2h), memory_bytes <- device memory, source names the profile."""
+    if not isinstance(profile, HardwareProfile):
+        profile = HardwareProfile.from_file(profile)
+    prof, is_cpu_profile = profile.data, profile.device_type == "cpu"
+    if bool(getattr(accelerator, "is_cpu", False)) != is_cpu_profile:
+        want = "--gpu cpu" if is_cpu_profile else "the --gpu it was measured on"
+        raise ZerokitError(
+            f"hardware profile {profile.path} was measured on {profile.device_type} ({profile.device_name}) "
+            f"but the plan targets {accelerator.name}: use {want}, or calibrate on the target machine"
+        )
+    mt = prof["matmul_tflops"]
+    changes: dict[str, Any] = {"efficiency": 1.0, "fp32_tflops": float(mt["fp32"])}
+    for prec in ("bf16", "fp16"):
+        if prec not in mt:
+            continue
+        if mt[prec] is None:
+            changes[prec] = False
+            changes[f"{prec}_tflops"] = 0.0
+        else:
+            changes[prec] = True
+            changes[f"{prec}_tflops"] = float(mt[prec])
+    coll = prof.get("collectives") or {}
+    if _pos(coll.get("all_reduce_busbw_gbps")) and not (profile.device_type == "cuda" and coll.get("backend") != "nccl"):
+        changes["intra_node_bw"] = float(coll["all_reduce_busbw_gbps"])
+    copies = [prof.get("h2d_gbps"), prof.get("d2h_gbps")]
+    if all(_pos(c) for c in copies):
+        changes["pcie_bw"] = float(min(copies))
+    if _pos(prof["device"].get("memory_bytes")):
+        changes["memory_bytes"] = int(prof["device"]["memory_bytes"])
+    fields = {f.name for f in dataclasses.fields(accelerator)}
+    for key in ("cpu_adam_params_per_s", "torch_adamw_params_per_s"):
+        if key in fields and _pos(prof.get(key)):
+            changes[key] = float(prof[key])
+    changes["source"] = profile.source
+    return dataclasses.replace(accelerator, **{k: v for k, v in changes.items() if k in fields})
