@@ -7,7 +7,11 @@ Exit 0 = valid and fits, 1 = valid but does not fit, 2 = invalid.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+
+from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, ZerokitError
 
@@ -55,22 +59,63 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     from zerokit.plan.planner import evaluate
 
     result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster)
-    result.findings = ds_check.lint_config(config, cluster.world_size, cluster.accelerator)
-    if any(f.level == "error" for f in result.findings):
-        return result
     hidden = model.hidden_size if model is not None else None
-    concrete = config
-    if ds_check.auto_keys(config):
-        # "auto" is filled by the HF Trainer at run time: validate what it will fill in.
-        concrete = ds_check.fill_auto(config, trainer_values, cluster.world_size, hidden)
-    try:
-        ds_check.validate_with_deepspeed(concrete, cluster.world_size)
-    except ZerokitError as e:
-        result.deepspeed_error = str(e)
+    verdict = deepspeed_verdict(config, cluster.world_size, cluster.accelerator, trainer_values, hidden)
+    result.findings = [ds_check.Finding(**f) for f in verdict["findings"]]
+    result.deepspeed_error = verdict["deepspeed_error"]
+    if not result.valid:
         return result
+    concrete = verdict["concrete"]
     if model is not None:
         setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
         result.evaluation = evaluate(model, cluster, workload, setup, knobs, memory_fraction or DEFAULT_MEMORY_FRACTION)
     return result
+
+
+# Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
+_VERDICT_SCHEMA = 1
+
+
+def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,
+                      hidden_size: int | None) -> dict:
+    """What DeepSpeed's rules say of a config for `world_size` ranks: zerokit's lint findings, DeepSpeed's own
+    config classes' error (None: accepted), and the config with "auto" filled as the HF Trainer would.
+
+    Cached ($ZEROKIT_CACHE_DIR/checks), keyed by everything the answer depends on (the config, world size, the
+    accelerator's precisions, the Trainer values, the hidden size, the DeepSpeed and zerokit versions): a repeated
+    check or launch of the same config does not import DeepSpeed (~1.5-3 s of a launch on 2 cores,
+    bench/results/launch_overhead.txt)."""
+    from zerokit import __version__
+    from zerokit.config import rules as ds_check
+
+    material = json.dumps({"schema": _VERDICT_SCHEMA, "zerokit": __version__, "deepspeed": package_version("deepspeed"),
+                           "config": config, "world_size": world_size, "trainer_values": trainer_values,
+                           "hidden_size": hidden_size,
+                           "accelerator": None if accelerator is None else [accelerator.name, *accelerator.precisions]},
+                          sort_keys=True, separators=(",", ":"), default=str)
+    path = cache_dir("checks") / f"{hashlib.sha256(material.encode()).hexdigest()}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    verdict = {"findings": [], "deepspeed_error": None, "concrete": None}
+    findings = ds_check.lint_config(config, world_size, accelerator)
+    verdict["findings"] = [{"level": f.level, "key": f.key, "message": f.message} for f in findings]
+    if not any(f.level == "error" for f in findings):
+        concrete = config
+        if ds_check.auto_keys(config):
+            # "auto" is filled by the HF Trainer at run time: validate what it will fill in.
+            concrete = ds_check.fill_auto(config, trainer_values, world_size, hidden_size)
+        try:
+            ds_check.validate_with_deepspeed(concrete, world_size)
+            verdict["concrete"] = concrete
+        except ZerokitError as e:
+            verdict["deepspeed_error"] = str(e)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(verdict), mode=0o644)
+    except OSError:
+        pass  # an unwritable cache only costs the check next time
+    return verdict

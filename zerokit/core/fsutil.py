@@ -37,3 +37,22 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
             pass
         raise
     return path
+
+
+def cache_dir(kind: str) -> Path:
+    """Where zerokit caches `kind` (model_specs, checks, tokens): $ZEROKIT_CACHE_DIR/<kind>, else
+    ~/.cache/zerokit/<kind>. Entries are keyed by a hash of everything that decides them; a missing, corrupt
+    or unwritable cache only costs the recomputation."""
+    root = os.environ.get("ZEROKIT_CACHE_DIR")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "zerokit"
+    return base / kind
+
+
+def package_version(name: str) -> str:
+    """An installed distribution's version from its metadata (imports nothing), or "none"."""
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - not installed, or broken metadata
+        return "none"

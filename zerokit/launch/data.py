@@ -131,10 +131,64 @@ def fingerprint(files: list[Path], tokenizer: str, seq_len: int) -> str:
     return h.hexdigest()[:16]
 
 
+# tokenizer files whose content decides the ids (AutoTokenizer reads these; weights never matter)
+TOKENIZER_CONTENT_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                           "special_tokens_map.json", "added_tokens.json", "vocab.txt")
+# Bump when tokenize_and_pack changes what it produces: old cache entries stop matching.
+_TOKENS_SCHEMA = 1
+
+
+def content_key(files: list[Path], tokenizer: str, seq_len: int) -> str | None:
+    """A hash of everything the packed tokens depend on: the data files' bytes, the tokenizer's files' bytes, the
+    sequence length and the transformers version. None for a hub tokenizer (its files can change upstream)."""
+    from zerokit.core.fsutil import package_version
+
+    tok_dir = Path(tokenizer)
+    if not tok_dir.is_dir():
+        return None
+    h = hashlib.sha256(f"zerokit-tokens/{_TOKENS_SCHEMA}|{package_version('transformers')}|{seq_len}".encode())
+    for name in TOKENIZER_CONTENT_FILES:
+        f = tok_dir / name
+        if f.is_file():
+            h.update(f"|tok:{name}|".encode())
+            h.update(f.read_bytes())
+    for f in files:
+        h.update(b"|data|")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def tokenize_files(files: list[Path], tokenizer: str, seq_len: int):
-    """Tokenize and pack in memory (validation step; nothing written). Returns (array, total_tokens)."""
-    tok = load_tokenizer(tokenizer)
-    return tokenize_and_pack(files, tok, seq_len)
+    """Tokenize and pack in memory (validation step; nothing written in the run directory). Returns
+    (array, total_tokens). Cached by content ($ZEROKIT_CACHE_DIR/tokens): the same data and tokenizer are
+    tokenized once, and a cache hit imports no transformers (~1-2 s of a launch on 2 cores)."""
+    import numpy as np
+
+    from zerokit.core.fsutil import atomic_write_text, cache_dir
+
+    key = content_key(files, tokenizer, seq_len)
+    folder = cache_dir("tokens")
+    if key is not None:
+        try:
+            meta = json.loads((folder / f"{key}.json").read_text())
+            return np.load(folder / f"{key}.npy"), int(meta["total_tokens"])
+        except (OSError, ValueError, KeyError):
+            pass
+    arr, total = tokenize_and_pack(files, load_tokenizer(tokenizer), seq_len)
+    if key is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{key}.npy.tmp{os.getpid()}"
+            with open(tmp, "wb") as fh:
+                np.save(fh, arr)
+            os.replace(tmp, folder / f"{key}.npy")
+            # the JSON last: an entry counts only once both files are whole
+            atomic_write_text(folder / f"{key}.json", json.dumps({"total_tokens": int(total)}), mode=0o644)
+        except OSError:
+            pass  # an unwritable cache only costs the tokenization next time
+    return arr, total
 
 
 def write_tokens(arr, total_tokens: int, files: list[Path], tokenizer: str, seq_len: int, out_dir: Path) -> PreparedData:

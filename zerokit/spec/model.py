@@ -34,14 +34,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.fsutil import atomic_write_text
+from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 from zerokit.spec.arch_params import count_params_from_config
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
@@ -110,23 +109,12 @@ _SCHEMA_VERSION = 4
 
 def spec_cache_dir() -> Path:
     """Where cached specs live: ``$ZEROKIT_CACHE_DIR/model_specs`` or ``~/.cache/zerokit/model_specs``."""
-    root = os.environ.get("ZEROKIT_CACHE_DIR")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "zerokit"
-    return base / "model_specs"
-
-
-def _transformers_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("transformers")
-    except Exception:
-        return "none"
+    return cache_dir("model_specs")
 
 
 def _cache_key(config: dict, trust_remote_code: bool) -> str:
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    material = f"zerokit-model-spec/{_SCHEMA_VERSION}\n{_transformers_version()}\n{int(bool(trust_remote_code))}\n{canonical}"
+    material = f"zerokit-model-spec/{_SCHEMA_VERSION}\n{package_version('transformers')}\n{int(bool(trust_remote_code))}\n{canonical}"
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
@@ -155,7 +143,7 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
         "schema": _SCHEMA_VERSION,
         "key": key,
         "source": source,
-        "transformers": _transformers_version(),
+        "transformers": package_version("transformers"),
         "count_seconds": round(seconds, 3),
         "spec": data,
     }
