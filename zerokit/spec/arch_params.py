@@ -1,7 +1,243 @@
-"""Placeholder until the torch-free counter lands: every config falls back to the meta device."""
+"""Exact parameter counts and shapes from a config.json, without torch or transformers, for the architectures
+written out here; anything else returns None and zerokit counts on the meta device (spec/model.py).
 
-SUPPORTED_MODEL_TYPES = ()
+Why: a cold plan that builds the model on the meta device imports torch and transformers (6-9 s on 2 cores), more
+than DeepSpeed's own estimator takes. The arithmetic below copies the modules transformers 5.23 builds (each rule
+names the class it copies), and tests/test_arch_params.py holds every supported architecture, bundled configs and
+synthetic variants alike, equal to the meta-device count on every ModelSpec field.
+
+The config is read the way transformers reads it: the config class's defaults (written out per model_type below,
+from configuration_<type>.py), then every key of config.json (extra keys become attributes too), then what the
+class derives in __post_init__ (head_dim, num_key_value_heads, Qwen2's sliding window and layer_types). The field
+reading itself (config_fields) is shared with the meta-device path, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Defaults of each supported config class (transformers 5.23 configuration_<type>.py), only the keys the counts
+# or config_fields read; attribute_map aliases (GPT-2's n_embd is hidden_size) in ALIASES.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=None, hidden_act="silu", tie_word_embeddings=False,
+                  attention_bias=False, attention_dropout=0.0, mlp_bias=False, head_dim=None),
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=None, hidden_act="silu",
+                    tie_word_embeddings=False, sliding_window=4096, attention_dropout=0.0),
+    "mixtral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=None, hidden_act="silu",
+                    tie_word_embeddings=False, sliding_window=None, attention_dropout=0.0, num_experts_per_tok=2,
+                    num_local_experts=8, router_jitter_noise=0.0),
+    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, hidden_act="silu", tie_word_embeddings=False,
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28, layer_types=None,
+                  attention_dropout=0.0),
+    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
+                 activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
+                 add_cross_attention=False, tie_word_embeddings=True),
+}
+ALIASES: dict[str, dict[str, str]] = {
+    "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+             "num_hidden_layers": "n_layer"},
+    "mixtral": {"num_experts": "num_local_experts"},
+}
+# Modeling modules that build a sliding-window mask whenever config.sliding_window is set (MistralModel,
+# MixtralModel: create_sliding_window_causal_mask); spec/model.py _activation_traits reads the same thing from
+# the module. LlamaModel never does; Qwen2 decides per layer from layer_types.
+_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2")
+SUPPORTED_MODEL_TYPES = tuple(_DEFAULTS)
+_SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                         "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "n_positions",
+                         "n_embd", "n_layer", "n_head", "n_inner", "max_window_layers"})
 
 
-def count_params_from_config(config: dict):
-    return None
+class ConfigView:
+    """A config dict read like the transformers config object: defaults, aliases, then attribute access."""
+
+    def __init__(self, model_type: str, values: dict):
+        self.model_type = model_type
+        self._aliases = ALIASES.get(model_type, {})
+        self._values = values
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._values.get(self._aliases.get(name, name))
+
+
+def first_attr(obj, names, default=None):
+    """The first of the attributes `names` that the config has (not None), else default."""
+    for n in names:
+        try:
+            v = getattr(obj, n)
+        except Exception:  # noqa: BLE001 - a config property may raise
+            continue
+        if v is not None:
+            return v
+    return default
+
+
+def _prob(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def config_fields(tc) -> dict:
+    """The ModelSpec fields read from the (text) config, with their fallbacks: shared by the meta-device count
+    (spec/model.py _measure, on the transformers config) and the arithmetic below (on a ConfigView)."""
+    hidden = int(first_attr(tc, ["hidden_size", "n_embd", "d_model", "n_embed", "dim", "model_dim"], 0))
+    layers = int(first_attr(tc, ["num_hidden_layers", "n_layer", "num_layers", "n_layers"], 0))
+    heads = int(first_attr(tc, ["num_attention_heads", "n_head", "num_heads", "n_heads"], 1))
+    # KV heads: GQA attribute; Falcon/GPT-BigCode multi_query (the new Falcon decoder uses num_kv_heads).
+    if getattr(tc, "new_decoder_architecture", False):
+        kv = first_attr(tc, ["num_kv_heads", "num_key_value_heads"], heads)
+    elif getattr(tc, "multi_query", False):
+        kv = 1
+    else:
+        kv = first_attr(tc, ["num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"], heads)
+    head_dim = first_attr(tc, ["head_dim", "kv_channels", "attention_head_size"], None)
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        head_dim = hidden // heads if heads else 0
+    experts = int(first_attr(tc, ["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"], 1) or 1)
+    if experts > 1:
+        top_k = int(first_attr(tc, ["num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts"], 1) or 1)
+        inter = first_attr(tc, ["moe_intermediate_size", "expert_intermediate_size", "intermediate_size", "ffn_dim"], None)
+    else:
+        experts, top_k = 1, 1
+        inter = first_attr(tc, ["intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff", "inner_hidden_size"], None)
+    if not isinstance(inter, int) or inter <= 0:
+        inter = 4 * hidden  # GPT-2 n_inner=None, BLOOM, Falcon: 4h
+    return dict(
+        hidden_size=hidden, num_layers=layers, num_attention_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
+        intermediate_size=int(inter), num_experts=experts, experts_per_token=top_k,
+        mlp_activation=str(first_attr(tc, ["hidden_act", "activation_function", "hidden_activation"], "silu")),
+        attention_dropout=_prob(first_attr(tc, ["attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"], 0.0)),
+        hidden_dropout=_prob(first_attr(tc, ["resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"], 0.0)),
+    )
+
+
+def _positive_ints(*values) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def _effective(config: dict) -> ConfigView | None:
+    """The config as the class would hold it after __post_init__, or None when it is not one we model."""
+    model_type = config.get("model_type")
+    if model_type not in _DEFAULTS or "auto_map" in config:
+        return None  # other architectures, and remote code, are counted on the meta device
+    values = {**_DEFAULTS[model_type], **config}
+    for key, value in values.items():
+        if key in _SHAPE_KEYS and value is not None and not _positive_ints(value):
+            return None  # a size that is not a positive integer: the meta device (and its error) decides
+    if model_type in ("llama", "mistral"):  # LlamaConfig / MistralConfig __post_init__
+        if values.get("head_dim") is None and _positive_ints(values.get("hidden_size"), values.get("num_attention_heads")):
+            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    if model_type in ("llama", "mistral", "mixtral", "qwen2") and values.get("num_key_value_heads") is None:
+        values["num_key_value_heads"] = values.get("num_attention_heads")
+    if model_type == "qwen2":  # Qwen2Config.__post_init__
+        values["sliding_window"] = values.get("sliding_window") if values.get("use_sliding_window") else None
+        if values.get("layer_types") is None and _positive_ints(values.get("num_hidden_layers")):
+            window_from = values.get("max_window_layers")
+            values["layer_types"] = [
+                "sliding_attention" if values["sliding_window"] is not None and isinstance(window_from, int)
+                and i >= window_from else "full_attention" for i in range(values["num_hidden_layers"])]
+    return ConfigView(model_type, values)
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
+    """LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM: embed_tokens, per layer
+    input_layernorm, q/k/v/o_proj, post_attention_layernorm and the MLP (gate/up/down_proj; Mixtral: a router
+    weight [E, h] and MixtralExperts' fused gate_up_proj [E, 2i, h] and down_proj [E, h, i]), the final norm,
+    lm_head unless tied."""
+    mt = cfg.model_type
+    h, layers, a, k, d, i, v = (f["hidden_size"], f["num_layers"], f["num_attention_heads"], f["num_kv_heads"],
+                                f["head_dim"], f["intermediate_size"], cfg.vocab_size)
+    if not _positive_ints(h, layers, a, k, d, i, v):
+        return None
+    # LlamaAttention: bias=config.attention_bias on q, k, v and o; LlamaMLP: bias=config.mlp_bias.
+    # Qwen2Attention: bias=True on q, k, v, not on o. Mistral/Mixtral: no biases.
+    qkv_bias = bool(cfg.attention_bias) if mt == "llama" else mt == "qwen2"
+    o_bias = bool(cfg.attention_bias) if mt == "llama" else False
+    mlp_bias = bool(cfg.mlp_bias) if mt == "llama" else False
+    if mt == "mixtral":
+        # MixtralAttention takes head_dim from the config or hidden // heads (the config keeps None)
+        e = f["num_experts"]
+        if e < 1:
+            return None
+        mlp = [h * e, e * 2 * i * h + e * h * i]  # router weight; the experts' two fused parameters (one module)
+        largest_mlp = e * 3 * i * h
+    else:
+        mlp = [_linear(h, i, mlp_bias), _linear(h, i, mlp_bias), _linear(i, h, mlp_bias)]
+        largest_mlp = max(mlp)
+    attn = [_linear(h, a * d, qkv_bias), _linear(h, k * d, qkv_bias), _linear(h, k * d, qkv_bias),
+            _linear(a * d, h, o_bias)]
+    per_layer = sum(attn) + sum(mlp) + 2 * h  # + input_layernorm and post_attention_layernorm weights
+    tied = bool(cfg.tie_word_embeddings)
+    embedding = v * h + (0 if tied else v * h)
+    params = v * h + layers * per_layer + h + (0 if tied else v * h)
+    window = cfg.sliding_window
+    n_sliding = 0
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        types = cfg.layer_types
+        if isinstance(types, (list, tuple)):
+            if len(types) != layers:
+                return None  # _activation_traits then falls back to the module rule: leave it to the meta device
+            n_sliding = sum(1 for t in types if t == "sliding_attention")
+        elif mt in _SLIDING_MASK_MODULES:
+            n_sliding = layers
+    elif cfg.layer_types is not None and mt != "qwen2":
+        return None
+    return dict(
+        params=params, largest_layer_params=max(v * h, max(attn), largest_mlp, h),
+        vocab_size=v, tied_embeddings=tied, gated_mlp=True, embedding_params=embedding, norm="rmsnorm",
+        supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
+        sliding_window=int(window) if n_sliding else None, sliding_window_layers=n_sliding,
+        sdpa_mask=False, sdpa_broadcast_kv=False, attention_output_copy=False,
+    )
+
+
+def _gpt2(cfg: ConfigView, f: dict) -> dict | None:
+    """GPT2LMHeadModel: wte, wpe, per block ln_1, c_attn (Conv1D h -> 3h), c_proj (h -> h), ln_2, c_fc (h -> i),
+    c_proj (i -> h), all with biases, LayerNorms with weight and bias; ln_f; lm_head (no bias) tied to wte by
+    default."""
+    h, layers, i, v, positions = f["hidden_size"], f["num_layers"], f["intermediate_size"], cfg.vocab_size, cfg.n_positions
+    if not _positive_ints(h, layers, i, v, positions) or cfg.add_cross_attention:
+        return None  # cross-attention blocks add modules this does not count
+    if f["num_attention_heads"] < 1 or h % f["num_attention_heads"]:
+        return None
+    layer = [2 * h, _linear(h, 3 * h, True), _linear(h, h, True), 2 * h, _linear(h, i, True), _linear(i, h, True)]
+    tied = bool(cfg.tie_word_embeddings)
+    params = v * h + positions * h + layers * sum(layer) + 2 * h + (0 if tied else v * h)
+    return dict(
+        params=params, largest_layer_params=max(v * h, positions * h, max(layer)),
+        vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * h + (0 if tied else v * h),
+        norm="layernorm", supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
+        sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
+        attention_output_copy=False,
+    )
+
+
+_COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
+             "gpt2": _gpt2}
+
+
+def count_params_from_config(config: dict) -> dict | None:
+    """The ModelSpec fields (all but name) of a config.json, as the meta-device count gives them, or None for an
+    architecture or a feature this module does not model."""
+    if not isinstance(config, dict):
+        return None
+    cfg = _effective(config)
+    if cfg is None:
+        return None
+    try:
+        f = config_fields(cfg)
+        counted = _COUNTERS[cfg.model_type](cfg, f)
+    except (TypeError, ValueError, OverflowError):
+        return None  # a value of the wrong type: the meta device (and its error message) decides
+    if counted is None:
+        return None
+    return {**f, **counted, "model_type": cfg.model_type, "exact": True}

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
-from zerokit.spec.arch_params import count_params_from_config
+from zerokit.spec.arch_params import config_fields, count_params_from_config, first_attr as _first
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
 
@@ -160,17 +160,6 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
 # --------------------------------------------------------------------------------------------
 
 
-def _first(obj, names, default=None):
-    for n in names:
-        try:
-            v = getattr(obj, n)
-        except Exception:
-            continue
-        if v is not None:
-            return v
-    return default
-
-
 def _text_config(cfg):
     get = getattr(cfg, "get_text_config", None)
     if get is not None:
@@ -199,33 +188,9 @@ def _measure(model, cfg) -> dict:
         largest = max(largest, sum(p.numel() for p in m.parameters(recurse=False)))
 
     tc = _text_config(cfg)
-    hidden = int(_first(tc, ["hidden_size", "n_embd", "d_model", "n_embed", "dim", "model_dim"], 0))
-    layers = int(_first(tc, ["num_hidden_layers", "n_layer", "num_layers", "n_layers"], 0))
-    heads = int(_first(tc, ["num_attention_heads", "n_head", "num_heads", "n_heads"], 1))
-
-    # KV heads: GQA attribute; Falcon/GPT-BigCode multi_query (the new Falcon decoder uses num_kv_heads).
     model_type = str(getattr(cfg, "model_type", None) or getattr(tc, "model_type", None) or "unknown")
-    if getattr(tc, "new_decoder_architecture", False):
-        kv = _first(tc, ["num_kv_heads", "num_key_value_heads"], heads)
-    elif getattr(tc, "multi_query", False):
-        kv = 1
-    else:
-        kv = _first(tc, ["num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"], heads)
-    kv = int(kv)
-
-    head_dim = _first(tc, ["head_dim", "kv_channels", "attention_head_size"], None)
-    if not isinstance(head_dim, int) or head_dim <= 0:
-        head_dim = hidden // heads if heads else 0
-
-    experts = int(_first(tc, ["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"], 1) or 1)
-    if experts > 1:
-        top_k = int(_first(tc, ["num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts"], 1) or 1)
-        inter = _first(tc, ["moe_intermediate_size", "expert_intermediate_size", "intermediate_size", "ffn_dim"], None)
-    else:
-        experts, top_k = 1, 1
-        inter = _first(tc, ["intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff", "inner_hidden_size"], None)
-    if not isinstance(inter, int) or inter <= 0:
-        inter = 4 * hidden  # GPT-2 n_inner=None, BLOOM, Falcon: 4h
+    fields = config_fields(tc)
+    hidden, layers = fields["hidden_size"], fields["num_layers"]
 
     in_emb = model.get_input_embeddings()
     in_w = getattr(in_emb, "weight", None)
@@ -248,34 +213,17 @@ def _measure(model, cfg) -> dict:
     else:
         norm = "rmsnorm"
 
-    act = _first(tc, ["hidden_act", "activation_function", "hidden_activation"], "silu")
-    attn_drop = _first(tc, ["attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"], 0.0)
-    hidden_drop = _first(tc, ["resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"], 0.0)
-
-    def _prob(v) -> float:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-
     traits = _activation_traits(model, tc, model_type, hidden, layers)
 
     return dict(
         **traits,
+        **fields,
         supports_sdpa=bool(getattr(model, "_supports_sdpa", True)),
-        mlp_activation=str(act),
-        attention_dropout=_prob(attn_drop),
-        hidden_dropout=_prob(hidden_drop),
         params=int(params),
         largest_layer_params=int(largest),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv,
-        head_dim=int(head_dim),
-        intermediate_size=int(inter),
         vocab_size=vocab,
         tied_embeddings=bool(tied),
         gated_mlp=bool(gated),
-        num_experts=experts,
-        experts_per_token=top_k,
         embedding_params=int(embedding),
         model_type=model_type,
         norm=norm,

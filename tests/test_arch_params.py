@@ -1,0 +1,100 @@
+"""The torch-free counts (zerokit/spec/arch_params.py) against the meta-device counts (the oracle: the real
+transformers modules, spec/model.py _count_on_meta), on every ModelSpec field, for every bundled config of a
+supported architecture and synthetic variants (tied/untied, biases, GQA/MQA, MoE, sliding windows, defaults)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerokit.spec.arch_params import SUPPORTED_MODEL_TYPES, count_params_from_config
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED = {p.parent.name: json.loads(p.read_text()) for p in sorted((REPO / "zerokit/data/models").glob("*/config.json"))}
+SUPPORTED_BUNDLED = {k: v for k, v in BUNDLED.items() if v["model_type"] in SUPPORTED_MODEL_TYPES}
+
+
+def _small(model_type: str, **kw) -> dict:
+    base = {"model_type": model_type, "vocab_size": 512}
+    if model_type == "gpt2":
+        base.update(n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    else:
+        base.update(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4)
+    base.update(kw)
+    return base
+
+
+VARIANTS = {
+    "llama-defaults-kv": _small("llama"),
+    "llama-gqa-tied": _small("llama", num_key_value_heads=2, tie_word_embeddings=True),
+    "llama-biases": _small("llama", attention_bias=True, mlp_bias=True, num_key_value_heads=1),
+    "llama-head-dim": _small("llama", head_dim=32, num_key_value_heads=2),
+    "llama-extra-sliding-key": _small("llama", sliding_window=16),
+    "mistral-window": _small("mistral", num_key_value_heads=2, sliding_window=32),
+    "mistral-no-window": _small("mistral", num_key_value_heads=2, sliding_window=None),
+    "mistral-defaults": {"model_type": "mistral", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+                         "num_hidden_layers": 1, "num_attention_heads": 8},
+    "mixtral-moe": _small("mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    "mixtral-moe-window": _small("mixtral", num_local_experts=3, sliding_window=64, tie_word_embeddings=True),
+    "qwen2-bias-untied": _small("qwen2", num_key_value_heads=2),
+    "qwen2-sliding": _small("qwen2", num_key_value_heads=2, use_sliding_window=True, sliding_window=32,
+                            max_window_layers=1, tie_word_embeddings=True),
+    "gpt2-tied": _small("gpt2"),
+    "gpt2-untied-inner": _small("gpt2", tie_word_embeddings=False, n_inner=96, activation_function="relu",
+                                attn_pdrop=0.0, resid_pdrop=0.2),
+}
+
+
+def _meta(config: dict) -> dict:
+    from zerokit.spec.model import _count_on_meta
+
+    counted = _count_on_meta(dict(config), "<test>", False, None)
+    counted.pop("_seconds")
+    return counted
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_synthetic_variants_equal_the_meta_device_count(name):
+    pytest.importorskip("transformers")
+    assert count_params_from_config(VARIANTS[name]) == _meta(VARIANTS[name])
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED_BUNDLED))
+def test_bundled_configs_equal_the_meta_device_count(name):
+    pytest.importorskip("transformers")
+    assert count_params_from_config(SUPPORTED_BUNDLED[name]) == _meta(SUPPORTED_BUNDLED[name])
+
+
+def test_published_counts():
+    """Llama-3-8B: 8,030,261,248 parameters (Meta's model card: 8.03B); GPT-2: 124,439,808 (HF's gpt2)."""
+    assert count_params_from_config(BUNDLED["llama-3-8b"])["params"] == 8_030_261_248
+    assert count_params_from_config(BUNDLED["gpt2"])["params"] == 124_439_808
+
+
+@pytest.mark.parametrize("config", [{"model_type": "t5"}, {"model_type": "made-up"},
+                                    {**_small("llama"), "auto_map": {"AutoConfig": "x.Y"}},
+                                    _small("llama", hidden_size="64"), _small("gpt2", add_cross_attention=True),
+                                    _small("mistral", layer_types=["full_attention"]), "not a dict"],
+                         ids=["t5", "unknown", "remote-code", "string-size", "cross-attention", "bad-layer-types", "str"])
+def test_what_it_does_not_model_falls_back(config):
+    assert count_params_from_config(config) is None
+
+
+def test_counting_imports_neither_torch_nor_transformers_and_is_fast():
+    code = (
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "from zerokit.spec.arch_params import count_params_from_config\n"
+        f"configs = [json.loads(p.read_text()) for p in Path({str(REPO / 'zerokit/data/models')!r}).glob('*/config.json')]\n"
+        "t = time.perf_counter()\n"
+        "n = sum(count_params_from_config(c) is not None for c in configs)\n"
+        "dt = time.perf_counter() - t\n"
+        "print(json.dumps({'n': n, 'seconds': dt, 'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+    out = json.loads(r.stdout)
+    assert out["n"] == len(SUPPORTED_BUNDLED) and not out["heavy"] and out["seconds"] < 0.1, out
