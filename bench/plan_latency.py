@@ -91,6 +91,7 @@ def main() -> int:
         f"plan latency, llama-3-70b config (zerokit/data/models/llama-3-70b), {args.rounds} interleaved rounds, "
         f"fresh process each",
         f"machine: {platform.platform()}, {os.cpu_count()} cores, python {platform.python_version()}",
+        f"command: python bench/plan_latency.py --rounds {args.rounds}",
         "",
         f"{'tool':<30} {'median s':>9} {'min s':>7} {'max s':>7} {'vs deepspeed':>13}",
     ]
