@@ -8,34 +8,27 @@ import argparse
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
 
 
-def nonneg_int(text: str) -> int:
+def _number(text: str, cast, valid, unreadable: str, invalid: str):
+    """`text` as cast(text) when valid(value); else argparse's one-line error with the message that applies."""
     try:
-        v = int(text)
+        v = cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {unreadable}, got {text!r}") from None
+    if not valid(v):
+        raise argparse.ArgumentTypeError(f"expected {invalid}, got {text!r}")
     return v
+
+
+def nonneg_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "a whole number", "0 or more")
 
 
 def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+    return _number(text, int, lambda v: v >= 1, "a positive integer", "a positive integer")
 
 
 def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
+    return _number(text, float, lambda v: v > 0, "a positive number", "a positive number")
 
 
 class _Parser(argparse.ArgumentParser):
