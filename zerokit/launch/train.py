@@ -36,7 +36,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from zerokit.spec.setup import optimizer_steps
 from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
     FINAL_SUBDIR,
@@ -46,6 +45,8 @@ from zerokit.launch.checkpoints import (
     tag_for_step,
     write_latest,
 )
+from zerokit.spec.setup import optimizer_steps
+
 
 @dataclass(frozen=True)
 class RankOptions:

@@ -324,7 +324,7 @@ def _device_info(device) -> dict:
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
                     world_size: int = 2, log=None) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
-    quick=True: small sizes and short timings (~15 s on a 2-core CPU machine)."""
+    quick=True: small sizes and short timings (35-50 s on a 2-core CPU machine, measured; the full calibration 2.5 min)."""
     import torch  # noqa: PLC0415
 
     say = log or (lambda msg: None)

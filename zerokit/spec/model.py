@@ -1,8 +1,9 @@
 """Exact model specs: parameter counts and shapes for any HF causal LM, or a bare parameter count.
 
 The dataclass below is the contract the memory/time models and the planner rely on. Loading an HF
-config instantiates the model on the meta device (no weights), and caches the result per config so
-a repeated plan does not import torch.
+config counts it by arithmetic where spec/arch_params.py models the architecture (no torch), else
+instantiates the model on the meta device (no weights) and caches the result per config so a repeated
+plan does not import torch.
 
 Public functions:
 
