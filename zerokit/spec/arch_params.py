@@ -33,6 +33,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                   num_attention_heads=32, num_key_value_heads=32, hidden_act="silu", tie_word_embeddings=False,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28, layer_types=None,
                   attention_dropout=0.0),
+    "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=16, head_dim=256, hidden_act="gelu_pytorch_tanh",
+                  tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0),
+    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, hidden_act="silu",
+                  tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
+                  max_window_layers=28, layer_types=None, attention_dropout=0.0),
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                  add_cross_attention=False, tie_word_embeddings=True),
@@ -45,11 +52,11 @@ ALIASES: dict[str, dict[str, str]] = {
 # Modeling modules that build a sliding-window mask whenever config.sliding_window is set (MistralModel,
 # MixtralModel: create_sliding_window_causal_mask); spec/model.py _activation_traits reads the same thing from
 # the module. LlamaModel never does; Qwen2 decides per layer from layer_types.
-_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2")
+_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3")
 SUPPORTED_MODEL_TYPES = tuple(_DEFAULTS)
 _SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                          "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "n_positions",
-                         "n_embd", "n_layer", "n_head", "n_inner", "max_window_layers"})
+                         "n_embd", "n_layer", "n_head", "n_inner"})
 
 
 class ConfigView:
@@ -132,9 +139,13 @@ def _effective(config: dict) -> ConfigView | None:
     if model_type in ("llama", "mistral"):  # LlamaConfig / MistralConfig __post_init__
         if values.get("head_dim") is None and _positive_ints(values.get("hidden_size"), values.get("num_attention_heads")):
             values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
-    if model_type in ("llama", "mistral", "mixtral", "qwen2") and values.get("num_key_value_heads") is None:
+    if model_type in ("llama", "mistral", "mixtral", "qwen2", "qwen3") and values.get("num_key_value_heads") is None:
         values["num_key_value_heads"] = values.get("num_attention_heads")
-    if model_type == "qwen2":  # Qwen2Config.__post_init__
+    if model_type == "gemma" and values.get("hidden_act") == "gelu":  # GemmaConfig: the legacy value means tanh
+        values["hidden_act"] = "gelu_pytorch_tanh"
+    if model_type in ("qwen2", "qwen3"):  # Qwen2Config / Qwen3Config.__post_init__
+        if not isinstance(values.get("max_window_layers"), int) or isinstance(values.get("max_window_layers"), bool):
+            return None
         values["sliding_window"] = values.get("sliding_window") if values.get("use_sliding_window") else None
         if values.get("layer_types") is None and _positive_ints(values.get("num_hidden_layers")):
             window_from = values.get("max_window_layers")
@@ -149,19 +160,21 @@ def _linear(n_in: int, n_out: int, bias: bool) -> int:
 
 
 def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
-    """LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM: embed_tokens, per layer
-    input_layernorm, q/k/v/o_proj, post_attention_layernorm and the MLP (gate/up/down_proj; Mixtral: a router
-    weight [E, h] and MixtralExperts' fused gate_up_proj [E, 2i, h] and down_proj [E, h, i]), the final norm,
-    lm_head unless tied."""
+    """LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+    GemmaForCausalLM: embed_tokens, per layer input_layernorm, q/k/v/o_proj (Qwen3: q_norm and k_norm over the
+    head dim), post_attention_layernorm and the MLP (gate/up/down_proj; Mixtral: a router weight [E, h] and
+    MixtralExperts' fused gate_up_proj [E, 2i, h] and down_proj [E, h, i]), the final norm, lm_head unless tied."""
     mt = cfg.model_type
     h, layers, a, k, d, i, v = (f["hidden_size"], f["num_layers"], f["num_attention_heads"], f["num_kv_heads"],
                                 f["head_dim"], f["intermediate_size"], cfg.vocab_size)
     if not _positive_ints(h, layers, a, k, d, i, v):
         return None
-    # LlamaAttention: bias=config.attention_bias on q, k, v and o; LlamaMLP: bias=config.mlp_bias.
-    # Qwen2Attention: bias=True on q, k, v, not on o. Mistral/Mixtral: no biases.
-    qkv_bias = bool(cfg.attention_bias) if mt == "llama" else mt == "qwen2"
-    o_bias = bool(cfg.attention_bias) if mt == "llama" else False
+    # LlamaAttention, GemmaAttention, Qwen3Attention: bias=config.attention_bias on q, k, v and o; LlamaMLP:
+    # bias=config.mlp_bias (Gemma's and Qwen3's MLPs have none). Qwen2Attention: bias=True on q, k, v, not on o.
+    # Mistral/Mixtral: no biases.
+    configured_bias = mt in ("llama", "gemma", "qwen3")
+    qkv_bias = bool(cfg.attention_bias) if configured_bias else mt == "qwen2"
+    o_bias = bool(cfg.attention_bias) if configured_bias else False
     mlp_bias = bool(cfg.mlp_bias) if mt == "llama" else False
     if mt == "mixtral":
         # MixtralAttention takes head_dim from the config or hidden // heads (the config keeps None)
@@ -175,7 +188,8 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         largest_mlp = max(mlp)
     attn = [_linear(h, a * d, qkv_bias), _linear(h, k * d, qkv_bias), _linear(h, k * d, qkv_bias),
             _linear(a * d, h, o_bias)]
-    per_layer = sum(attn) + sum(mlp) + 2 * h  # + input_layernorm and post_attention_layernorm weights
+    head_norms = 2 * d if mt == "qwen3" else 0  # Qwen3Attention's q_norm and k_norm
+    per_layer = sum(attn) + sum(mlp) + 2 * h + head_norms  # + input_layernorm and post_attention_layernorm
     tied = bool(cfg.tie_word_embeddings)
     embedding = v * h + (0 if tied else v * h)
     params = v * h + layers * per_layer + h + (0 if tied else v * h)
@@ -189,12 +203,17 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
             n_sliding = sum(1 for t in types if t == "sliding_attention")
         elif mt in _SLIDING_MASK_MODULES:
             n_sliding = layers
-    elif cfg.layer_types is not None and mt != "qwen2":
+    elif cfg.layer_types is not None and mt not in ("qwen2", "qwen3"):
         return None
     return dict(
         params=params, largest_layer_params=max(v * h, max(attn), largest_mlp, h),
         vocab_size=v, tied_embeddings=tied, gated_mlp=True, embedding_params=embedding, norm="rmsnorm",
-        supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
+        # the hidden-size norms of a layer (spec/model.py _activation_traits): Qwen3's head-dim q/k norms count
+        # only when the head dim happens to equal the hidden size
+        supports_sdpa=True, norms_per_layer=2 + (2 if head_norms and d == h else 0),
+        norm_inputs_per_layer=2 + (2 if head_norms and d == h else 0),
+        # GemmaRMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
+        norm_fp32_weight=mt == "gemma",
         sliding_window=int(window) if n_sliding else None, sliding_window_layers=n_sliding,
         sdpa_mask=False, sdpa_broadcast_kv=False, attention_output_copy=False,
     )
@@ -222,7 +241,7 @@ def _gpt2(cfg: ConfigView, f: dict) -> dict | None:
 
 
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
-             "gpt2": _gpt2}
+             "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2}
 
 
 def count_params_from_config(config: dict) -> dict | None:
