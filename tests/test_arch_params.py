@@ -22,6 +22,10 @@ def _small(model_type: str, **kw) -> dict:
     base = {"model_type": model_type, "vocab_size": 512}
     if model_type == "gpt2":
         base.update(n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    elif model_type == "opt":
+        base.update(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
+    elif model_type == "bloom":
+        base.update(hidden_size=64, n_layer=2, n_head=4)
     else:
         base.update(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4)
     base.update(kw)
@@ -50,6 +54,13 @@ VARIANTS = {
     "gemma-defaults-tied": _small("gemma", num_key_value_heads=1, head_dim=16),
     "gemma-untied-bias-gelu": _small("gemma", tie_word_embeddings=False, attention_bias=True, hidden_act="gelu",
                                      head_dim=32, num_key_value_heads=4),
+    "opt-tied": _small("opt"),
+    "opt-projected-untied": _small("opt", word_embed_proj_dim=32, tie_word_embeddings=False),
+    "opt-no-bias-no-affine": _small("opt", enable_bias=False, layer_norm_elementwise_affine=False),
+    "opt-post-norm": _small("opt", do_layer_norm_before=False, dropout=0.0),
+    "bloom-tied": _small("bloom"),
+    "bloom-untied-n-embed": {"model_type": "bloom", "vocab_size": 300, "n_embed": 96, "n_layer": 3, "n_head": 6,
+                             "tie_word_embeddings": False, "hidden_dropout": 0.1},
     "gpt2-tied": _small("gpt2"),
     "gpt2-untied-inner": _small("gpt2", tie_word_embeddings=False, n_inner=96, activation_function="relu",
                                 attn_pdrop=0.0, resid_pdrop=0.2),

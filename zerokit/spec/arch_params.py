@@ -40,6 +40,12 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                   num_attention_heads=32, num_key_value_heads=32, head_dim=128, hidden_act="silu",
                   tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
                   max_window_layers=28, layer_types=None, attention_dropout=0.0),
+    "opt": dict(vocab_size=50272, hidden_size=768, num_hidden_layers=12, ffn_dim=3072, max_position_embeddings=2048,
+                do_layer_norm_before=True, _remove_final_layer_norm=False, word_embed_proj_dim=None, dropout=0.1,
+                attention_dropout=0.0, num_attention_heads=12, activation_function="relu", enable_bias=True,
+                layer_norm_elementwise_affine=True, tie_word_embeddings=True),
+    "bloom": dict(vocab_size=250880, hidden_size=64, n_layer=2, n_head=8, hidden_dropout=0.0, attention_dropout=0.0,
+                  tie_word_embeddings=True),
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                  add_cross_attention=False, tie_word_embeddings=True),
@@ -48,6 +54,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
              "num_hidden_layers": "n_layer"},
     "mixtral": {"num_experts": "num_local_experts"},
+    "bloom": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
 }
 # Modeling modules that build a sliding-window mask whenever config.sliding_window is set (MistralModel,
 # MixtralModel: create_sliding_window_causal_mask); spec/model.py _activation_traits reads the same thing from
@@ -56,7 +63,8 @@ _SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3")
 SUPPORTED_MODEL_TYPES = tuple(_DEFAULTS)
 _SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                          "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "n_positions",
-                         "n_embd", "n_layer", "n_head", "n_inner"})
+                         "n_embd", "n_layer", "n_head", "n_inner", "ffn_dim", "max_position_embeddings",
+                         "word_embed_proj_dim", "n_embed"})
 
 
 class ConfigView:
@@ -70,6 +78,10 @@ class ConfigView:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
+        return self.get(name)
+
+    def get(self, name: str):
+        """A value by its name, also a private one (OPT's _remove_final_layer_norm)."""
         return self._values.get(self._aliases.get(name, name))
 
 
@@ -141,6 +153,10 @@ def _effective(config: dict) -> ConfigView | None:
             values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
     if model_type in ("llama", "mistral", "mixtral", "qwen2", "qwen3") and values.get("num_key_value_heads") is None:
         values["num_key_value_heads"] = values.get("num_attention_heads")
+    if model_type == "opt" and values.get("word_embed_proj_dim") is None:  # OPTConfig.__post_init__
+        values["word_embed_proj_dim"] = values.get("hidden_size")
+    if model_type == "bloom" and values.get("n_embed") is not None:  # BloomConfig: the old n_embed kwarg
+        values["hidden_size"] = values.pop("n_embed")
     if model_type == "gemma" and values.get("hidden_act") == "gelu":  # GemmaConfig: the legacy value means tanh
         values["hidden_act"] = "gelu_pytorch_tanh"
     if model_type in ("qwen2", "qwen3"):  # Qwen2Config / Qwen3Config.__post_init__
@@ -240,8 +256,53 @@ def _gpt2(cfg: ConfigView, f: dict) -> dict | None:
     )
 
 
+def _opt(cfg: ConfigView, f: dict) -> dict | None:
+    """OPTForCausalLM: embed_tokens [V, p] (p = word_embed_proj_dim), OPTLearnedPositionalEmbedding with 2 extra
+    rows, project_in/project_out (no bias) only when p != hidden, per layer q/k/v/out_proj and fc1/fc2 (bias =
+    enable_bias) and two LayerNorms (weight and bias when layer_norm_elementwise_affine), the final LayerNorm only
+    when do_layer_norm_before and not _remove_final_layer_norm, lm_head [V, p] tied by default."""
+    h, layers, ffn, v, p, positions = (f["hidden_size"], f["num_layers"], cfg.ffn_dim, cfg.vocab_size,
+                                       cfg.word_embed_proj_dim, cfg.max_position_embeddings)
+    if not _positive_ints(h, layers, ffn, v, p, positions) or f["num_attention_heads"] < 1 or h % f["num_attention_heads"]:
+        return None
+    bias, norm = bool(cfg.enable_bias), (2 * h if cfg.layer_norm_elementwise_affine else 0)
+    attn = [_linear(h, h, bias)] * 4
+    mlp = [_linear(h, ffn, bias), _linear(ffn, h, bias)]
+    per_layer = sum(attn) + sum(mlp) + 2 * norm
+    projections = 2 * h * p if p != h else 0
+    final_norm = norm if cfg.do_layer_norm_before and not cfg.get("_remove_final_layer_norm") else 0
+    tied = bool(cfg.tie_word_embeddings)
+    params = v * p + (positions + 2) * h + projections + layers * per_layer + final_norm + (0 if tied else v * p)
+    return dict(
+        params=params, largest_layer_params=max(v * p, (positions + 2) * h, h * p if p != h else 0, *attn, *mlp, norm),
+        vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * p + (0 if tied else v * p),
+        norm="layernorm", supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
+        sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
+        attention_output_copy=False,
+    )
+
+
+def _bloom(cfg: ConfigView, f: dict) -> dict | None:
+    """BloomForCausalLM: word_embeddings, word_embeddings_layernorm, per block input_layernorm, query_key_value
+    (h -> 3h), dense (h -> h), post_attention_layernorm, dense_h_to_4h, dense_4h_to_h (all with biases), ln_f,
+    lm_head tied by default. BLOOM's ALiBi attention has no sdpa path in transformers (_supports_sdpa False)."""
+    h, layers, v = f["hidden_size"], f["num_layers"], cfg.vocab_size
+    if not _positive_ints(h, layers, v) or f["num_attention_heads"] < 1 or h % f["num_attention_heads"]:
+        return None
+    layer = [2 * h, _linear(h, 3 * h, True), _linear(h, h, True), 2 * h, _linear(h, 4 * h, True), _linear(4 * h, h, True)]
+    tied = bool(cfg.tie_word_embeddings)
+    params = v * h + 2 * h + layers * sum(layer) + 2 * h + (0 if tied else v * h)
+    return dict(
+        params=params, largest_layer_params=max(v * h, max(layer)),
+        vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * h + (0 if tied else v * h),
+        norm="layernorm", supports_sdpa=False, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
+        sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
+        attention_output_copy=False,
+    )
+
+
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
-             "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2}
+             "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom}
 
 
 def count_params_from_config(config: dict) -> dict | None:
