@@ -301,19 +301,20 @@ def test_70b_cold_count_needs_no_torch():
 
 
 # ---------------------------------------------------------------------------------------------
-# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny OPT and Bloom)
+# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny Falcon and GPT-NeoX)
 # ---------------------------------------------------------------------------------------------
 
-TINY_OPT = json.dumps({"model_type": "opt", "vocab_size": 512, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "word_embed_proj_dim": 64, "max_position_embeddings": 128})
-TINY_BLOOM = json.dumps({"model_type": "bloom", "vocab_size": 512, "hidden_size": 64, "n_layer": 2, "n_head": 4})
+TINY_FALCON = json.dumps({"model_type": "falcon", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+                          "num_attention_heads": 4})
+TINY_NEOX = json.dumps({"model_type": "gpt_neox", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4})
 
 
 def test_second_load_reads_cache_without_torch(tmp_path):
     pytest.importorskip("transformers")
     cache = tmp_path / "cache"
     model_dir, other_dir = tmp_path / "m", tmp_path / "other"
-    for d, text in ((model_dir, TINY_OPT), (other_dir, TINY_BLOOM)):
+    for d, text in ((model_dir, TINY_FALCON), (other_dir, TINY_NEOX)):
         d.mkdir()
         (d / "config.json").write_text(text)
     env = {"ZEROKIT_CACHE_DIR": str(cache)}
@@ -344,7 +345,7 @@ def test_second_load_reads_cache_without_torch(tmp_path):
 
 def test_changed_config_invalidates_cache(tmp_path):
     pytest.importorskip("transformers")
-    cfg = json.loads(TINY_OPT)
+    cfg = json.loads(TINY_FALCON)
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
@@ -364,7 +365,7 @@ def test_corrupt_cache_entry_is_recounted(tmp_path):
     pytest.importorskip("transformers")
     d = tmp_path / "opt"
     d.mkdir()
-    (d / "config.json").write_text(TINY_OPT)
+    (d / "config.json").write_text(TINY_FALCON)
     first = load_model_spec(str(d))
     (entry,) = spec_cache_dir().glob("*.json")
     entry.write_text("{not json")
@@ -376,10 +377,10 @@ def test_cache_name_follows_the_caller(tmp_path):
     pytest.importorskip("transformers")
     d = tmp_path / "my-model"
     d.mkdir()
-    (d / "config.json").write_text(TINY_OPT)
+    (d / "config.json").write_text(TINY_FALCON)
     other = tmp_path / "first"
     other.mkdir()
-    (other / "config.json").write_text(TINY_OPT)
+    (other / "config.json").write_text(TINY_FALCON)
     a = load_model_spec(str(other))
     b = load_model_spec(str(d))  # same config: cache hit, but named after this directory
     assert a.name == "first" and b.name == "my-model" and a.params == b.params
