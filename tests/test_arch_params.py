@@ -24,6 +24,8 @@ def _small(model_type: str, **kw) -> dict:
         base.update(n_embd=64, n_layer=2, n_head=4, n_positions=128)
     elif model_type == "opt":
         base.update(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
+    elif model_type == "gpt_neox":
+        base.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     elif model_type == "bloom":
         base.update(hidden_size=64, n_layer=2, n_head=4)
     else:
@@ -61,6 +63,11 @@ VARIANTS = {
     "bloom-tied": _small("bloom"),
     "bloom-untied-n-embed": {"model_type": "bloom", "vocab_size": 300, "n_embed": 96, "n_layer": 3, "n_head": 6,
                              "tie_word_embeddings": False, "hidden_dropout": 0.1},
+    "neox-defaults-parallel": _small("gpt_neox"),
+    "neox-sequential-full-rotary-tied": _small("gpt_neox", use_parallel_residual=False, rotary_pct=1.0,
+                                               tie_word_embeddings=True, attention_bias=False),
+    "neox-rope-dict": _small("gpt_neox", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                          "partial_rotary_factor": 0.5}),
     "gpt2-tied": _small("gpt2"),
     "gpt2-untied-inner": _small("gpt2", tie_word_embeddings=False, n_inner=96, activation_function="relu",
                                 attn_pdrop=0.0, resid_pdrop=0.2),

@@ -46,6 +46,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                 layer_norm_elementwise_affine=True, tie_word_embeddings=True),
     "bloom": dict(vocab_size=250880, hidden_size=64, n_layer=2, n_head=8, hidden_dropout=0.0, attention_dropout=0.0,
                   tie_word_embeddings=True),
+    "gpt_neox": dict(vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
+                     intermediate_size=24576, hidden_act="gelu", attention_dropout=0.0, hidden_dropout=0.0,
+                     max_position_embeddings=2048, tie_word_embeddings=False, use_parallel_residual=True,
+                     rope_parameters=None, attention_bias=True),
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                  add_cross_attention=False, tie_word_embeddings=True),
@@ -157,6 +161,13 @@ def _effective(config: dict) -> ConfigView | None:
         values["word_embed_proj_dim"] = values.get("hidden_size")
     if model_type == "bloom" and values.get("n_embed") is not None:  # BloomConfig: the old n_embed kwarg
         values["hidden_size"] = values.pop("n_embed")
+    if model_type == "gpt_neox":  # GPTNeoXConfig.convert_rope_params_to_dict: rotary_pct becomes the rope's factor
+        rope = values.pop("rope_scaling", None) or values.get("rope_parameters") or {}
+        if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+            return None  # per-layer-type rope parameters: leave them to transformers
+        rope = dict(rope)
+        rope.setdefault("partial_rotary_factor", values.pop("rotary_pct", 0.25))
+        values["rope_parameters"] = rope
     if model_type == "gemma" and values.get("hidden_act") == "gelu":  # GemmaConfig: the legacy value means tanh
         values["hidden_act"] = "gelu_pytorch_tanh"
     if model_type in ("qwen2", "qwen3"):  # Qwen2Config / Qwen3Config.__post_init__
@@ -301,8 +312,32 @@ def _bloom(cfg: ConfigView, f: dict) -> dict | None:
     )
 
 
+def _gpt_neox(cfg: ConfigView, f: dict) -> dict | None:
+    """GPTNeoXForCausalLM: embed_in, per layer input_layernorm and post_attention_layernorm (weight and bias),
+    query_key_value (h -> 3h) and dense (bias = attention_bias), dense_h_to_4h / dense_4h_to_h with biases,
+    final_layer_norm, lm_head (no bias, untied by default). With use_parallel_residual both norms read the
+    layer's input, which a LayerNorm saves once (spec/model.py _activation_traits)."""
+    h, layers, i, v = f["hidden_size"], f["num_layers"], f["intermediate_size"], cfg.vocab_size
+    if not _positive_ints(h, layers, i, v) or f["num_attention_heads"] < 1 or h % f["num_attention_heads"]:
+        return None
+    bias = bool(cfg.attention_bias)
+    layer = [2 * h, 2 * h, _linear(h, 3 * h, bias), _linear(h, h, bias), _linear(h, i, True), _linear(i, h, True)]
+    tied = bool(cfg.tie_word_embeddings)
+    partial = cfg.rope_parameters.get("partial_rotary_factor")
+    return dict(
+        params=v * h + layers * sum(layer) + 2 * h + (0 if tied else v * h),
+        largest_layer_params=max(v * h, max(layer)), vocab_size=v, tied_embeddings=tied, gated_mlp=False,
+        embedding_params=v * h + (0 if tied else v * h), norm="layernorm", supports_sdpa=True, norms_per_layer=2,
+        norm_inputs_per_layer=1 if cfg.use_parallel_residual else 2, norm_fp32_weight=False, sliding_window=None,
+        sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
+        # partial rotary: `torch.cat((q_rot, q_pass))` leaves q contiguous in (b, a, s, d): o reads a copy
+        attention_output_copy=isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1,
+    )
+
+
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
-             "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom}
+             "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
+             "gpt_neox": _gpt_neox}
 
 
 def count_params_from_config(config: dict) -> dict | None:
