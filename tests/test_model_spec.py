@@ -301,20 +301,20 @@ def test_70b_cold_count_needs_no_torch():
 
 
 # ---------------------------------------------------------------------------------------------
-# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny Falcon and Phi)
+# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny Falcon and Gemma 2)
 # ---------------------------------------------------------------------------------------------
 
 TINY_FALCON = json.dumps({"model_type": "falcon", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
                           "num_attention_heads": 4})
-TINY_PHI = json.dumps({"model_type": "phi", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-                       "num_hidden_layers": 2, "num_attention_heads": 4})
+TINY_GEMMA2 = json.dumps({"model_type": "gemma2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
 
 
 def test_second_load_reads_cache_without_torch(tmp_path):
     pytest.importorskip("transformers")
     cache = tmp_path / "cache"
     model_dir, other_dir = tmp_path / "m", tmp_path / "other"
-    for d, text in ((model_dir, TINY_FALCON), (other_dir, TINY_PHI)):
+    for d, text in ((model_dir, TINY_FALCON), (other_dir, TINY_GEMMA2)):
         d.mkdir()
         (d / "config.json").write_text(text)
     env = {"ZEROKIT_CACHE_DIR": str(cache)}

@@ -50,6 +50,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                      intermediate_size=24576, hidden_act="gelu", attention_dropout=0.0, hidden_dropout=0.0,
                      max_position_embeddings=2048, tie_word_embeddings=False, use_parallel_residual=True,
                      rope_parameters=None, attention_bias=True),
+    "phi": dict(vocab_size=51200, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                num_key_value_heads=None, resid_pdrop=0.0, attention_dropout=0.0, hidden_act="gelu_new",
+                tie_word_embeddings=False, rope_parameters=None, qk_layernorm=False),
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                  add_cross_attention=False, tie_word_embeddings=True),
@@ -167,6 +170,15 @@ def _effective(config: dict) -> ConfigView | None:
             return None  # per-layer-type rope parameters: leave them to transformers
         rope = dict(rope)
         rope.setdefault("partial_rotary_factor", values.pop("rotary_pct", 0.25))
+        values["rope_parameters"] = rope
+    if model_type == "phi":  # PhiConfig.__post_init__: kv heads, and partial_rotary_factor 0.5 unless given
+        if values.get("num_key_value_heads") is None:
+            values["num_key_value_heads"] = values.get("num_attention_heads")
+        rope = values.pop("rope_scaling", None) or values.get("rope_parameters") or {}
+        if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+            return None
+        rope = dict(rope)
+        rope.setdefault("partial_rotary_factor", values.pop("partial_rotary_factor", 0.5))
         values["rope_parameters"] = rope
     if model_type == "gemma" and values.get("hidden_act") == "gelu":  # GemmaConfig: the legacy value means tanh
         values["hidden_act"] = "gelu_pytorch_tanh"
@@ -335,9 +347,35 @@ def _gpt_neox(cfg: ConfigView, f: dict) -> dict | None:
     )
 
 
+def _phi(cfg: ConfigView, f: dict) -> dict | None:
+    """PhiForCausalLM: embed_tokens, per layer one input_layernorm (attention and MLP run in parallel on it),
+    q/k/v/dense with biases (q/k_layernorm over hidden // heads with qk_layernorm), fc1/fc2 with biases,
+    final_layernorm, lm_head WITH a bias, untied by default."""
+    h, layers, a, k, d, i, v = (f["hidden_size"], f["num_layers"], f["num_attention_heads"], f["num_kv_heads"],
+                                f["head_dim"], f["intermediate_size"], cfg.vocab_size)
+    if not _positive_ints(h, layers, a, k, d, i, v) or h % a:
+        return None
+    qk_norm = h // a if cfg.qk_layernorm else 0
+    attn = [_linear(h, a * d, True), _linear(h, k * d, True), _linear(h, k * d, True), _linear(a * d, h, True)]
+    layer = [2 * h, *attn, 4 * qk_norm, _linear(h, i, True), _linear(i, h, True)]
+    tied = bool(cfg.tie_word_embeddings)
+    head = v + (0 if tied else v * h)  # the lm_head bias is its own parameter even when the weight is tied
+    partial = cfg.rope_parameters.get("partial_rotary_factor")
+    norms = 1 + (2 if qk_norm and qk_norm == h else 0)  # hidden-size norms of a layer (_activation_traits)
+    return dict(
+        params=v * h + layers * sum(layer) + 2 * h + head,
+        # lm_head's direct parameters are its weight (shared with embed_tokens when tied) and its bias
+        largest_layer_params=max(h * v + v, *attn, _linear(h, i, True), _linear(i, h, True)),
+        vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * h + (0 if tied else v * h),
+        norm="layernorm", supports_sdpa=True, norms_per_layer=norms, norm_inputs_per_layer=norms,
+        norm_fp32_weight=False, sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
+        attention_output_copy=isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1,
+    )
+
+
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
              "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
-             "gpt_neox": _gpt_neox}
+             "gpt_neox": _gpt_neox, "phi": _phi}
 
 
 def count_params_from_config(config: dict) -> dict | None:
