@@ -146,6 +146,19 @@ def _positive_ints(*values) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
 
 
+def _standardise_rope(values: dict, factor_key: str, default: float) -> bool:
+    """values["rope_parameters"] as transformers' convert_rope_params_to_dict leaves it (rope_scaling wins, the
+    factor from `factor_key` unless the dict has one); False for per-layer-type (nested) rope parameters, which
+    are left to transformers."""
+    rope = values.pop("rope_scaling", None) or values.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+        return False
+    rope = dict(rope)
+    rope.setdefault("partial_rotary_factor", values.pop(factor_key, default))
+    values["rope_parameters"] = rope
+    return True
+
+
 def _effective(config: dict) -> ConfigView | None:
     """The config as the class would hold it after __post_init__, or None when it is not one we model."""
     model_type = config.get("model_type")
@@ -164,22 +177,15 @@ def _effective(config: dict) -> ConfigView | None:
         values["word_embed_proj_dim"] = values.get("hidden_size")
     if model_type == "bloom" and values.get("n_embed") is not None:  # BloomConfig: the old n_embed kwarg
         values["hidden_size"] = values.pop("n_embed")
-    if model_type == "gpt_neox":  # GPTNeoXConfig.convert_rope_params_to_dict: rotary_pct becomes the rope's factor
-        rope = values.pop("rope_scaling", None) or values.get("rope_parameters") or {}
-        if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
-            return None  # per-layer-type rope parameters: leave them to transformers
-        rope = dict(rope)
-        rope.setdefault("partial_rotary_factor", values.pop("rotary_pct", 0.25))
-        values["rope_parameters"] = rope
+    # the rope's partial_rotary_factor as convert_rope_params_to_dict standardises it: GPTNeoXConfig takes it from
+    # rotary_pct (default 0.25), PhiConfig from partial_rotary_factor (default 0.5)
+    if model_type == "gpt_neox" and not _standardise_rope(values, "rotary_pct", 0.25):
+        return None
     if model_type == "phi":  # PhiConfig.__post_init__: kv heads, and partial_rotary_factor 0.5 unless given
         if values.get("num_key_value_heads") is None:
             values["num_key_value_heads"] = values.get("num_attention_heads")
-        rope = values.pop("rope_scaling", None) or values.get("rope_parameters") or {}
-        if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+        if not _standardise_rope(values, "partial_rotary_factor", 0.5):
             return None
-        rope = dict(rope)
-        rope.setdefault("partial_rotary_factor", values.pop("partial_rotary_factor", 0.5))
-        values["rope_parameters"] = rope
     if model_type == "gemma" and values.get("hidden_act") == "gelu":  # GemmaConfig: the legacy value means tanh
         values["hidden_act"] = "gelu_pytorch_tanh"
     if model_type in ("qwen2", "qwen3"):  # Qwen2Config / Qwen3Config.__post_init__
@@ -192,6 +198,21 @@ def _effective(config: dict) -> ConfigView | None:
                 "sliding_attention" if values["sliding_window"] is not None and isinstance(window_from, int)
                 and i >= window_from else "full_attention" for i in range(values["num_hidden_layers"])]
     return ConfigView(model_type, values)
+
+
+# The activation traits (spec/model.py _activation_traits) of a plain dense decoder block: two hidden-size norms
+# reading two tensors, weights applied in the compute dtype, no sliding window, sdpa without an explicit mask or
+# broadcast K/V, full rotary. Each counter returns only what its architecture changes.
+_PLAIN_BLOCK_TRAITS = dict(supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
+                           sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
+                           attention_output_copy=False)
+
+
+def _partial_rotary(cfg: ConfigView) -> bool:
+    """Rotary on part of the head (standardised into rope_parameters): `torch.cat((q_rot, q_pass))` leaves q
+    contiguous in (b, a, s, d), so o_proj reads a copy of the attention output (attention_output_copy)."""
+    partial = (cfg.rope_parameters or {}).get("partial_rotary_factor")
+    return isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1
 
 
 def _linear(n_in: int, n_out: int, bias: bool) -> int:
@@ -249,12 +270,11 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         vocab_size=v, tied_embeddings=tied, gated_mlp=True, embedding_params=embedding, norm="rmsnorm",
         # the hidden-size norms of a layer (spec/model.py _activation_traits): Qwen3's head-dim q/k norms count
         # only when the head dim happens to equal the hidden size
-        supports_sdpa=True, norms_per_layer=2 + (2 if head_norms and d == h else 0),
+        norms_per_layer=2 + (2 if head_norms and d == h else 0),
         norm_inputs_per_layer=2 + (2 if head_norms and d == h else 0),
         # GemmaRMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
         norm_fp32_weight=mt == "gemma",
         sliding_window=int(window) if n_sliding else None, sliding_window_layers=n_sliding,
-        sdpa_mask=False, sdpa_broadcast_kv=False, attention_output_copy=False,
     )
 
 
@@ -273,9 +293,7 @@ def _gpt2(cfg: ConfigView, f: dict) -> dict | None:
     return dict(
         params=params, largest_layer_params=max(v * h, positions * h, max(layer)),
         vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * h + (0 if tied else v * h),
-        norm="layernorm", supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
-        sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-        attention_output_copy=False,
+        norm="layernorm",
     )
 
 
@@ -299,9 +317,7 @@ def _opt(cfg: ConfigView, f: dict) -> dict | None:
     return dict(
         params=params, largest_layer_params=max(v * p, (positions + 2) * h, h * p if p != h else 0, *attn, *mlp, norm),
         vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * p + (0 if tied else v * p),
-        norm="layernorm", supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
-        sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-        attention_output_copy=False,
+        norm="layernorm",
     )
 
 
@@ -318,9 +334,7 @@ def _bloom(cfg: ConfigView, f: dict) -> dict | None:
     return dict(
         params=params, largest_layer_params=max(v * h, max(layer)),
         vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * h + (0 if tied else v * h),
-        norm="layernorm", supports_sdpa=False, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
-        sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-        attention_output_copy=False,
+        norm="layernorm", supports_sdpa=False,
     )
 
 
@@ -335,15 +349,11 @@ def _gpt_neox(cfg: ConfigView, f: dict) -> dict | None:
     bias = bool(cfg.attention_bias)
     layer = [2 * h, 2 * h, _linear(h, 3 * h, bias), _linear(h, h, bias), _linear(h, i, True), _linear(i, h, True)]
     tied = bool(cfg.tie_word_embeddings)
-    partial = cfg.rope_parameters.get("partial_rotary_factor")
     return dict(
         params=v * h + layers * sum(layer) + 2 * h + (0 if tied else v * h),
         largest_layer_params=max(v * h, max(layer)), vocab_size=v, tied_embeddings=tied, gated_mlp=False,
-        embedding_params=v * h + (0 if tied else v * h), norm="layernorm", supports_sdpa=True, norms_per_layer=2,
-        norm_inputs_per_layer=1 if cfg.use_parallel_residual else 2, norm_fp32_weight=False, sliding_window=None,
-        sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-        # partial rotary: `torch.cat((q_rot, q_pass))` leaves q contiguous in (b, a, s, d): o reads a copy
-        attention_output_copy=isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1,
+        embedding_params=v * h + (0 if tied else v * h), norm="layernorm",
+        norm_inputs_per_layer=1 if cfg.use_parallel_residual else 2, attention_output_copy=_partial_rotary(cfg),
     )
 
 
@@ -360,16 +370,13 @@ def _phi(cfg: ConfigView, f: dict) -> dict | None:
     layer = [2 * h, *attn, 4 * qk_norm, _linear(h, i, True), _linear(i, h, True)]
     tied = bool(cfg.tie_word_embeddings)
     head = v + (0 if tied else v * h)  # the lm_head bias is its own parameter even when the weight is tied
-    partial = cfg.rope_parameters.get("partial_rotary_factor")
     norms = 1 + (2 if qk_norm and qk_norm == h else 0)  # hidden-size norms of a layer (_activation_traits)
     return dict(
         params=v * h + layers * sum(layer) + 2 * h + head,
         # lm_head's direct parameters are its weight (shared with embed_tokens when tied) and its bias
         largest_layer_params=max(h * v + v, *attn, _linear(h, i, True), _linear(i, h, True)),
         vocab_size=v, tied_embeddings=tied, gated_mlp=False, embedding_params=v * h + (0 if tied else v * h),
-        norm="layernorm", supports_sdpa=True, norms_per_layer=norms, norm_inputs_per_layer=norms,
-        norm_fp32_weight=False, sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-        attention_output_copy=isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1,
+        norm="layernorm", norms_per_layer=norms, norm_inputs_per_layer=norms, attention_output_copy=_partial_rotary(cfg),
     )
 
 
@@ -393,4 +400,4 @@ def count_params_from_config(config: dict) -> dict | None:
         return None  # a value of the wrong type: the meta device (and its error message) decides
     if counted is None:
         return None
-    return {**f, **counted, "model_type": cfg.model_type, "exact": True}
+    return {**f, **_PLAIN_BLOCK_TRAITS, **counted, "model_type": cfg.model_type, "exact": True}
