@@ -95,16 +95,16 @@ def setup_parent() -> argparse.ArgumentParser:
 # Namespace -> typed objects
 
 
-def hardware_from_args(args, default_gpu: str | None = None):
+def hardware_from_args(args):
     from zerokit.spec.hardware import HardwareOptions
 
-    return HardwareOptions(gpu=args.gpu or default_gpu, gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node,
+    return HardwareOptions(gpu=args.gpu, gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node,
                            nodes=args.nodes, hostfile=args.hostfile, cpu_memory=args.cpu_memory,
                            nvme_path=args.nvme_path, nvme_size=args.nvme_size, hardware_profile=args.hardware_profile)
 
 
-def load_cluster(args, default_gpu: str | None = None):
-    return hardware_from_args(args, default_gpu).build()
+def load_cluster(args):
+    return hardware_from_args(args).build()
 
 
 def load_model(args):

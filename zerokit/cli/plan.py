@@ -6,6 +6,7 @@ import json
 import sys
 
 from zerokit.cli.common import (
+    hardware_from_args,
     load_cluster,
     load_model,
     load_workload,
@@ -45,8 +46,11 @@ def build_plan(args):
     if args.hardware_profile:
         from zerokit.plan.refine import calibration_effect
 
+        from dataclasses import replace
+
         try:  # the same plan on the catalog's figures
-            catalog = make_plan(model, load_cluster(_without_profile(args)), workload, pins, memory_fraction=fraction)
+            catalog_cluster = replace(hardware_from_args(args), hardware_profile=None).build()
+            catalog = make_plan(model, catalog_cluster, workload, pins, memory_fraction=fraction)
         except ZerokitError:
             catalog = None
         plan.notes.append(calibration_effect(plan, catalog, args.hardware_profile))
@@ -70,12 +74,6 @@ def build_plan(args):
         plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
                                           profile=getattr(args, "profile", "deepspeed"))
     return plan
-
-
-def _without_profile(args):
-    from argparse import Namespace
-
-    return Namespace(**{**vars(args), "hardware_profile": None})
 
 
 def cmd_plan(args) -> int:
