@@ -180,10 +180,7 @@ def tokenize_files(files: list[Path], tokenizer: str, seq_len: int):
     if key is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".{key}.npy.tmp{os.getpid()}"
-            with open(tmp, "wb") as fh:
-                np.save(fh, arr)
-            os.replace(tmp, folder / f"{key}.npy")
+            save_npy_atomic(folder / f"{key}.npy", arr)
             # the JSON last: an entry counts only once both files are whole
             atomic_write_text(folder / f"{key}.json", json.dumps({"total_tokens": int(total)}), mode=0o644)
         except OSError:
@@ -191,15 +188,20 @@ def tokenize_files(files: list[Path], tokenizer: str, seq_len: int):
     return arr, total
 
 
-def write_tokens(arr, total_tokens: int, files: list[Path], tokenizer: str, seq_len: int, out_dir: Path) -> PreparedData:
-    """Write tokens.npy + tokens.json atomically under out_dir (created)."""
+def save_npy_atomic(path: Path, arr) -> None:
+    """np.save to a temporary file beside `path`, then rename over it: a reader sees the old file or the new one."""
     import numpy as np
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".tokens.npy.tmp{os.getpid()}"
+    tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         np.save(fh, arr)
-    os.replace(tmp, out_dir / "tokens.npy")
+    os.replace(tmp, path)
+
+
+def write_tokens(arr, total_tokens: int, files: list[Path], tokenizer: str, seq_len: int, out_dir: Path) -> PreparedData:
+    """Write tokens.npy + tokens.json atomically under out_dir (created)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_npy_atomic(out_dir / "tokens.npy", arr)
     meta = {
         "fingerprint": fingerprint(files, tokenizer, seq_len),
         "files": [str(f) for f in files],
