@@ -28,6 +28,8 @@ def _small(model_type: str, **kw) -> dict:
         base.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     elif model_type == "bloom":
         base.update(hidden_size=64, n_layer=2, n_head=4)
+    elif model_type == "falcon":
+        base.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
     else:
         base.update(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4)
     base.update(kw)
@@ -74,6 +76,35 @@ VARIANTS = {
     "phi-rope-dict-single-head": _small("phi", num_attention_heads=1, qk_layernorm=True,
                                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                          "partial_rotary_factor": 0.4}),
+    "gemma2-defaults-alternating-window": _small("gemma2", head_dim=16, num_hidden_layers=3, sliding_window=32),
+    "gemma2-untied-bias-no-window": _small("gemma2", head_dim=32, num_key_value_heads=1, attention_bias=True,
+                                           tie_word_embeddings=False, sliding_window=None, hidden_act="gelu"),
+    "gemma2-layer-types": _small("gemma2", head_dim=16, num_key_value_heads=2, sliding_window=8,
+                                 layer_types=["full_attention", "sliding_attention"]),
+    "gemma3-pattern-default": _small("gemma3_text", head_dim=16, num_hidden_layers=7, sliding_window=16),
+    "gemma3-pattern-2-untied": _small("gemma3_text", head_dim=32, num_key_value_heads=2, sliding_window_pattern=2,
+                                      sliding_window=16, tie_word_embeddings=False, attention_bias=True),
+    "gemma3-head-dim-is-hidden": _small("gemma3_text", head_dim=64, num_key_value_heads=1, sliding_window=None),
+    "gemma3-bidirectional": _small("gemma3_text", head_dim=16, use_bidirectional_attention=True, sliding_window=33),
+    "gemma3-multimodal-head-untied": {"model_type": "gemma3", "tie_word_embeddings": False,
+                                      "text_config": _small("gemma3_text", head_dim=16, sliding_window=16),
+                                      "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                                                        "num_attention_heads": 2, "image_size": 28, "patch_size": 14}},
+    "gemma3-multimodal-text-untie-ignored": {
+        "model_type": "gemma3", "mm_tokens_per_image": 4,
+        "text_config": _small("gemma3_text", head_dim=16, tie_word_embeddings=False, num_key_value_heads=1),
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 48, "intermediate_size": 40,
+                          "num_hidden_layers": 1, "num_attention_heads": 4, "image_size": 56, "patch_size": 14,
+                          "num_channels": 1, "vision_use_head": False}},
+    "falcon-defaults-mqa-parallel": _small("falcon"),
+    "falcon-new-decoder-gqa": _small("falcon", new_decoder_architecture=True, num_kv_heads=2, bias=True),
+    "falcon-new-decoder-one-norm": _small("falcon", new_decoder_architecture=True, num_kv_heads=1,
+                                          num_ln_in_parallel_attn=1, tie_word_embeddings=False),
+    "falcon-sequential-mha-bias": _small("falcon", parallel_attn=False, multi_query=False, bias=True,
+                                         ffn_hidden_size=96, activation="relu", hidden_dropout=0.1),
+    "falcon-alibi-n-embed": {"model_type": "falcon", "vocab_size": 300, "n_embed": 96, "num_hidden_layers": 2,
+                             "num_attention_heads": 6, "alibi": True, "multi_query": False},
+    "falcon-old-two-norms": _small("falcon", num_ln_in_parallel_attn=2),
     "gpt2-tied": _small("gpt2"),
     "gpt2-untied-inner": _small("gpt2", tie_word_embeddings=False, n_inner=96, activation_function="relu",
                                 attn_pdrop=0.0, resid_pdrop=0.2),
@@ -101,16 +132,22 @@ def test_bundled_configs_equal_the_meta_device_count(name):
 
 
 def test_published_counts():
-    """Llama-3-8B: 8,030,261,248 parameters (Meta's model card: 8.03B); GPT-2: 124,439,808 (HF's gpt2)."""
+    """Llama-3-8B: 8,030,261,248 parameters (Meta's model card: 8.03B); GPT-2: 124,439,808 (HF's gpt2); Gemma 3 4B
+    (google/gemma-3-4b-it, HF safetensors metadata): 4,300,079,472 with its vision tower; more in test_model_spec."""
     assert count_params_from_config(BUNDLED["llama-3-8b"])["params"] == 8_030_261_248
     assert count_params_from_config(BUNDLED["gpt2"])["params"] == 124_439_808
+    assert count_params_from_config(BUNDLED["gemma-3-4b"])["params"] == 4_300_079_472
 
 
 @pytest.mark.parametrize("config", [{"model_type": "t5"}, {"model_type": "made-up"},
                                     {**_small("llama"), "auto_map": {"AutoConfig": "x.Y"}},
                                     _small("llama", hidden_size="64"), _small("gpt2", add_cross_attention=True),
-                                    _small("mistral", layer_types=["full_attention"]), "not a dict"],
-                         ids=["t5", "unknown", "remote-code", "string-size", "cross-attention", "bad-layer-types", "str"])
+                                    _small("mistral", layer_types=["full_attention"]), "not a dict",
+                                    {"model_type": "gemma3", "vision_config": {"model_type": "clip_vision_model"}},
+                                    {"model_type": "gemma3", "vision_config": {"image_size": [224, 224]}},
+                                    _small("falcon", head_dim=16), _small("gemma3_text", sliding_window_pattern=0)],
+                         ids=["t5", "unknown", "remote-code", "string-size", "cross-attention", "bad-layer-types", "str",
+                              "gemma3-other-vision", "gemma3-list-image-size", "falcon-head-dim-key", "gemma3-pattern-0"])
 def test_what_it_does_not_model_falls_back(config):
     assert count_params_from_config(config) is None
 

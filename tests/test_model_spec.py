@@ -171,6 +171,9 @@ def test_tied_weights_counted_once(tmp_path):
 #   google/gemma-2b                      2,506,172,416  (HF safetensors metadata)
 #   microsoft/phi-2                      2,779,683,840  (HF safetensors metadata; card "2.7B")
 #   tiiuae/falcon-7b                     6,921,720,704  (HF safetensors metadata)
+#   google/gemma-2-9b                    9,241,705,984  (HF safetensors metadata; card "9B")
+#   google/gemma-3-1b-pt                   999,885,952  (HF safetensors metadata; card "1B")
+#   google/gemma-3-4b-it                 4,300,079,472  (HF safetensors metadata: text, SigLIP vision tower, projector)
 #   facebook/opt-1.3b                    1,315,758,080  (HF model page)
 #   bigscience/bloom-560m                  559,214,592  (HF safetensors metadata; card "559,214,592 parameters")
 PUBLISHED = {
@@ -185,6 +188,9 @@ PUBLISHED = {
     "gemma-2b": 2_506_172_416,
     "phi-2": 2_779_683_840,
     "falcon-7b": 6_921_720_704,
+    "gemma-2-9b": 9_241_705_984,
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-4b": 4_300_079_472,
     "opt-1.3b": 1_315_758_080,
     "bloom-560m": 559_214_592,
 }
@@ -301,20 +307,29 @@ def test_70b_cold_count_needs_no_torch():
 
 
 # ---------------------------------------------------------------------------------------------
-# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny Falcon and Gemma 2)
+# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny StarCoder2 and Phi-3)
 # ---------------------------------------------------------------------------------------------
 
-TINY_FALCON = json.dumps({"model_type": "falcon", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
-                          "num_attention_heads": 4})
-TINY_GEMMA2 = json.dumps({"model_type": "gemma2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-                       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
+TINY_META_A = json.dumps({"model_type": "starcoder2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})
+TINY_META_B = json.dumps({"model_type": "phi3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                          "num_hidden_layers": 2, "num_attention_heads": 4, "pad_token_id": 0, "bos_token_id": 1,
+                          "eos_token_id": 2})
+
+
+def test_cache_tests_use_architectures_counted_on_meta():
+    """The cache holds meta-device counts only: the configs above must not be counted without torch."""
+    from zerokit.spec.arch_params import count_params_from_config
+
+    assert count_params_from_config(json.loads(TINY_META_A)) is None
+    assert count_params_from_config(json.loads(TINY_META_B)) is None
 
 
 def test_second_load_reads_cache_without_torch(tmp_path):
     pytest.importorskip("transformers")
     cache = tmp_path / "cache"
     model_dir, other_dir = tmp_path / "m", tmp_path / "other"
-    for d, text in ((model_dir, TINY_FALCON), (other_dir, TINY_GEMMA2)):
+    for d, text in ((model_dir, TINY_META_A), (other_dir, TINY_META_B)):
         d.mkdir()
         (d / "config.json").write_text(text)
     env = {"ZEROKIT_CACHE_DIR": str(cache)}
@@ -345,7 +360,7 @@ def test_second_load_reads_cache_without_torch(tmp_path):
 
 def test_changed_config_invalidates_cache(tmp_path):
     pytest.importorskip("transformers")
-    cfg = json.loads(TINY_FALCON)
+    cfg = json.loads(TINY_META_A)
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
@@ -365,7 +380,7 @@ def test_corrupt_cache_entry_is_recounted(tmp_path):
     pytest.importorskip("transformers")
     d = tmp_path / "opt"
     d.mkdir()
-    (d / "config.json").write_text(TINY_FALCON)
+    (d / "config.json").write_text(TINY_META_A)
     first = load_model_spec(str(d))
     (entry,) = spec_cache_dir().glob("*.json")
     entry.write_text("{not json")
@@ -377,10 +392,10 @@ def test_cache_name_follows_the_caller(tmp_path):
     pytest.importorskip("transformers")
     d = tmp_path / "my-model"
     d.mkdir()
-    (d / "config.json").write_text(TINY_FALCON)
+    (d / "config.json").write_text(TINY_META_A)
     other = tmp_path / "first"
     other.mkdir()
-    (other / "config.json").write_text(TINY_FALCON)
+    (other / "config.json").write_text(TINY_META_A)
     a = load_model_spec(str(other))
     b = load_model_spec(str(d))  # same config: cache hit, but named after this directory
     assert a.name == "first" and b.name == "my-model" and a.params == b.params

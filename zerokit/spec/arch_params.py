@@ -8,7 +8,8 @@ synthetic variants alike, equal to the meta-device count on every ModelSpec fiel
 
 The config is read the way transformers reads it: the config class's defaults (written out per model_type below,
 from configuration_<type>.py), then every key of config.json (extra keys become attributes too), then what the
-class derives in __post_init__ (head_dim, num_key_value_heads, Qwen2's sliding window and layer_types). The field
+class derives in __post_init__ (head_dim, num_key_value_heads, Qwen2's sliding window, Qwen2/Gemma 2/Gemma 3
+layer_types, Falcon's kv heads and FFN size). The multimodal Gemma 3 adds its SigLIP vision tower and projector. The field
 reading itself (config_fields) is shared with the meta-device path, so the two cannot drift apart.
 """
 
@@ -53,6 +54,19 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "phi": dict(vocab_size=51200, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
                 num_key_value_heads=None, resid_pdrop=0.0, attention_dropout=0.0, hidden_act="gelu_new",
                 tie_word_embeddings=False, rope_parameters=None, qk_layernorm=False),
+    # Gemma2Config / Gemma3TextConfig: four norms a layer, layer_types from __post_init__ (below)
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                   tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0, sliding_window=4096,
+                   layer_types=None),
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                        tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0, sliding_window=4096,
+                        layer_types=None, use_bidirectional_attention=False),
+    "falcon": dict(vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
+                   num_ln_in_parallel_attn=None, hidden_dropout=0.0, attention_dropout=0.0, num_kv_heads=None,
+                   alibi=False, new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False,
+                   max_position_embeddings=2048, ffn_hidden_size=None, activation="gelu", tie_word_embeddings=True),
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                  add_cross_attention=False, tie_word_embeddings=True),
@@ -66,12 +80,17 @@ ALIASES: dict[str, dict[str, str]] = {
 # Modeling modules that build a sliding-window mask whenever config.sliding_window is set (MistralModel,
 # MixtralModel: create_sliding_window_causal_mask); spec/model.py _activation_traits reads the same thing from
 # the module. LlamaModel never does; Qwen2 decides per layer from layer_types.
-_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3")
-SUPPORTED_MODEL_TYPES = tuple(_DEFAULTS)
+_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+# Config classes whose __post_init__ always fills layer_types (Qwen2/3 from max_window_layers, Gemma 2 every other
+# layer, Gemma 3 from sliding_window_pattern)
+_LAYER_TYPES_MODELS = ("qwen2", "qwen3", "gemma2", "gemma3_text")
+_GEMMAS = ("gemma", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = (*_DEFAULTS, "gemma3")  # gemma3: the multimodal Gemma 3 (its text model is gemma3_text)
 _SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                          "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "n_positions",
                          "n_embd", "n_layer", "n_head", "n_inner", "ffn_dim", "max_position_embeddings",
-                         "word_embed_proj_dim", "n_embed"})
+                         "word_embed_proj_dim", "n_embed", "num_kv_heads",
+                         "ffn_hidden_size"})
 
 
 class ConfigView:
@@ -136,7 +155,9 @@ def config_fields(tc) -> dict:
     return dict(
         hidden_size=hidden, num_layers=layers, num_attention_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
         intermediate_size=int(inter), num_experts=experts, experts_per_token=top_k,
-        mlp_activation=str(first_attr(tc, ["hidden_act", "activation_function", "hidden_activation"], "silu")),
+        # Falcon names it `activation` (FalconMLP: get_activation(config.activation))
+        mlp_activation=str(first_attr(tc, ["hidden_act", "activation_function", "hidden_activation", "activation"],
+                                      "silu")),
         attention_dropout=_prob(first_attr(tc, ["attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"], 0.0)),
         hidden_dropout=_prob(first_attr(tc, ["resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"], 0.0)),
     )
@@ -175,8 +196,30 @@ def _effective(config: dict) -> ConfigView | None:
         values["num_key_value_heads"] = values.get("num_attention_heads")
     if model_type == "opt" and values.get("word_embed_proj_dim") is None:  # OPTConfig.__post_init__
         values["word_embed_proj_dim"] = values.get("hidden_size")
-    if model_type == "bloom" and values.get("n_embed") is not None:  # BloomConfig: the old n_embed kwarg
+    if model_type in ("bloom", "falcon") and values.get("n_embed") is not None:  # the old n_embed kwarg
         values["hidden_size"] = values.pop("n_embed")
+    if model_type == "falcon":  # FalconConfig.__post_init__; head_dim is a read-only property (hidden // heads)
+        if "head_dim" in values:
+            return None
+        if values.get("num_kv_heads") is None:
+            values["num_kv_heads"] = values.get("num_attention_heads")
+        if values.get("ffn_hidden_size") is None and _positive_ints(values.get("hidden_size")):
+            values["ffn_hidden_size"] = 4 * values["hidden_size"]
+        if values.get("new_decoder_architecture") and values.get("num_ln_in_parallel_attn") is None:
+            values["num_ln_in_parallel_attn"] = 2  # what FalconDecoderLayer.__init__ writes into the config
+    if model_type == "gemma2" and values.get("layer_types") is None and _positive_ints(values.get("num_hidden_layers")):
+        # Gemma2Config.__post_init__: sliding on even layers (i + 1 odd), full on odd ones
+        values["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                 for i in range(values["num_hidden_layers"])]
+    if model_type == "gemma3_text":  # Gemma3TextConfig.__post_init__
+        if values.get("use_bidirectional_attention") and _positive_ints(values.get("sliding_window")):
+            values["sliding_window"] = values["sliding_window"] // 2 + 1
+        pattern = values.get("sliding_window_pattern", 6)  # the hub configs' old int pattern, default 6
+        if values.get("layer_types") is None and _positive_ints(values.get("num_hidden_layers")):
+            if not _positive_ints(pattern):
+                return None
+            values["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                     for i in range(values["num_hidden_layers"])]
     # the rope's partial_rotary_factor as convert_rope_params_to_dict standardises it: GPTNeoXConfig takes it from
     # rotary_pct (default 0.25), PhiConfig from partial_rotary_factor (default 0.5)
     if model_type == "gpt_neox" and not _standardise_rope(values, "rotary_pct", 0.25):
@@ -221,8 +264,9 @@ def _linear(n_in: int, n_out: int, bias: bool) -> int:
 
 def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
     """LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-    GemmaForCausalLM: embed_tokens, per layer input_layernorm, q/k/v/o_proj (Qwen3: q_norm and k_norm over the
-    head dim), post_attention_layernorm and the MLP (gate/up/down_proj; Mixtral: a router weight [E, h] and
+    GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM: embed_tokens, per layer input_layernorm, q/k/v/o_proj
+    (Qwen3, Gemma 3: q_norm and k_norm over the head dim), post_attention_layernorm (Gemma 2/3: and
+    pre_/post_feedforward_layernorm) and the MLP (gate/up/down_proj; Mixtral: a router weight [E, h] and
     MixtralExperts' fused gate_up_proj [E, 2i, h] and down_proj [E, h, i]), the final norm, lm_head unless tied."""
     mt = cfg.model_type
     h, layers, a, k, d, i, v = (f["hidden_size"], f["num_layers"], f["num_attention_heads"], f["num_kv_heads"],
@@ -232,7 +276,7 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
     # LlamaAttention, GemmaAttention, Qwen3Attention: bias=config.attention_bias on q, k, v and o; LlamaMLP:
     # bias=config.mlp_bias (Gemma's and Qwen3's MLPs have none). Qwen2Attention: bias=True on q, k, v, not on o.
     # Mistral/Mixtral: no biases.
-    configured_bias = mt in ("llama", "gemma", "qwen3")
+    configured_bias = mt in ("llama", "qwen3", *_GEMMAS)
     qkv_bias = bool(cfg.attention_bias) if configured_bias else mt == "qwen2"
     o_bias = bool(cfg.attention_bias) if configured_bias else False
     mlp_bias = bool(cfg.mlp_bias) if mt == "llama" else False
@@ -248,8 +292,12 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         largest_mlp = max(mlp)
     attn = [_linear(h, a * d, qkv_bias), _linear(h, k * d, qkv_bias), _linear(h, k * d, qkv_bias),
             _linear(a * d, h, o_bias)]
-    head_norms = 2 * d if mt == "qwen3" else 0  # Qwen3Attention's q_norm and k_norm
-    per_layer = sum(attn) + sum(mlp) + 2 * h + head_norms  # + input_layernorm and post_attention_layernorm
+    if mt in ("gemma2", "gemma3_text") and h % a:
+        return None  # Gemma2Config / Gemma3TextConfig.validate_architecture refuses it
+    head_norms = 2 * d if mt in ("qwen3", "gemma3_text") else 0  # Qwen3Attention's / Gemma3Attention's q/k_norm
+    # input_layernorm and post_attention_layernorm; Gemma2/3DecoderLayer add pre_ and post_feedforward_layernorm
+    hidden_norms = 4 if mt in ("gemma2", "gemma3_text") else 2
+    per_layer = sum(attn) + sum(mlp) + hidden_norms * h + head_norms
     tied = bool(cfg.tie_word_embeddings)
     embedding = v * h + (0 if tied else v * h)
     params = v * h + layers * per_layer + h + (0 if tied else v * h)
@@ -263,17 +311,19 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
             n_sliding = sum(1 for t in types if t == "sliding_attention")
         elif mt in _SLIDING_MASK_MODULES:
             n_sliding = layers
-    elif cfg.layer_types is not None and mt not in ("qwen2", "qwen3"):
+    elif cfg.layer_types is not None and mt not in _LAYER_TYPES_MODELS:
         return None
     return dict(
         params=params, largest_layer_params=max(v * h, max(attn), largest_mlp, h),
         vocab_size=v, tied_embeddings=tied, gated_mlp=True, embedding_params=embedding, norm="rmsnorm",
         # the hidden-size norms of a layer (spec/model.py _activation_traits): Qwen3's head-dim q/k norms count
         # only when the head dim happens to equal the hidden size
-        norms_per_layer=2 + (2 if head_norms and d == h else 0),
-        norm_inputs_per_layer=2 + (2 if head_norms and d == h else 0),
-        # GemmaRMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
-        norm_fp32_weight=mt == "gemma",
+        norms_per_layer=hidden_norms + (2 if head_norms and d == h else 0),
+        norm_inputs_per_layer=hidden_norms + (2 if head_norms and d == h else 0),
+        # Gemma(2/3)RMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
+        norm_fp32_weight=mt in _GEMMAS,
+        # Gemma2PreTrainedModel._supports_sdpa = False (sdpa has no logit soft-capping)
+        supports_sdpa=mt != "gemma2",
         sliding_window=int(window) if n_sliding else None, sliding_window_layers=n_sliding,
     )
 
@@ -380,9 +430,89 @@ def _phi(cfg: ConfigView, f: dict) -> dict | None:
     )
 
 
+def _falcon(cfg: ConfigView, f: dict) -> dict | None:
+    """FalconForCausalLM: word_embeddings, per layer query_key_value (h -> (a + 2k) d for the new decoder
+    architecture, h + 2d for multi-query, 3h otherwise) and dense (bias = config.bias), dense_h_to_4h /
+    dense_4h_to_h (ffn_hidden_size, bias = config.bias), LayerNorms (weight and bias): input_layernorm and
+    post_attention_layernorm without parallel_attn, ln_attn and ln_mlp with parallel_attn and
+    num_ln_in_parallel_attn 2, else one input_layernorm; ln_f; lm_head tied by default. ALiBi and rotary
+    positions have no parameters."""
+    h, layers, a, k, d, i, v = (f["hidden_size"], f["num_layers"], f["num_attention_heads"], f["num_kv_heads"],
+                                f["head_dim"], f["intermediate_size"], cfg.vocab_size)
+    if not _positive_ints(h, layers, a, k, i, v) or h % a:
+        return None  # FalconAttention raises unless hidden_size is a multiple of the heads
+    new_arch, bias = bool(cfg.new_decoder_architecture), bool(cfg.bias)
+    qkv_out = (2 * k + a) * d if new_arch else (h + 2 * d if cfg.multi_query else 3 * h)
+    n_norms = 2 if not cfg.parallel_attn or cfg.num_ln_in_parallel_attn == 2 else 1
+    layer = [_linear(h, qkv_out, bias), _linear(h, h, bias), _linear(h, i, bias), _linear(i, h, bias)]
+    tied = bool(cfg.tie_word_embeddings)
+    rotary = not cfg.alibi  # FalconModel calls sdpa itself: spec/model.py _activation_traits
+    # the norms of a parallel block with the new decoder architecture read the same tensor (same rule as there)
+    shared = new_arch and cfg.num_ln_in_parallel_attn in (None, 2)
+    return dict(
+        params=v * h + layers * (sum(layer) + n_norms * 2 * h) + 2 * h + (0 if tied else v * h),
+        largest_layer_params=max(v * h, *layer, 2 * h), vocab_size=v, tied_embeddings=tied, gated_mlp=False,
+        embedding_params=v * h + (0 if tied else v * h), norm="layernorm", norms_per_layer=n_norms,
+        norm_inputs_per_layer=1 if shared else n_norms, sdpa_mask=rotary,
+        sdpa_broadcast_kv=rotary and not new_arch and bool(cfg.multi_query),
+    )
+
+
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
-             "qwen3": _llama_family, "gemma": _llama_family, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
+             "qwen3": _llama_family, "gemma": _llama_family, "gemma2": _llama_family,
+             "gemma3_text": _llama_family, "falcon": _falcon, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
              "gpt_neox": _gpt_neox, "phi": _phi}
+
+
+# SiglipVisionConfig's defaults (transformers 5.23 configuration_siglip.py), the keys the vision tower's count reads
+_SIGLIP_VISION_DEFAULTS = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                               num_channels=3, image_size=224, patch_size=16, vision_use_head=True)
+
+
+def _siglip_vision(vision: dict) -> tuple[int, int] | None:
+    """(parameters, largest direct parameters of one module) of SiglipVisionModel: patch_embedding (Conv2d with
+    bias), position_embedding [(image // patch)^2, h], per layer layer_norm1/2 (weight and bias), q/k/v/out_proj and
+    fc1/fc2 with biases, post_layernorm, and with vision_use_head the pooling head (probe [1, 1, h],
+    nn.MultiheadAttention: in_proj [3h, h] + bias on the module itself, out_proj; layernorm; an MLP)."""
+    values = {**_SIGLIP_VISION_DEFAULTS, **vision}
+    h, i, layers, heads, channels, image, patch = (values[k] for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels", "image_size",
+        "patch_size"))
+    if not _positive_ints(h, i, layers, heads, channels, image, patch) or h % heads:
+        return None  # list-valued image sizes and the like: the meta device decides
+    patch_embedding = _linear(channels * patch * patch, h, True)
+    positions = (image // patch) ** 2 * h
+    mlp = [_linear(h, i, True), _linear(i, h, True)]
+    layer = [2 * h, 2 * h, *[_linear(h, h, True)] * 4, *mlp]
+    params = patch_embedding + positions + layers * sum(layer) + 2 * h
+    largest = max(patch_embedding, positions, *layer)
+    if values["vision_use_head"]:
+        in_proj = 3 * h * h + 3 * h  # nn.MultiheadAttention's own in_proj_weight and in_proj_bias
+        params += h + in_proj + _linear(h, h, True) + 2 * h + sum(mlp)
+        largest = max(largest, in_proj)
+    return params, largest
+
+
+def _gemma3_multimodal(config: dict) -> dict | None:
+    """Gemma3ForConditionalGeneration (Gemma 3 4B and up): the Gemma3TextModel of text_config, a SigLIP vision tower
+    (vision_config), Gemma3MultiModalProjector (mm_input_projection_weight [vision h, text h] and mm_soft_emb_norm
+    over the vision h) and lm_head, tied to the text embeddings by the top-level tie_word_embeddings. The ModelSpec
+    shape fields are the text model's (spec/model.py reads get_text_config(decoder=True))."""
+    text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
+    if not isinstance(text, dict) or not isinstance(vision, dict):
+        return None
+    if text.get("model_type", "gemma3_text") != "gemma3_text" or (
+            vision.get("model_type", "siglip_vision_model") != "siglip_vision_model"):
+        return None
+    counted = count_params_from_config(
+        {**text, "model_type": "gemma3_text", "tie_word_embeddings": config.get("tie_word_embeddings", True)})
+    tower = _siglip_vision(vision)
+    if counted is None or tower is None:
+        return None
+    vision_h, text_h = vision.get("hidden_size", _SIGLIP_VISION_DEFAULTS["hidden_size"]), counted["hidden_size"]
+    projection = vision_h * text_h
+    return {**counted, "model_type": "gemma3", "params": counted["params"] + tower[0] + projection + vision_h,
+            "largest_layer_params": max(counted["largest_layer_params"], tower[1], projection)}
 
 
 def count_params_from_config(config: dict) -> dict | None:
@@ -390,6 +520,8 @@ def count_params_from_config(config: dict) -> dict | None:
     architecture or a feature this module does not model."""
     if not isinstance(config, dict):
         return None
+    if config.get("model_type") == "gemma3" and "auto_map" not in config:
+        return _gemma3_multimodal(config)
     cfg = _effective(config)
     if cfg is None:
         return None

@@ -100,7 +100,8 @@ class ModelSpec:
 
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
 # 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
-_SCHEMA_VERSION = 4
+# 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default).
+_SCHEMA_VERSION = 5
 
 
 # --------------------------------------------------------------------------------------------
