@@ -1,15 +1,14 @@
 """Wall time of `zerokit launch` vs the same job started with a hand-written deepspeed command.
 
 Both run the same training script (zerokit.launch.train), the same ds_config, the same packed tokens,
-2 CPU ranks, tiny-llama, a few steps; they alternate (A B A B ...) so machine load hits both alike.
-`zerokit launch` adds: validation and tokenization, the fit check (planner imports), writing the
-config/tokens/launch.json, the runner, and the report. The ratio says what that costs end to end.
+2 CPU ranks, tiny-llama, a few steps. `zerokit launch` adds: lint and the fit check, tokenization, writing
+the config/tokens/launch.json, the runner, and the report. The ratio says what that costs end to end.
 
-zerokit caches DeepSpeed's verdict on a config and the packed tokens by content ($ZEROKIT_CACHE_DIR): the
-first launch of a config (cold, a fresh cache directory) pays DeepSpeed's and transformers' imports in the
-parent process, a repeated one (warm) does not. Both are measured, each beside a hand-written run.
+Two kinds of zerokit run: cold, the first launch of this config (a fresh $ZEROKIT_CACHE_DIR every time: no cached
+spec, tokens or DeepSpeed verdict), and warm, a repeated launch (one cache, filled by an uncounted first run). Each
+repetition runs cold, warm and hand-written in turn, so machine load hits all three alike; medians are compared.
 
-    python bench/launch_overhead.py [--reps 3] [--steps 6]
+    python bench/launch_overhead.py [--reps 5] [--steps 6]
     -> prints a table, writes bench/results/launch_overhead.txt
 """
 
@@ -53,7 +52,7 @@ def timed(argv, env) -> tuple[float, int]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "launch_overhead.txt"))
@@ -66,7 +65,6 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["ZEROKIT_CACHE_DIR"] = str(work / "zerokit-cache")  # starts empty: the first zerokit run is cold
     cfg = work / "ds_config.json"
     cfg.write_text(json.dumps(CONFIG))
     files = zdata.resolve_data_files(None)
@@ -76,47 +74,51 @@ def main(argv=None) -> int:
     ds = str(Path(sys.executable).parent / "deepspeed")
     model = str(resources.bundled_models_dir() / "tiny-llama")
 
-    rows = {"zerokit launch": [], "hand-written deepspeed": []}
-    cold: dict[str, float] = {}
+    names = ("zerokit launch, cold", "zerokit launch, warm", "hand-written deepspeed")
+    rows: dict[str, list[float]] = {n: [] for n in names}
     try:
-        for i in range(-1, args.reps):  # rep -1: the cold run (empty cache), reported on its own
-            a_out, b_out = work / f"zk{i}", work / f"ds{i}"
-            a = [sys.executable, "-m", "zerokit", "launch", "--model", "tiny-llama", "--config", str(cfg),
-                 "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", str(args.seq_len), "--steps", str(args.steps),
-                 "--output-dir", str(a_out)]
-            b = [ds, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "zerokit.launch.train",
-                 "--model", model, "--tokens", str(prepared.tokens_path), "--tokenizer", tok, "--ds-config", str(cfg),
-                 "--output-dir", str(b_out), "--steps", str(args.steps)]
-            for name, cmd in (("zerokit launch", a), ("hand-written deepspeed", b)):
-                dt, rc = timed(cmd, env)
+        for i in range(-1, args.reps):  # rep -1 fills the warm cache (and the page cache): not counted
+            runs = {}
+            for name in names if i >= 0 else names[1:2]:
+                out = work / f"{name.split()[-1]}{i}"
+                if name.startswith("zerokit"):
+                    cache = work / (f"cold-cache{i}" if name.endswith("cold") else "warm-cache")
+                    runs[name] = ([sys.executable, "-m", "zerokit", "launch", "--model", "tiny-llama", "--config",
+                                   str(cfg), "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", str(args.seq_len),
+                                   "--steps", str(args.steps), "--output-dir", str(out)], {"ZEROKIT_CACHE_DIR": str(cache)})
+                else:
+                    port = free_port()
+                    runs[name] = ([ds, "--num_gpus", "2", "--master_port", str(port), "--module", "zerokit.launch.train",
+                                   "--model", model, "--tokens", str(prepared.tokens_path), "--tokenizer", tok,
+                                   "--ds-config", str(cfg), "--output-dir", str(out), "--steps", str(args.steps)],
+                                  {"_port": str(port)})
+            for name, (cmd, extra) in runs.items():
+                dt, rc = timed(cmd, {**env, **{k: v for k, v in extra.items() if not k.startswith("_")}})
                 if rc != 0:
                     print(f"{name} failed with exit code {rc}", file=sys.stderr)
                     return 1
-                if i < 0:
-                    cold[name] = dt
-                else:
+                if i >= 0:
                     rows[name].append(dt)
-                print(f"rep {'cold' if i < 0 else f'{i + 1}/{args.reps}'}  {name:<24} {dt:7.2f} s", flush=True)
-            # the hand-written run leaves its /dev/shm buffers behind (DeepSpeed's CPU launcher does)
-            for f in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{b[4]}_*"):
-                f.unlink(missing_ok=True)
+                print(f"rep {'warm-up' if i < 0 else f'{i + 1}/{args.reps}'}  {name:<24} {dt:7.2f} s", flush=True)
+                if "_port" in extra:  # the hand-written run leaves its /dev/shm buffers behind (DeepSpeed's CPU launcher does)
+                    for f in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{extra['_port']}_*"):
+                        f.unlink(missing_ok=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    zk, hw = statistics.median(rows["zerokit launch"]), statistics.median(rows["hand-written deepspeed"])
+    med = {n: statistics.median(v) for n, v in rows.items()}
+    hw = med["hand-written deepspeed"]
     lines = [
         f"launch overhead: tiny-llama, 2 CPU ranks (gloo), ZeRO-2 fp32, seq {args.seq_len}, {args.steps} steps, "
-        f"{args.reps} alternating repetitions",
+        f"{args.reps} repetitions of cold / warm / hand-written in turn",
         f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; {time.strftime('%Y-%m-%d %H:%M:%S')}",
         f"{'':<24} {'median':>8} {'min':>8} {'max':>8}   runs",
     ]
     for name, v in rows.items():
-        lines.append(f"{name:<24} {statistics.median(v):8.2f} {min(v):8.2f} {max(v):8.2f}   "
-                     + " ".join(f"{x:.2f}" for x in v))
-    lines.append(f"ratio zerokit/hand-written (medians, warm cache): {zk / hw:.2f}x  (+{zk - hw:.2f} s)")
-    c_zk, c_hw = cold["zerokit launch"], cold["hand-written deepspeed"]
-    lines.append(f"cold (first launch of this config, empty cache): zerokit {c_zk:.2f} s, hand-written {c_hw:.2f} s: "
-                 f"{c_zk / c_hw:.2f}x  (+{c_zk - c_hw:.2f} s)")
+        lines.append(f"{name:<24} {med[name]:8.2f} {min(v):8.2f} {max(v):8.2f}   " + " ".join(f"{x:.2f}" for x in v))
+    for name in names[:2]:
+        lines.append(f"ratio {name} / hand-written (medians): {med[name] / hw:.2f}x  ({med[name] - hw:+.2f} s)")
+    lines.append("cold: a fresh cache each run (first launch of the config); warm: one cache, filled before counting")
     lines.append("command: python bench/launch_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     text = "\n".join(lines)
     print(text)

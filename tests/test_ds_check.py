@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("deepspeed")
 
@@ -157,10 +163,55 @@ def test_lint_puts_errors_first():
 
 
 def test_known_top_level_keys_come_from_deepspeed():
-    top = ds_check._schema().top
+    top = ds_check.read_deepspeed_keys().top
     assert {"train_batch_size", "zero_optimization", "aio", "bf16", "fp16", "activation_checkpointing",
             "gradient_clipping", "scheduler", "optimizer", "wandb", "zero_force_ds_cpu_optimizer"} <= top
     assert "nebula" not in top  # removed from DeepSpeed: reported as such, not as known
+
+
+def test_shipped_key_sets_are_the_installed_deepspeeds():
+    """zerokit/data/deepspeed_keys.json is what read_deepspeed_keys() reads from the pinned DeepSpeed; regenerate it
+    with: python -c "import json; from zerokit.config.rules import read_deepspeed_keys as r;
+    print(json.dumps(r().to_json(), indent=1))" > zerokit/data/deepspeed_keys.json"""
+    from zerokit.core.resources import bundled_data
+
+    shipped = json.loads(bundled_data(ds_check.SHIPPED_KEYS).read_text())
+    installed = ds_check.read_deepspeed_keys()
+    if shipped["deepspeed"] != installed.deepspeed:
+        pytest.skip(f"DeepSpeed {installed.deepspeed} is installed; the shipped key sets are {shipped['deepspeed']}'s")
+    assert shipped == installed.to_json()
+    assert ds_check.deepspeed_keys() == installed
+
+
+def test_lint_imports_no_deepspeed_and_other_versions_are_read_once(tmp_path):
+    """The pinned version's key sets are shipped: lint imports no DeepSpeed. For a version without shipped key sets
+    (the shipped file's version changed, in a copy of the package data), they are read from DeepSpeed once and
+    cached per version: the second process imports no DeepSpeed either."""
+    import shutil
+
+    code = ("import json, sys\n"
+            "from zerokit.config.rules import lint_config\n"
+            "f = lint_config({'train_batch_size': 8, 'zero_optimization': {'stage': 2, 'reduce_bucket_sise': 1}}, 2)\n"
+            "print(json.dumps({'keys': [x.key for x in f], 'deepspeed': 'deepspeed' in sys.modules}))\n")
+
+    def run(extra_path=None):
+        env = dict(os.environ, ZEROKIT_CACHE_DIR=str(tmp_path / "cache"))
+        if extra_path:
+            env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(REPO)])
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                           cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    assert run() == {"keys": ["zero_optimization.reduce_bucket_sise"], "deepspeed": False}
+    # a copy of the package whose shipped key sets name another DeepSpeed version
+    pkg = tmp_path / "pkg"
+    shutil.copytree(REPO / "zerokit", pkg / "zerokit", ignore=shutil.ignore_patterns("__pycache__"))
+    other = pkg / "zerokit" / "data" / ds_check.SHIPPED_KEYS
+    other.write_text(json.dumps({**json.loads(other.read_text()), "deepspeed": "0.0.1"}))
+    assert run(pkg) == {"keys": ["zero_optimization.reduce_bucket_sise"], "deepspeed": True}
+    assert list((tmp_path / "cache" / "deepspeed_keys").glob("*.json"))
+    assert run(pkg) == {"keys": ["zero_optimization.reduce_bucket_sise"], "deepspeed": False}
 
 
 # ---------------------------------------------------------------------------------------------- validate

@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("transformers")
 
 
-def zk(*args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def zk(*args, cwd=None, timeout=600, env_extra=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run([sys.executable, "-m", "zerokit", "launch", *map(str, args)], capture_output=True, text=True,
@@ -79,6 +79,70 @@ def test_config_that_does_not_fit(tmp_path):
     assert_one_line_error(p, 1, "does not fit")
     assert "DOES NOT FIT" in p.stderr  # the breakdown is printed before the error line
     assert not out.exists()
+
+
+# lint passes it (a known key), DeepSpeed's DeepSpeedZeroConfig refuses the value, zerokit reads no setup from it
+REFUSED_BY_DEEPSPEED = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+                        "zero_optimization": {"stage": 2, "overlap_comm": "often"}}
+
+
+def test_config_deepspeed_refuses_is_refused_before_anything_starts_where_it_must(tmp_path):
+    """A dry run, and a run into an existing --output-dir, put the config to DeepSpeed in the parent."""
+    (tmp_path / "ds.json").write_text(json.dumps(REFUSED_BY_DEEPSPEED))
+    p = zk(*BASE, "--config", tmp_path / "ds.json", "--output-dir", tmp_path / "run", "--dry-run")
+    assert_one_line_error(p, 2, "not a valid DeepSpeed config", "see above")
+    assert "overlap_comm" in p.stderr and not (tmp_path / "run").exists()
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "mine.txt").write_text("keep")
+    p = zk(*BASE, "--config", tmp_path / "ds.json", "--output-dir", tmp_path / "existing")
+    assert_one_line_error(p, 2, "not a valid DeepSpeed config")
+    assert sorted(f.name for f in (tmp_path / "existing").iterdir()) == ["mine.txt"]
+
+
+def test_deepspeed_check_in_ranks_only_for_a_fresh_local_run(tmp_path):
+    from zerokit.launch.prepare import LaunchRequest, deepspeed_check_in_ranks
+
+    req = LaunchRequest(model="tiny-llama", config="ds.json", output_dir=str(tmp_path / "new"))
+    assert deepspeed_check_in_ranks(req, multi_node=False)
+    assert not deepspeed_check_in_ranks(req, multi_node=True)
+    for change in (dict(config=None), dict(dry_run=True), dict(sbatch="job.sbatch"), dict(resume=True),
+                   dict(launcher="pdsh"), dict(output_dir=str(tmp_path))):
+        assert not deepspeed_check_in_ranks(LaunchRequest(**{**req.__dict__, **change}), multi_node=False), change
+
+
+def test_first_launch_of_a_config_imports_no_deepspeed_in_the_parent(tmp_path):
+    """prepare_launch of a fresh local run with --config: lint reads DeepSpeed's key sets as data, the tokens come
+    from the tokenizers library, and DeepSpeed's config classes are left to the ranks (--check-config)."""
+    (tmp_path / "ds.json").write_text(json.dumps({**REFUSED_BY_DEEPSPEED, "zero_optimization": {"stage": 2}}))
+    code = ("import json, sys\n"
+            "from zerokit.launch.prepare import LaunchRequest, prepare_launch\n"
+            "from zerokit.spec.hardware import HardwareOptions\n"
+            f"req = LaunchRequest(model='tiny-llama', config={str(tmp_path / 'ds.json')!r}, seq_len=32, steps=2,\n"
+            f"    output_dir={str(tmp_path / 'run')!r}, hardware=HardwareOptions(gpu='cpu', gpus_per_node=2))\n"
+            "plan = prepare_launch(req)\n"
+            "print(json.dumps({'args': plan.script_args(False), 'checked': plan.deepspeed_checked,\n"
+            "    'heavy': [m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules]}))\n")
+    env = dict(os.environ, ZEROKIT_CACHE_DIR=str(tmp_path / "empty-cache"),
+               PYTHONPATH=os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["heavy"] == [] and out["checked"] is False and "--check-config" in out["args"], out
+
+
+@pytest.mark.slow
+def test_config_deepspeed_refuses_in_the_ranks_ends_in_one_line(tmp_path):
+    """The first launch of a config leaves DeepSpeed's config classes to the ranks: the refusal still ends in one
+    error line, exit 2, no traceback, no restart, and no run directory left."""
+    (tmp_path / "ds.json").write_text(json.dumps(REFUSED_BY_DEEPSPEED))
+    out = tmp_path / "run"
+    p = zk(*BASE, "--config", tmp_path / "ds.json", "--output-dir", out, "--max-restarts", "2",
+           env_extra={"ZEROKIT_CACHE_DIR": str(tmp_path / "cache")})  # no cached verdict: the first launch
+    last = assert_one_line_error(p, 2, "not a valid DeepSpeed config for 2 ranks", "overlap_comm", "often")
+    assert "--check-config" in p.stderr  # the command the ranks ran (printed before the launch)
+    assert "restart" not in p.stderr and not out.exists(), last
 
 
 def test_malformed_hostfile(tmp_path):
@@ -162,6 +226,69 @@ def test_bundled_tokenizer_and_corpus():
     assert 50_000 < size < 400_000
     arr, total = zdata.tokenize_files([resources.bundled_corpus()], str(resources.bundled_tokenizer()), 64)
     assert arr.shape == (total // 64, 64) and int(arr.max()) < 2048
+
+
+def _pack_both_ways(files, tok_dir, seq_len=16):
+    """(plain tokenizers result or None, transformers result) of tokenize_and_pack."""
+    from zerokit.launch import data as zdata
+
+    plain = zdata.PlainFastTokenizer.from_tokenizer_dir(tok_dir)
+    full = zdata.tokenize_and_pack(files, zdata.load_tokenizer(str(tok_dir)), seq_len)
+    return (zdata.tokenize_and_pack(files, plain, seq_len) if plain is not None else None), full
+
+
+def test_plain_tokenizer_gives_transformers_ids(tmp_path):
+    """Oracle: AutoTokenizer's ids. The bundled tokenizer (tokenizer_class PreTrainedTokenizerFast) is read by the
+    tokenizers library alone, and packs the bundled corpus, special-token strings and odd unicode to the same ids."""
+    import shutil
+
+    from zerokit.core import resources
+
+    odd = tmp_path / "odd.txt"
+    odd.write_text("Ada <|endoftext|> met <|pad|>Bram.\n\n  tabs\tand ünïcödé, 数字 123 emoji 🦉\n" * 30)
+    files = [resources.bundled_corpus(), odd]
+    (plain_arr, plain_total), (arr, total) = _pack_both_ways(files, resources.bundled_tokenizer())
+    assert plain_total == total and plain_arr.shape == arr.shape and (plain_arr == arr).all()
+
+    # where transformers would change the tokenizer, the plain path steps aside: each case is a copy with one change
+    def variant(name, edit_config=None, edit_json=None):
+        d = tmp_path / name
+        shutil.copytree(resources.bundled_tokenizer(), d)
+        for fname, edit in (("tokenizer_config.json", edit_config), ("tokenizer.json", edit_json)):
+            if edit:
+                data = json.loads((d / fname).read_text())
+                edit(data)
+                (d / fname).write_text(json.dumps(data))
+        return d
+
+    # a special token the file lacks: transformers adds it (one id for "<|mask|>"), the plain file would split it
+    masked = variant("mask", edit_config=lambda c: c.update(mask_token="<|mask|>"))
+    (tmp_path / "m.txt").write_text("a <|mask|> b " * 50)
+    plain, (arr, _) = _pack_both_ways([tmp_path / "m.txt"], masked)
+    assert plain is None
+    from zerokit.launch import data as zdata
+
+    assert (zdata.tokenize_files([tmp_path / "m.txt"], str(masked), 16)[0] == arr).all()
+    from tokenizers import Tokenizer
+
+    assert len(Tokenizer.from_file(str(masked / "tokenizer.json")).encode("<|mask|>", add_special_tokens=False).ids) > 1
+    for d in (variant("class", edit_config=lambda c: c.update(tokenizer_class="LlamaTokenizer")),
+              variant("split", edit_config=lambda c: c.update(split_special_tokens=True)),
+              variant("trunc", edit_json=lambda j: j.update(truncation={"max_length": 8, "strategy": "LongestFirst",
+                                                                        "direction": "Right", "stride": 0}))):
+        assert zdata.PlainFastTokenizer.from_tokenizer_dir(d) is None, d.name
+
+
+def test_tokenizing_the_bundled_data_imports_no_transformers(tmp_path):
+    code = ("import json, sys\n"
+            "from zerokit.core import resources\n"
+            "from zerokit.launch.data import tokenize_files\n"
+            "arr, total = tokenize_files([resources.bundled_corpus()], str(resources.bundled_tokenizer()), 64)\n"
+            "print(json.dumps({'n': int(arr.shape[0]), 'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))\n")
+    env = dict(os.environ, ZEROKIT_CACHE_DIR=str(tmp_path / "empty-cache"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] > 0 and out["heavy"] == [], out
 
 
 def test_data_directory_txt_and_jsonl(tmp_path):

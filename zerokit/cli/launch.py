@@ -76,6 +76,7 @@ def request_from_args(args):
         max_restarts=args.max_restarts, seq_len=args.seq_len, global_batch=args.global_batch, lr=args.lr,
         warmup_steps=args.warmup_steps, seed=args.seed, master_port=args.master_port, launcher=args.launcher,
         master_addr=args.master_addr, sbatch=args.sbatch, time_limit=args.time_limit, partition=args.partition,
+        dry_run=args.dry_run,
     )
 
 

@@ -36,6 +36,10 @@ def parse_rank_args(argv: list[str] | None = None):
     ap.add_argument("--memory-steps", type=int, default=int(memory_steps) if memory_steps.isdigit() else 0,
                     help="CPU: stop the live-tensor-byte meter after this many optimizer steps, so later step "
                          "times carry none of its overhead (0: meter every step; env ZEROKIT_MEMORY_STEPS)")
+    ap.add_argument("--check-config", action="store_true",
+                    help="put the ds_config to DeepSpeed's config classes first (zerokit.config.rules."
+                         "validate_with_deepspeed); refused: rank 0 writes the reason to OUT/config_rejected.txt, "
+                         "every rank exits 2")
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = ap.parse_args(argv)

@@ -24,6 +24,8 @@ class CheckResult:
     evaluation: object | None = None  # planner.Evaluation when the config is valid
     world_size: int = 1
     cluster: object | None = None  # hardware.Cluster
+    # False: DeepSpeed's config classes have not seen it yet (check_config(deepspeed_now=False)); the ranks will
+    deepspeed_checked: bool = True
 
     @property
     def valid(self) -> bool:
@@ -48,10 +50,13 @@ class CheckResult:
 
 
 def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool | None = None,
-                 memory_fraction: float | None = None, trainer_values: dict | None = None) -> CheckResult:
+                 memory_fraction: float | None = None, trainer_values: dict | None = None,
+                 deepspeed_now: bool = True) -> CheckResult:
     """trainer_values: for an HF-profile config with "auto", what the Trainer will fill (dotted keys, e.g.
     {"train_micro_batch_size_per_gpu": 4}); the rest takes TrainingArguments' defaults, as the Trainer would.
-    activation_checkpointing: None = what the config says (its activation_checkpointing block)."""
+    activation_checkpointing: None = what the config says (its activation_checkpointing block).
+    deepspeed_now=False leaves DeepSpeed's config classes to whoever imports DeepSpeed next (a launch's ranks) when
+    the verdict is not cached; a config zerokit cannot read a setup from is still put to DeepSpeed now."""
     from dataclasses import replace
 
     from zerokit.config import rules as ds_check
@@ -60,14 +65,23 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
 
     result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster)
     hidden = model.hidden_size if model is not None else None
-    verdict = deepspeed_verdict(config, cluster.world_size, cluster.accelerator, trainer_values, hidden)
+    verdict = deepspeed_verdict(config, cluster.world_size, cluster.accelerator, trainer_values, hidden,
+                                run_deepspeed=deepspeed_now)
     result.findings = [ds_check.Finding(**f) for f in verdict["findings"]]
     result.deepspeed_error = verdict["deepspeed_error"]
+    result.deepspeed_checked = verdict.get("deepspeed_checked", True)
     if not result.valid:
         return result
     concrete = verdict["concrete"]
     if model is not None:
-        setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
+        try:
+            setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
+        except (ZerokitError, TypeError, ValueError, KeyError, AttributeError):
+            if result.deepspeed_checked:
+                raise
+            # a value of a type DeepSpeed would refuse: its own words, now
+            return check_config(config, config_path, model, cluster, workload, activation_checkpointing,
+                                memory_fraction, trainer_values, deepspeed_now=True)
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
         result.evaluation = evaluate(model, cluster, workload, setup, knobs, memory_fraction or DEFAULT_MEMORY_FRACTION)
@@ -75,18 +89,19 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
 
 
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 1
+_VERDICT_SCHEMA = 2  # 2: deepspeed_checked
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,
-                      hidden_size: int | None) -> dict:
+                      hidden_size: int | None, run_deepspeed: bool = True) -> dict:
     """What DeepSpeed's rules say of a config for `world_size` ranks: zerokit's lint findings, DeepSpeed's own
     config classes' error (None: accepted), and the config with "auto" filled as the HF Trainer would.
 
     Cached ($ZEROKIT_CACHE_DIR/checks), keyed by everything the answer depends on (the config, world size, the
     accelerator's precisions, the Trainer values, the hidden size, the DeepSpeed and zerokit versions): a repeated
-    check or launch of the same config does not import DeepSpeed (~1.5-3 s of a launch on 2 cores,
-    bench/results/launch_overhead.txt)."""
+    check or launch of the same config does not import DeepSpeed (2 s of a launch on 2 cores: importing torch).
+    run_deepspeed=False on a cache miss: lint and "auto" only (lint reads DeepSpeed's key sets as data, importing
+    nothing), "deepspeed_checked" False, and nothing cached."""
     from zerokit import __version__
     from zerokit.config import rules as ds_check
 
@@ -100,7 +115,7 @@ def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
-    verdict = {"findings": [], "deepspeed_error": None, "concrete": None}
+    verdict = {"findings": [], "deepspeed_error": None, "concrete": None, "deepspeed_checked": True}
     findings = ds_check.lint_config(config, world_size, accelerator)
     verdict["findings"] = [{"level": f.level, "key": f.key, "message": f.message} for f in findings]
     if not any(f.level == "error" for f in findings):
@@ -108,6 +123,8 @@ def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values
         if ds_check.auto_keys(config):
             # "auto" is filled by the HF Trainer at run time: validate what it will fill in.
             concrete = ds_check.fill_auto(config, trainer_values, world_size, hidden_size)
+        if not run_deepspeed:
+            return {**verdict, "concrete": concrete, "deepspeed_checked": False}
         try:
             ds_check.validate_with_deepspeed(concrete, world_size)
             verdict["concrete"] = concrete

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
 AUTO = "auto"
@@ -201,16 +202,50 @@ def _model_keys(cls) -> set[str]:
     return out
 
 
-@lru_cache(maxsize=1)
-def _schema() -> SimpleNamespace:
-    """Key sets from DeepSpeed's own code: its top-level reads and its config models' fields."""
+# The config blocks whose keys DeepSpeed's pydantic models check (extra keys forbidden), with their model class.
+_MODEL_BLOCKS = {
+    "zero_optimization": "DeepSpeedZeroConfig",
+    "zero_optimization.offload_optimizer": "DeepSpeedZeroOffloadOptimizerConfig",
+    "zero_optimization.offload_param": "DeepSpeedZeroOffloadParamConfig",
+    "bf16": "DeepSpeedBF16Config",
+    "bfloat16": "DeepSpeedBF16Config",
+    "fp16": "DeepSpeedFP16Config",
+}
+# DeepSpeed's key sets for the DeepSpeed pinned in constraints-cpu.txt: lint then imports no DeepSpeed (2 s of a cold
+# launch on 2 cores). tests/test_ds_check.py regenerates them from the installed DeepSpeed and compares.
+SHIPPED_KEYS = "deepspeed_keys.json"
+
+
+@dataclass(frozen=True)
+class DeepSpeedKeys:
+    """What DeepSpeed knows, as names: the top-level keys DeepSpeedConfig reads, the removed ones with DeepSpeed's
+    message, and each model block's field names and aliases."""
+
+    deepspeed: str  # the version they were read from
+    top: frozenset
+    removed: dict
+    blocks: dict  # dotted block -> (model class name, frozenset of its keys)
+
+    @property
+    def zero(self) -> frozenset:
+        return self.blocks["zero_optimization"][1]
+
+    def to_json(self) -> dict:
+        return {"deepspeed": self.deepspeed, "top": sorted(self.top), "removed": dict(sorted(self.removed.items())),
+                "blocks": {b: {"model": m, "keys": sorted(k)} for b, (m, k) in sorted(self.blocks.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DeepSpeedKeys":
+        return cls(deepspeed=data["deepspeed"], top=frozenset(data["top"]), removed=dict(data["removed"]),
+                   blocks={b: (v["model"], frozenset(v["keys"])) for b, v in data["blocks"].items()})
+
+
+def read_deepspeed_keys() -> DeepSpeedKeys:
+    """The key sets, read from the installed DeepSpeed's own code (imports it): its top-level reads, recorded while
+    DeepSpeedConfig parses a minimal config, and its config models' fields."""
     ds_config = _import_deepspeed_config()
-    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config  # noqa: PLC0415
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # noqa: PLC0415
-    from deepspeed.runtime.zero.offload_config import (  # noqa: PLC0415
-        DeepSpeedZeroOffloadOptimizerConfig,
-        DeepSpeedZeroOffloadParamConfig,
-    )
+    from deepspeed.runtime import precision_config  # noqa: PLC0415
+    from deepspeed.runtime.zero import config as zero_config, offload_config  # noqa: PLC0415
 
     recorder = _KeyRecorder({"train_micro_batch_size_per_gpu": 1})
     with _world(1):
@@ -218,19 +253,35 @@ def _schema() -> SimpleNamespace:
     removed = dict(getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}))
     # read outside DeepSpeedConfig.__init__'s default path: sequence parallelism (under an initialised dist)
     top = (recorder.seen | {"sequence_parallel_size"}) - set(removed)
-    return SimpleNamespace(
-        top=frozenset(top),
-        removed=removed,
-        models={
-            "zero_optimization": DeepSpeedZeroConfig,
-            "zero_optimization.offload_optimizer": DeepSpeedZeroOffloadOptimizerConfig,
-            "zero_optimization.offload_param": DeepSpeedZeroOffloadParamConfig,
-            "bf16": DeepSpeedBF16Config,
-            "bfloat16": DeepSpeedBF16Config,
-            "fp16": DeepSpeedFP16Config,
-        },
-        zero=frozenset(_model_keys(DeepSpeedZeroConfig)),
-    )
+    models = {m: getattr(mod, m) for mod in (zero_config, offload_config, precision_config) for m in dir(mod)
+              if m in _MODEL_BLOCKS.values()}
+    return DeepSpeedKeys(deepspeed=package_version("deepspeed"), top=frozenset(top), removed=removed,
+                         blocks={b: (m, frozenset(_model_keys(models[m]))) for b, m in _MODEL_BLOCKS.items()})
+
+
+@lru_cache(maxsize=1)
+def deepspeed_keys() -> DeepSpeedKeys:
+    """The installed DeepSpeed's key sets: shipped for the pinned version, else read once and cached per version."""
+    from zerokit.core.resources import bundled_data
+
+    version = package_version("deepspeed")
+    if version == "none":
+        _import_deepspeed_config()  # raises the one-line install hint
+    cached = cache_dir("deepspeed_keys") / f"{version}.json"
+    for path in (bundled_data(SHIPPED_KEYS), cached):
+        try:
+            keys = DeepSpeedKeys.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if keys.deepspeed == version:
+            return keys
+    keys = read_deepspeed_keys()
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cached, json.dumps(keys.to_json(), indent=1), mode=0o644)
+    except OSError:
+        pass  # an unwritable cache only costs the reading next time
+    return keys
 
 
 class _world:
@@ -317,7 +368,7 @@ def fill_auto(config: dict, setup_or_values=None, world_size: int = 1, hidden_si
 
 def _locate(config: Mapping, title: str, loc: tuple) -> str:
     """The dotted config path of a pydantic error location inside model `title`."""
-    prefixes = [p for p, cls in _schema().models.items() if cls.__name__ == title]
+    prefixes = [p for p, (model, _) in deepspeed_keys().blocks.items() if model == title]
     for prefix in prefixes:
         if _get(config, prefix) is not None:
             return ".".join([prefix, *map(str, loc)])
@@ -333,9 +384,9 @@ def _explain_validation_error(config: Mapping, e) -> str:
     path = _locate(config, e.title, loc)
     if err.get("type") == "extra_forbidden":
         parent = path.rsplit(".", 1)[0] if "." in path else ""
-        model = _schema().models.get(parent)
+        block = deepspeed_keys().blocks.get(parent)
         name = str(loc[-1]) if loc else path
-        hint = _did_you_mean(name, _model_keys(model)) if model else ""
+        hint = _did_you_mean(name, block[1]) if block else ""
         if name == "aio" and parent == "zero_optimization":
             hint = "move \"aio\" to the top level of the config"
         elif name in FP16_ONLY_KEYS and parent in ("bf16", "bfloat16"):
@@ -437,7 +488,7 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
 
     accelerator: a zerokit.spec.hardware.Accelerator, to check the precision against; None skips that rule.
     """
-    schema = _schema()
+    schema = deepspeed_keys()
     out: list[Finding] = []
     zero = config.get("zero_optimization")
     zero = zero if isinstance(zero, Mapping) else {}
@@ -459,12 +510,12 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
                                f"DeepSpeed ignores unknown top-level keys: {hint or 'remove it if it is not for your own script'}"))
 
     # misplaced or unknown keys inside blocks DeepSpeed's pydantic models reject
-    for block, cls in schema.models.items():
+    for block, (_, block_keys) in schema.blocks.items():
         node = _get(config, block)
         if not isinstance(node, Mapping):
             continue
         for key in node:
-            if key in _model_keys(cls):
+            if key in block_keys:
                 continue
             where = f"{block}.{key}"
             if key == "aio" and block == "zero_optimization":
@@ -472,7 +523,7 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
             elif key in FP16_ONLY_KEYS and block in ("bf16", "bfloat16"):
                 out.append(Finding("error", where, f"{key} is an fp16 setting; bf16 has no loss scaling: remove it"))
             else:
-                hint = _did_you_mean(key, _model_keys(cls))
+                hint = _did_you_mean(key, block_keys)
                 out.append(Finding("error", where, f"DeepSpeed rejects unknown key {key!r}: {hint or 'remove it'}"))
 
     out.extend(_batch_findings(config, world_size))

@@ -4,6 +4,8 @@ checkpoints), the runner (which restarts from them) and launch preparation (whic
     <output_dir>/checkpoints/step{N}/   engine.save_checkpoint's tag folder
     <output_dir>/checkpoints/latest     the tag of the newest COMPLETE checkpoint (written by rank 0 after a
                                         barrier, atomically)
+    <output_dir>/config_rejected.txt    DeepSpeed's config classes refused ds_config.json in the ranks (one line,
+                                        rank 0): the run ends there, no restart (launch/prepare.py: deferred check)
 """
 
 from __future__ import annotations
@@ -19,6 +21,19 @@ METRICS_SUBDIR = "metrics"
 FINAL_SUBDIR = "final"
 LATEST = "latest"
 TAG_RE = re.compile(r"^step(\d+)$")
+CONFIG_REJECTED = "config_rejected.txt"
+
+
+def config_rejection(output_dir: str | os.PathLike) -> str | None:
+    """The one-line reason the ranks gave for refusing the run's ds_config.json, or None."""
+    try:
+        return (Path(output_dir) / CONFIG_REJECTED).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def write_config_rejection(output_dir: str | os.PathLike, message: str) -> None:
+    atomic_write_text(Path(output_dir) / CONFIG_REJECTED, message.strip() + "\n")
 
 
 def tag_for_step(step: int) -> str:

@@ -78,6 +78,90 @@ def load_tokenizer(name_or_path: str):
     return tok
 
 
+# The special-token names a tokenizer_config.json / special_tokens_map.json may set (transformers'
+# SpecialTokensMixin), and the lists of extra ones.
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_SPECIAL_TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")
+
+
+def _token_text(token) -> str | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+class PlainFastTokenizer:
+    """A tokenizer.json read by the `tokenizers` library itself, for the tokenizers transformers would use unchanged.
+
+    Why: loading it through AutoTokenizer imports transformers and torch (2.7-2.9 s on 2 cores, measured), the
+    library alone takes 0.04 s. The ids are the same by construction, not by luck: transformers'
+    TokenizersBackend.__init__ (tokenization_utils_tokenizers.py) builds the same Tokenizer.from_file and only then
+    changes it where `from_tokenizer_dir` below says no (truncation or padding in the file, special tokens it must add,
+    split_special_tokens, the Mistral regex patch above 100k entries, a model-specific tokenizer class); and
+    `tok(lines, add_special_tokens=False)` is `encode_batch(lines, add_special_tokens=False)` there.
+    tests/test_launch_cli.py holds the two equal on the bundled corpus and shows the fallbacks.
+    """
+
+    def __init__(self, tokenizer, eos_token_id: int | None, sep_token_id: int | None):
+        self._tokenizer = tokenizer
+        self.eos_token_id, self.sep_token_id = eos_token_id, sep_token_id
+
+    def __call__(self, lines: list[str], add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [e.ids for e in self._tokenizer.encode_batch(lines, add_special_tokens=add_special_tokens)]}
+
+    @classmethod
+    def from_tokenizer_dir(cls, path: str | os.PathLike) -> "PlainFastTokenizer | None":
+        """The tokenizer in directory `path`, or None where transformers would build something else from it."""
+        folder = Path(path)
+        try:
+            config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            special = folder / "special_tokens_map.json"
+            special_map = json.loads(special.read_text(encoding="utf-8")) if special.is_file() else {}
+            text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+            data = json.loads(text)
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(config, dict) and isinstance(special_map, dict) and isinstance(data, dict)):
+            return None
+        if (config.get("tokenizer_class") not in ("PreTrainedTokenizerFast", "TokenizersBackend") or "auto_map" in config
+                or config.get("split_special_tokens") or "add_prefix_space" in config
+                or data.get("truncation") or data.get("padding")):
+            return None
+        named = {k: _token_text(config.get(k) or special_map.get(k)) for k in _SPECIAL_TOKEN_KEYS
+                 if config.get(k) or special_map.get(k)}
+        if any(config.get(k) and special_map.get(k) and _token_text(config[k]) != _token_text(special_map[k])
+               for k in _SPECIAL_TOKEN_KEYS):
+            return None  # the two files disagree: which one wins is transformers' business
+        wanted = set(named.values())
+        for d in (special_map, config):
+            for key in _SPECIAL_TOKEN_LISTS:
+                wanted.update(_token_text(t) for t in (d.get(key) or []))
+        wanted.update(_token_text(t) for t in (config.get("added_tokens_decoder") or {}).values())
+        added = {t.get("content") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+        if None in wanted or not wanted <= added:
+            return None  # transformers would add tokens the file lacks (or a value is not a token string)
+        try:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(text)
+        except Exception:  # noqa: BLE001 - no tokenizers library, or a file it cannot read: transformers decides
+            return None
+        if tokenizer.get_vocab_size() > 100_000:
+            return None  # TokenizersBackend may patch the pre-tokenizer's regex (_patch_mistral_regex)
+        ids = {k: tokenizer.token_to_id(v) for k, v in named.items()}
+        return cls(tokenizer, ids.get("eos_token"), ids.get("sep_token"))
+
+
+def load_encoder(name_or_path: str):
+    """What tokenize_and_pack needs from the tokenizer: the `tokenizers` library alone where it gives transformers'
+    ids (PlainFastTokenizer), else the transformers tokenizer."""
+    if Path(name_or_path).is_dir():
+        plain = PlainFastTokenizer.from_tokenizer_dir(name_or_path)
+        if plain is not None:
+            return plain
+    return load_tokenizer(name_or_path)
+
+
 def _eos_id(tok) -> int | None:
     if tok.eos_token_id is not None:
         return int(tok.eos_token_id)
@@ -135,18 +219,20 @@ def fingerprint(files: list[Path], tokenizer: str, seq_len: int) -> str:
 TOKENIZER_CONTENT_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
                            "special_tokens_map.json", "added_tokens.json", "vocab.txt")
 # Bump when tokenize_and_pack changes what it produces: old cache entries stop matching.
-_TOKENS_SCHEMA = 1
+_TOKENS_SCHEMA = 2  # 2: the tokenizers version in the key
 
 
 def content_key(files: list[Path], tokenizer: str, seq_len: int) -> str | None:
     """A hash of everything the packed tokens depend on: the data files' bytes, the tokenizer's files' bytes, the
-    sequence length and the transformers version. None for a hub tokenizer (its files can change upstream)."""
+    sequence length and the transformers and tokenizers versions. None for a hub tokenizer (its files can change
+    upstream)."""
     from zerokit.core.fsutil import package_version
 
     tok_dir = Path(tokenizer)
     if not tok_dir.is_dir():
         return None
-    h = hashlib.sha256(f"zerokit-tokens/{_TOKENS_SCHEMA}|{package_version('transformers')}|{seq_len}".encode())
+    versions = f"{package_version('transformers')}|{package_version('tokenizers')}"
+    h = hashlib.sha256(f"zerokit-tokens/{_TOKENS_SCHEMA}|{versions}|{seq_len}".encode())
     for name in TOKENIZER_CONTENT_FILES:
         f = tok_dir / name
         if f.is_file():
@@ -163,7 +249,7 @@ def content_key(files: list[Path], tokenizer: str, seq_len: int) -> str | None:
 def tokenize_files(files: list[Path], tokenizer: str, seq_len: int):
     """Tokenize and pack in memory (validation step; nothing written in the run directory). Returns
     (array, total_tokens). Cached by content ($ZEROKIT_CACHE_DIR/tokens): the same data and tokenizer are
-    tokenized once, and a cache hit imports no transformers (~1-2 s of a launch on 2 cores)."""
+    tokenized once; a cache hit, and a plain tokenizer.json (PlainFastTokenizer), import no transformers."""
     import numpy as np
 
     from zerokit.core.fsutil import atomic_write_text, cache_dir
@@ -176,7 +262,7 @@ def tokenize_files(files: list[Path], tokenizer: str, seq_len: int):
             return np.load(folder / f"{key}.npy"), int(meta["total_tokens"])
         except (OSError, ValueError, KeyError):
             pass
-    arr, total = tokenize_and_pack(files, load_tokenizer(tokenizer), seq_len)
+    arr, total = tokenize_and_pack(files, load_encoder(tokenizer), seq_len)
     if key is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 
-from zerokit.core.errors import EXIT_OK, ZerokitError
+from zerokit.core.errors import EXIT_INVALID, EXIT_OK, ZerokitError
 from zerokit.core.fsutil import atomic_write_text
+from zerokit.launch.checkpoints import config_rejection
 from zerokit.launch.command import build_launch_command, render_sbatch
 from zerokit.launch.prepare import LaunchPlan
 
@@ -66,6 +68,11 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
 
     result = run_with_restarts(make, out, max_restarts=req.max_restarts, resume=req.resume,
                                shm_port=None if plan.multi_node else plan.port)
+    rejected = None if plan.deepspeed_checked else config_rejection(out)
+    if rejected:  # the ranks' DeepSpeed refused the config (prepare.deepspeed_check_in_ranks): the directory was new
+        shutil.rmtree(out, ignore_errors=True)
+        raise ZerokitError(f"{req.config} is not a valid DeepSpeed config for {plan.cluster.world_size} ranks: "
+                           f"{rejected}", exit_code=EXIT_INVALID)
     if report:
         from zerokit.report.run_report import build_report, format_report, read_metrics, summarize_metrics, write_report
 

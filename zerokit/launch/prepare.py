@@ -54,6 +54,7 @@ class LaunchRequest:
     sbatch: str | None = None  # write a Slurm batch script here instead of running
     time_limit: str = "04:00:00"
     partition: str | None = None
+    dry_run: bool = False  # print the command, start nothing
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +82,7 @@ class LaunchPlan:
     env: dict
     deepspeed_bin: str
     prediction: dict
+    deepspeed_checked: bool = True  # False: the ranks put ds_config to DeepSpeed's config classes first (--check-config)
 
     @property
     def setup(self):
@@ -105,6 +107,8 @@ class LaunchPlan:
              "--save-every", str(self.save_every), "--seed", str(self.request.seed)]
         if self.setup.activation_checkpointing:
             a.append("--gradient-checkpointing")
+        if not self.deepspeed_checked:
+            a.append("--check-config")
         if resume:
             a.append("--resume")
         return a
@@ -168,9 +172,23 @@ def tokenize_data(req: LaunchRequest, model: ResolvedModel, config: dict, spec, 
     return files, tokenizer, arr, total_tokens
 
 
-def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluster, samples: int, seq_len: int):
-    """(ds_config, evaluation, steps): the user's --config checked, or the planner's choice rendered.
-    A setup that does not fit prints its breakdown to stderr and raises (exit 1)."""
+def deepspeed_check_in_ranks(req: LaunchRequest, multi_node: bool) -> bool:
+    """Whether DeepSpeed's config classes may judge --config in the ranks rather than here.
+
+    Why: they need DeepSpeed imported, which imports torch (2 s here on 2 cores, a cold launch's largest cost);
+    the ranks import it anyway and check before anything else (launch/train.py config_accepted). Only where a
+    refusal can end as cleanly as a refusal here: a fresh local run, whose new run directory execute.run removes
+    again with the one-line reason. A dry run, an sbatch script, a resume, a multi-node launch or an existing
+    --output-dir are checked here first, as is a verdict already cached (config/check.py)."""
+    return bool(req.config) and not (req.dry_run or req.sbatch or req.resume or multi_node
+                                     or req.launcher not in (None, "local")
+                                     or (req.output_dir is not None and Path(req.output_dir).exists()))
+
+
+def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluster, samples: int, seq_len: int,
+                 deepspeed_in_ranks: bool = False):
+    """(ds_config, evaluation, steps, deepspeed_checked): the user's --config checked, or the planner's choice
+    rendered. A setup that does not fit prints its breakdown to stderr and raises (exit 1)."""
     from zerokit.report.plan_text import format_check, format_plan
 
     pins, world = dict(req.pins), cluster.world_size
@@ -179,12 +197,14 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
             raise ZerokitError("--stage/--offload-*/--precision/--micro-batch/--grad-accum choose a setup for --plan; "
                                "with --config the config decides: drop them or use --plan")
         from zerokit.config.check import check_config
-        from zerokit.config.rules import load_config_file
+        from zerokit.config.rules import auto_keys, load_config_file
 
         ds_config = load_config_file(req.config)
         result = check_config(ds_config, req.config, spec, cluster, Workload(seq_len=seq_len, samples=samples),
                               activation_checkpointing=bool(pins.get("activation_checkpointing")),
-                              memory_fraction=req.memory_fraction)
+                              memory_fraction=req.memory_fraction,
+                              # the ranks read the file itself: with "auto" in it, what was filled is checked here
+                              deepspeed_now=not deepspeed_in_ranks or bool(auto_keys(ds_config)))
         if not result.valid or (result.evaluation is not None and not result.evaluation.fits):
             print(format_check(result), file=sys.stderr)
             if not result.valid:
@@ -194,7 +214,8 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
         evaluation = result.evaluation
         micro = int(ds_config.get("train_micro_batch_size_per_gpu") or evaluation.setup.micro_batch_size)
         accum = int(ds_config.get("gradient_accumulation_steps") or evaluation.setup.gradient_accumulation_steps)
-        return ds_config, evaluation, optimizer_steps(samples, world, micro, accum, req.steps, req.epochs)
+        steps = optimizer_steps(samples, world, micro, accum, req.steps, req.epochs)
+        return ds_config, evaluation, steps, result.deepspeed_checked
 
     from zerokit.config.render import render_ds_config
     from zerokit.plan.planner import make_plan
@@ -211,7 +232,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     lr = req.lr or (2e-5 if model.init == "weights" else 1e-3)
     warmup = req.warmup_steps if req.warmup_steps is not None else max(1, steps // 10)
     ds_config = render_ds_config(setup, cluster, spec, workload, lr=lr, warmup_steps=warmup, total_steps=steps)
-    return ds_config, plan.best, steps
+    return ds_config, plan.best, steps, True  # the templates' output is held to DeepSpeed's classes in the tests
 
 
 def output_dir(req: LaunchRequest, tokens) -> Path:
@@ -282,7 +303,8 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     spec = load_model_spec(model)
     seq_len = choose_seq_len(req, config)
     files, tokenizer, tokens, total_tokens = tokenize_data(req, model, config, spec, seq_len)
-    ds_config, evaluation, steps = choose_setup(req, model, spec, cluster, int(tokens.shape[0]), seq_len)
+    ds_config, evaluation, steps, deepspeed_checked = choose_setup(
+        req, model, spec, cluster, int(tokens.shape[0]), seq_len, deepspeed_check_in_ranks(req, multi_node))
     save_every = req.save_every if req.save_every is not None else (max(1, steps // 10) if req.max_restarts else 0)
     out = output_dir(req, tokens)
     launcher, multi_node = choose_launcher(req, hosts, multi_node)
@@ -291,7 +313,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
         total_tokens=total_tokens, seq_len=seq_len, ds_config=ds_config, evaluation=evaluation, steps=steps,
         save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
         port=req.master_port or free_port(), env=rank_environment(cluster, multi_node), deepspeed_bin=deepspeed_bin(),
-        prediction=prediction_from_evaluation(evaluation, steps),
+        prediction=prediction_from_evaluation(evaluation, steps), deepspeed_checked=deepspeed_checked,
     )
     validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time
     return plan

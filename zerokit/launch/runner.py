@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from zerokit.launch.checkpoints import CKPT_SUBDIR, METRICS_SUBDIR, latest_step
+from zerokit.launch.checkpoints import CKPT_SUBDIR, METRICS_SUBDIR, config_rejection, latest_step
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer"
@@ -199,7 +199,7 @@ def run_with_restarts(
         if rc == 0:
             result.returncode = 0
             break
-        if attempt >= max_restarts:
+        if attempt >= max_restarts or config_rejection(output_dir):  # a restart cannot fix the config
             result.returncode = rc
             break
         resume_at = latest_step(ckpt_dir)

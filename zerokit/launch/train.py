@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
     FINAL_SUBDIR,
@@ -43,6 +44,7 @@ from zerokit.launch.checkpoints import (
     read_latest,
     stale_checkpoints,
     tag_for_step,
+    write_config_rejection,
     write_latest,
 )
 from zerokit.spec.setup import optimizer_steps
@@ -71,6 +73,7 @@ class RankOptions:
     memory_steps: int = 0  # CPU: stop the live-tensor-byte meter after this many optimizer steps
     log_every: int = 1
     local_rank: int = 0
+    check_config: bool = False  # validate ds_config with DeepSpeed's config classes before anything else
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,6 +359,22 @@ def _fmt_eta(s: float) -> str:
 # main
 
 
+def config_accepted(ds_config: dict, out: Path) -> bool:
+    """DeepSpeed's config classes on the config, as `zerokit check` puts them (validate_with_deepspeed), for the
+    launcher's world size. A launch defers this to the ranks when the verdict is not cached, because they import
+    DeepSpeed anyway and the parent then imports nothing heavy (launch/prepare.py). Refused: rank 0 writes the
+    one-line reason for the parent (launch/execute.py), no rank prints anything."""
+    from zerokit.config.rules import validate_with_deepspeed
+
+    try:
+        validate_with_deepspeed(ds_config, _env_int("WORLD_SIZE") or 1)
+    except ZerokitError as e:
+        if not _env_int("RANK"):
+            write_config_rejection(out, str(e))
+        return False
+    return True
+
+
 def main(args: RankOptions) -> int:
     t_start = time.time()
     import torch
@@ -366,6 +385,8 @@ def main(args: RankOptions) -> int:
     out = Path(args.output_dir)
     ckpt_dir = out / CKPT_SUBDIR
     ds_config = json.loads(Path(args.ds_config).read_text())
+    if args.check_config and not config_accepted(ds_config, out):
+        return EXIT_INVALID
     zero = ds_config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0) or 0)
     bf16 = bool((ds_config.get("bf16") or {}).get("enabled"))
