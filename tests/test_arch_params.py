@@ -96,6 +96,17 @@ VARIANTS = {
         "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 48, "intermediate_size": 40,
                           "num_hidden_layers": 1, "num_attention_heads": 4, "image_size": 56, "patch_size": 14,
                           "num_channels": 1, "vision_use_head": False}},
+    "qwen3-moe-defaults-kv": _small("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                    head_dim=16),
+    "qwen3-moe-bias-window-tied": _small("qwen3_moe", num_experts=3, moe_intermediate_size=40, attention_bias=True,
+                                         use_sliding_window=True, sliding_window=32, tie_word_embeddings=True),
+    "qwen3-moe-window-off": _small("qwen3_moe", num_experts=2, num_key_value_heads=2, sliding_window=32),
+    "phi3-defaults": _small("phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "phi3-gqa-partial-rotary-window": _small("phi3", num_key_value_heads=2, partial_rotary_factor=0.75,
+                                             sliding_window=16, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "phi3-rope-dict-tied-head-dim": _small("phi3", num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
+                                           rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5},
+                                           pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "falcon-defaults-mqa-parallel": _small("falcon"),
     "falcon-new-decoder-gqa": _small("falcon", new_decoder_architecture=True, num_kv_heads=2, bias=True),
     "falcon-new-decoder-one-norm": _small("falcon", new_decoder_architecture=True, num_kv_heads=1,
@@ -105,6 +116,8 @@ VARIANTS = {
     "falcon-alibi-n-embed": {"model_type": "falcon", "vocab_size": 300, "n_embed": 96, "num_hidden_layers": 2,
                              "num_attention_heads": 6, "alibi": True, "multi_query": False},
     "falcon-old-two-norms": _small("falcon", num_ln_in_parallel_attn=2),
+    # without trust_remote_code transformers ignores auto_map and builds its own class (the meta oracle does too)
+    "llama-auto-map-ignored": {**_small("llama"), "auto_map": {"AutoConfig": "x.Y", "AutoModelForCausalLM": "x.Z"}},
     "gpt2-tied": _small("gpt2"),
     "gpt2-untied-inner": _small("gpt2", tie_word_embeddings=False, n_inner=96, activation_function="relu",
                                 attn_pdrop=0.0, resid_pdrop=0.2),
@@ -140,16 +153,30 @@ def test_published_counts():
 
 
 @pytest.mark.parametrize("config", [{"model_type": "t5"}, {"model_type": "made-up"},
-                                    {**_small("llama"), "auto_map": {"AutoConfig": "x.Y"}},
                                     _small("llama", hidden_size="64"), _small("gpt2", add_cross_attention=True),
                                     _small("mistral", layer_types=["full_attention"]), "not a dict",
                                     {"model_type": "gemma3", "vision_config": {"model_type": "clip_vision_model"}},
                                     {"model_type": "gemma3", "vision_config": {"image_size": [224, 224]}},
-                                    _small("falcon", head_dim=16), _small("gemma3_text", sliding_window_pattern=0)],
-                         ids=["t5", "unknown", "remote-code", "string-size", "cross-attention", "bad-layer-types", "str",
-                              "gemma3-other-vision", "gemma3-list-image-size", "falcon-head-dim-key", "gemma3-pattern-0"])
+                                    _small("falcon", head_dim=16), _small("gemma3_text", sliding_window_pattern=0),
+                                    _small("qwen3_moe", num_experts=4, mlp_only_layers=[0]),
+                                    _small("qwen3_moe", num_experts=4, decoder_sparse_step=2)],
+                         ids=["t5", "unknown", "string-size", "cross-attention", "bad-layer-types", "str",
+                              "gemma3-other-vision", "gemma3-list-image-size", "falcon-head-dim-key", "gemma3-pattern-0",
+                              "qwen3-moe-dense-layers", "qwen3-moe-sparse-step"])
 def test_what_it_does_not_model_falls_back(config):
     assert count_params_from_config(config) is None
+
+
+def test_remote_code_is_counted_on_meta(tmp_path):
+    """With trust_remote_code the hub's own modeling code decides the shapes: load_model_spec does not use the
+    arithmetic then (a config with auto_map that names no loadable code fails there, not here)."""
+    from zerokit.core.errors import ZerokitError
+    from zerokit.spec.model import load_model_spec
+
+    (tmp_path / "config.json").write_text(json.dumps({**_small("llama"), "auto_map": {"AutoConfig": "nope.Cfg"}}))
+    assert load_model_spec(str(tmp_path)).params == count_params_from_config(_small("llama"))["params"]
+    with pytest.raises(ZerokitError):
+        load_model_spec(str(tmp_path), trust_remote_code=True)
 
 
 def test_counting_imports_neither_torch_nor_transformers_and_is_fast():

@@ -174,6 +174,8 @@ def test_tied_weights_counted_once(tmp_path):
 #   google/gemma-2-9b                    9,241,705,984  (HF safetensors metadata; card "9B")
 #   google/gemma-3-1b-pt                   999,885,952  (HF safetensors metadata; card "1B")
 #   google/gemma-3-4b-it                 4,300,079,472  (HF safetensors metadata: text, SigLIP vision tower, projector)
+#   microsoft/Phi-3-mini-4k-instruct     3,821,079,552  (HF safetensors metadata; card "3.8B")
+#   Qwen/Qwen3-30B-A3B                  30,532,122,624  (HF safetensors metadata; card "30.5B in total")
 #   facebook/opt-1.3b                    1,315,758,080  (HF model page)
 #   bigscience/bloom-560m                  559,214,592  (HF safetensors metadata; card "559,214,592 parameters")
 PUBLISHED = {
@@ -191,6 +193,8 @@ PUBLISHED = {
     "gemma-2-9b": 9_241_705_984,
     "gemma-3-1b": 999_885_952,
     "gemma-3-4b": 4_300_079_472,
+    "phi-3-mini": 3_821_079_552,
+    "qwen3-30b-a3b": 30_532_122_624,
     "opt-1.3b": 1_315_758_080,
     "bloom-560m": 559_214_592,
 }
@@ -307,14 +311,13 @@ def test_70b_cold_count_needs_no_torch():
 
 
 # ---------------------------------------------------------------------------------------------
-# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny StarCoder2 and Phi-3)
+# Cache (of meta-device counts: architectures spec/arch_params.py does not model, here a tiny StarCoder2 and GPT-BigCode)
 # ---------------------------------------------------------------------------------------------
 
 TINY_META_A = json.dumps({"model_type": "starcoder2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
                           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})
-TINY_META_B = json.dumps({"model_type": "phi3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-                          "num_hidden_layers": 2, "num_attention_heads": 4, "pad_token_id": 0, "bos_token_id": 1,
-                          "eos_token_id": 2})
+TINY_META_B = json.dumps({"model_type": "gpt_bigcode", "vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                          "n_positions": 128})
 
 
 def test_cache_tests_use_architectures_counted_on_meta():

@@ -54,6 +54,14 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "phi": dict(vocab_size=51200, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
                 num_key_value_heads=None, resid_pdrop=0.0, attention_dropout=0.0, hidden_act="gelu_new",
                 tie_word_embeddings=False, rope_parameters=None, qk_layernorm=False),
+    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=4, hidden_act="silu", tie_word_embeddings=False,
+                      attention_bias=False, use_sliding_window=False, sliding_window=4096, attention_dropout=0.0,
+                      decoder_sparse_step=1, moe_intermediate_size=768, num_experts_per_tok=8, num_local_experts=128,
+                      mlp_only_layers=None),
+    "phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=None, resid_pdrop=0.0, attention_dropout=0.0,
+                 hidden_act="silu", tie_word_embeddings=False, rope_parameters=None, sliding_window=None),
     # Gemma2Config / Gemma3TextConfig: four norms a layer, layer_types from __post_init__ (below)
     "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                    num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
@@ -75,12 +83,13 @@ ALIASES: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
              "num_hidden_layers": "n_layer"},
     "mixtral": {"num_experts": "num_local_experts"},
+    "qwen3_moe": {"num_experts": "num_local_experts"},
     "bloom": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
 }
 # Modeling modules that build a sliding-window mask whenever config.sliding_window is set (MistralModel,
 # MixtralModel: create_sliding_window_causal_mask); spec/model.py _activation_traits reads the same thing from
 # the module. LlamaModel never does; Qwen2 decides per layer from layer_types.
-_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+_SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text")
 # Config classes whose __post_init__ always fills layer_types (Qwen2/3 from max_window_layers, Gemma 2 every other
 # layer, Gemma 3 from sliding_window_pattern)
 _LAYER_TYPES_MODELS = ("qwen2", "qwen3", "gemma2", "gemma3_text")
@@ -90,7 +99,7 @@ _SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_
                          "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "n_positions",
                          "n_embd", "n_layer", "n_head", "n_inner", "ffn_dim", "max_position_embeddings",
                          "word_embed_proj_dim", "n_embed", "num_kv_heads",
-                         "ffn_hidden_size"})
+                         "ffn_hidden_size", "moe_intermediate_size", "decoder_sparse_step"})
 
 
 class ConfigView:
@@ -183,8 +192,11 @@ def _standardise_rope(values: dict, factor_key: str, default: float) -> bool:
 def _effective(config: dict) -> ConfigView | None:
     """The config as the class would hold it after __post_init__, or None when it is not one we model."""
     model_type = config.get("model_type")
-    if model_type not in _DEFAULTS or "auto_map" in config:
-        return None  # other architectures, and remote code, are counted on the meta device
+    if model_type not in _DEFAULTS:
+        return None  # other architectures are counted on the meta device
+    # auto_map (remote code) is ignored here as transformers ignores it without trust_remote_code: the native class
+    # of a model_type it knows is built (spec/model.py _count_on_meta); with trust_remote_code the caller (load_model_spec)
+    # does not ask this module at all
     values = {**_DEFAULTS[model_type], **config}
     for key, value in values.items():
         if key in _SHAPE_KEYS and value is not None and not _positive_ints(value):
@@ -228,6 +240,19 @@ def _effective(config: dict) -> ConfigView | None:
         if values.get("num_key_value_heads") is None:
             values["num_key_value_heads"] = values.get("num_attention_heads")
         if not _standardise_rope(values, "partial_rotary_factor", 0.5):
+            return None
+    if model_type == "qwen3_moe":  # Qwen3MoeConfig: num_experts is stored as num_local_experts (attribute_map)
+        if "num_experts" in config:
+            values["num_local_experts"] = values.pop("num_experts")
+        if values.get("mlp_only_layers") or values.get("decoder_sparse_step") != 1:
+            return None  # dense layers among the sparse ones: ModelSpec has one MLP shape for every layer
+        values["sliding_window"] = values.get("sliding_window") if values.get("use_sliding_window") else None
+    if model_type == "phi3":  # Phi3Config.__post_init__ and its convert_rope_params_to_dict
+        if values.get("num_key_value_heads") is None:
+            values["num_key_value_heads"] = values.get("num_attention_heads")
+        if "head_dim" in values and not _positive_ints(values["head_dim"]):
+            return None
+        if not _standardise_rope(values, "partial_rotary_factor", 1.0):
             return None
     if model_type == "gemma" and values.get("hidden_act") == "gelu":  # GemmaConfig: the legacy value means tanh
         values["hidden_act"] = "gelu_pytorch_tanh"
@@ -276,14 +301,15 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
     # LlamaAttention, GemmaAttention, Qwen3Attention: bias=config.attention_bias on q, k, v and o; LlamaMLP:
     # bias=config.mlp_bias (Gemma's and Qwen3's MLPs have none). Qwen2Attention: bias=True on q, k, v, not on o.
     # Mistral/Mixtral: no biases.
-    configured_bias = mt in ("llama", "qwen3", *_GEMMAS)
+    configured_bias = mt in ("llama", "qwen3", "qwen3_moe", *_GEMMAS)
     qkv_bias = bool(cfg.attention_bias) if configured_bias else mt == "qwen2"
     o_bias = bool(cfg.attention_bias) if configured_bias else False
     mlp_bias = bool(cfg.mlp_bias) if mt == "llama" else False
-    if mt == "mixtral":
-        # MixtralAttention takes head_dim from the config or hidden // heads (the config keeps None)
+    if mt in ("mixtral", "qwen3_moe"):
+        # MixtralAttention takes head_dim from the config or hidden // heads (the config keeps None); Qwen3-MoE's
+        # i is moe_intermediate_size (config_fields), its router the TopKRouter's weight [E, h]
         e = f["num_experts"]
-        if e < 1:
+        if e < 2:
             return None
         mlp = [h * e, e * 2 * i * h + e * h * i]  # router weight; the experts' two fused parameters (one module)
         largest_mlp = e * 3 * i * h
@@ -294,7 +320,8 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
             _linear(a * d, h, o_bias)]
     if mt in ("gemma2", "gemma3_text") and h % a:
         return None  # Gemma2Config / Gemma3TextConfig.validate_architecture refuses it
-    head_norms = 2 * d if mt in ("qwen3", "gemma3_text") else 0  # Qwen3Attention's / Gemma3Attention's q/k_norm
+    # Qwen3(Moe)Attention's and Gemma3Attention's q_norm and k_norm over the head dim
+    head_norms = 2 * d if mt in ("qwen3", "qwen3_moe", "gemma3_text") else 0
     # input_layernorm and post_attention_layernorm; Gemma2/3DecoderLayer add pre_ and post_feedforward_layernorm
     hidden_norms = 4 if mt in ("gemma2", "gemma3_text") else 2
     per_layer = sum(attn) + sum(mlp) + hidden_norms * h + head_norms
@@ -325,6 +352,26 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         # Gemma2PreTrainedModel._supports_sdpa = False (sdpa has no logit soft-capping)
         supports_sdpa=mt != "gemma2",
         sliding_window=int(window) if n_sliding else None, sliding_window_layers=n_sliding,
+    )
+
+
+def _phi3(cfg: ConfigView, f: dict) -> dict | None:
+    """Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4): embed_tokens, per layer input_layernorm, qkv_proj (h -> (a + 2k) d)
+    and o_proj, post_attention_layernorm, gate_up_proj (h -> 2i) and down_proj, all without bias; the final norm;
+    lm_head, untied by default. Partial rotary as convert_rope_params_to_dict standardises it (Phi-4-mini 0.75)."""
+    h, layers, a, k, d, i, v = (f["hidden_size"], f["num_layers"], f["num_attention_heads"], f["num_kv_heads"],
+                                f["head_dim"], f["intermediate_size"], cfg.vocab_size)
+    if not _positive_ints(h, layers, a, k, d, i, v):
+        return None
+    layer = [h * (a + 2 * k) * d, a * d * h, h * 2 * i, i * h]
+    tied = bool(cfg.tie_word_embeddings)
+    window = cfg.sliding_window  # Phi3Model builds a sliding-window mask for every layer when it is set
+    sliding = isinstance(window, int) and not isinstance(window, bool) and window > 0
+    return dict(
+        params=v * h + layers * (sum(layer) + 2 * h) + h + (0 if tied else v * h),
+        largest_layer_params=max(v * h, *layer, h), vocab_size=v, tied_embeddings=tied, gated_mlp=True,
+        embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", attention_output_copy=_partial_rotary(cfg),
+        sliding_window=int(window) if sliding else None, sliding_window_layers=layers if sliding else 0,
     )
 
 
@@ -460,7 +507,7 @@ def _falcon(cfg: ConfigView, f: dict) -> dict | None:
 
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
              "qwen3": _llama_family, "gemma": _llama_family, "gemma2": _llama_family,
-             "gemma3_text": _llama_family, "falcon": _falcon, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
+             "gemma3_text": _llama_family, "qwen3_moe": _llama_family, "falcon": _falcon, "phi3": _phi3, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
              "gpt_neox": _gpt_neox, "phi": _phi}
 
 
@@ -520,7 +567,7 @@ def count_params_from_config(config: dict) -> dict | None:
     architecture or a feature this module does not model."""
     if not isinstance(config, dict):
         return None
-    if config.get("model_type") == "gemma3" and "auto_map" not in config:
+    if config.get("model_type") == "gemma3":
         return _gemma3_multimodal(config)
     cfg = _effective(config)
     if cfg is None:
