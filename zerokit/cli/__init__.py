@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
-        parser.print_help()
+        print("error: no command given: zerokit plan|render|check|launch|calibrate ... (see `zerokit --help`)",
+              file=sys.stderr)
         return EXIT_INVALID
     try:
         return args.func(args)

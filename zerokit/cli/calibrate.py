@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from zerokit.cli.common import nonempty
 from zerokit.core.errors import EXIT_OK
 
 
 def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile for --hardware-profile")
-    p.add_argument("-o", "--output", default="hardware_profile.json")
+    p.add_argument("-o", "--output", type=nonempty, default="hardware_profile.json")
     p.add_argument("--quick", action="store_true", help="fewer and smaller points, no engine costs (35-50 s on 2 cores)")
     p.set_defaults(func=cmd_calibrate)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from zerokit.cli.common import load_cluster, load_model, load_workload, positive_int
+from zerokit.cli.common import load_cluster, load_model, load_workload, nonempty, positive_int
 
 
 def add_check_parser(sub, parents) -> None:
     p = sub.add_parser("check", parents=parents, help="validate an existing ds_config.json and check that it fits")
-    p.add_argument("config", help="ds_config.json to check")
-    p.add_argument("--model", dest="model", help="HF model id, local directory or bundled name")
+    p.add_argument("config", type=nonempty, help="ds_config.json to check")
+    p.add_argument("--model", dest="model", type=nonempty, help="HF model id, local directory or bundled name")
     p.add_argument("--activation-checkpointing", choices=("on", "off"),
                    help="override what the config says (its activation_checkpointing block)")
     p.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size",
@@ -35,7 +35,7 @@ def cmd_check(args) -> int:
     if args.gradient_accumulation_steps:
         trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
     ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
-    result = check_config(config, args.config, model, cluster, load_workload(args), activation_checkpointing=ckpt,
+    result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
                           trainer_values=trainer_values or None)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -4,31 +4,61 @@ Namespace becomes typed objects (model spec, hardware, workload, pins)."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
+from zerokit.core.limits import MAX_COUNT, MAX_GPUS_PER_NODE, MAX_WORLD_SIZE
+
+DEFAULT_PLAN_SEQ_LEN = 2048  # plan, render, check: tokens per sample unless --seq-len (capped at the model's maximum)
 
 
 def _number(text: str, cast, valid, unreadable: str, invalid: str):
     """`text` as cast(text) when valid(value); else argparse's one-line error with the message that applies."""
     try:
         v = cast(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"expected {unreadable}, got {text!r}") from None
     if not valid(v):
         raise argparse.ArgumentTypeError(f"expected {invalid}, got {text!r}")
     return v
 
 
+# the bounds are zerokit.core.limits'; each says where it comes from
 def nonneg_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 0, "a whole number", "0 or more")
+    return _number(text, int, lambda v: 0 <= v <= MAX_COUNT, "a whole number", f"0 or more, up to {MAX_COUNT:,}")
 
 
 def positive_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 1, "a positive integer", "a positive integer")
+    return _number(text, int, lambda v: 1 <= v <= MAX_COUNT, "a positive integer", f"a positive integer up to {MAX_COUNT:,}")
+
+
+def gpus_per_node(text: str) -> int:
+    return _number(text, int, lambda v: 1 <= v <= MAX_GPUS_PER_NODE, "a positive integer",
+                   f"a positive integer up to {MAX_GPUS_PER_NODE} (the ranks one host can run)")
+
+
+def node_count(text: str) -> int:
+    return _number(text, int, lambda v: 1 <= v <= MAX_WORLD_SIZE, "a positive integer",
+                   f"a positive integer up to {MAX_WORLD_SIZE:,}")
 
 
 def positive_float(text: str) -> float:
-    return _number(text, float, lambda v: v > 0, "a positive number", "a positive number")
+    return _number(text, float, lambda v: 0 < v < math.inf, "a positive number", "a positive finite number")
+
+
+def fraction(text: str) -> float:
+    return _number(text, float, lambda v: 0 < v <= 1, "a number", "a fraction above 0 and at most 1")
+
+
+def port(text: str) -> int:
+    return _number(text, int, lambda v: 1 <= v <= 65535, "a port number", "a TCP port, 1 to 65535")
+
+
+def nonempty(text: str) -> str:
+    """A name or path that must not be empty (argparse takes "" as given)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,23 +71,23 @@ class _Parser(argparse.ArgumentParser):
 def hardware_parent() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("hardware (the same on every command)")
-    g.add_argument("--gpu", help="accelerator from the catalog (a100-80gb, h100-80gb, h200, l40s, a10g, v100-32gb, "
+    g.add_argument("--gpu", type=nonempty, help="accelerator from the catalog (a100-80gb, h100-80gb, h200, l40s, a10g, v100-32gb, "
                                  "rtx4090, cpu, ...); default a100-80gb, or cpu for launch on a machine without CUDA")
-    g.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, overrides the catalog (e.g. 80GB, 24GiB)")
-    g.add_argument("--gpus-per-node", type=positive_int, metavar="N")
-    g.add_argument("--nodes", type=positive_int, metavar="N")
-    g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile (`host slots=N` per line): sets nodes and GPUs per node")
-    g.add_argument("--cpu-memory", metavar="SIZE", help="host RAM per node (checked when given)")
-    g.add_argument("--nvme-path", metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
-    g.add_argument("--nvme-size", metavar="SIZE", help="free NVMe per node (default: free space at --nvme-path)")
-    g.add_argument("--hardware-profile", metavar="FILE", help="measured profile from `zerokit calibrate`")
+    g.add_argument("--gpu-memory", type=nonempty, metavar="SIZE", help="memory per GPU, overrides the catalog (e.g. 80GB, 24GiB)")
+    g.add_argument("--gpus-per-node", type=gpus_per_node, metavar="N")
+    g.add_argument("--nodes", type=node_count, metavar="N")
+    g.add_argument("--hostfile", type=nonempty, metavar="FILE", help="DeepSpeed hostfile (`host slots=N` per line): sets nodes and GPUs per node")
+    g.add_argument("--cpu-memory", type=nonempty, metavar="SIZE", help="host RAM per node (checked when given)")
+    g.add_argument("--nvme-path", type=nonempty, metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
+    g.add_argument("--nvme-size", type=nonempty, metavar="SIZE", help="free NVMe per node (default: free space at --nvme-path)")
+    g.add_argument("--hardware-profile", type=nonempty, metavar="FILE", help="measured profile from `zerokit calibrate`")
     return p
 
 
 def model_parent() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("model")
-    g.add_argument("--params", metavar="N", help="bare parameter count (7e9, 7B, 125M) instead of a model config")
+    g.add_argument("--params", type=nonempty, metavar="N", help="bare parameter count (7e9, 7B, 125M) instead of a model config")
     g.add_argument("--hidden-size", type=positive_int)
     g.add_argument("--num-layers", type=positive_int)
     g.add_argument("--vocab-size", type=positive_int)
@@ -67,7 +97,8 @@ def model_parent() -> argparse.ArgumentParser:
 def workload_parent() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("workload")
-    g.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per sample (default 2048)")
+    g.add_argument("--seq-len", type=positive_int, default=None,
+                   help=f"tokens per sample (default {DEFAULT_PLAN_SEQ_LEN}, or the model's maximum when smaller)")
     g.add_argument("--global-batch", type=positive_int, metavar="N",
                    help="samples per optimizer step = micro x accumulation x GPUs per node x nodes")
     g.add_argument("--samples", type=positive_int, metavar="N", help="training samples per epoch (for total time)")
@@ -86,7 +117,7 @@ def setup_parent() -> argparse.ArgumentParser:
     g.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size")
     g.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps")
     g.add_argument("--activation-checkpointing", choices=("on", "off"))
-    g.add_argument("--memory-fraction", type=positive_float, default=None,
+    g.add_argument("--memory-fraction", type=fraction, default=None,
                    help="share of GPU memory a plan may use (default 0.95; the rest absorbs fragmentation)")
     return p
 
@@ -112,10 +143,10 @@ def load_model(args):
     if getattr(args, "params", None):
         if getattr(args, "model", None):
             raise ZerokitError("give either a model or --params, not both")
-        from zerokit.core.units import parse_count
+        from zerokit.core.units import parse_param_count
         from zerokit.spec.model import spec_from_params
 
-        return spec_from_params(parse_count(args.params, "--params"), hidden_size=args.hidden_size,
+        return spec_from_params(parse_param_count(args.params, "--params"), hidden_size=args.hidden_size,
                                 num_layers=args.num_layers, vocab_size=args.vocab_size)
     if not getattr(args, "model", None):
         raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or --params N")
@@ -124,10 +155,16 @@ def load_model(args):
     return load_model_spec(args.model)
 
 
-def load_workload(args):
+def load_workload(args, model=None):
+    """The Workload; with the model, its --seq-len held to the model's positions (ModelSpec.check_seq_len)."""
     from zerokit.spec.setup import Workload
 
-    return Workload(seq_len=args.seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs,
+    seq_len = args.seq_len
+    if seq_len is None:
+        seq_len = min(DEFAULT_PLAN_SEQ_LEN, (model.max_positions if model is not None else None) or DEFAULT_PLAN_SEQ_LEN)
+    elif model is not None:
+        model.check_seq_len(seq_len)
+    return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs,
                     attention=args.attention)
 
 
@@ -143,7 +180,4 @@ def pins_from_args(args) -> dict:
 def memory_fraction_from_args(args) -> float:
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
 
-    fraction = getattr(args, "memory_fraction", None) or DEFAULT_MEMORY_FRACTION
-    if fraction > 1:
-        raise ZerokitError(f"--memory-fraction must be at most 1, got {fraction}")
-    return fraction
+    return getattr(args, "memory_fraction", None) or DEFAULT_MEMORY_FRACTION  # bounded by its type, fraction()

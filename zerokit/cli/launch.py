@@ -14,7 +14,16 @@ import argparse
 import json
 import sys
 
-from zerokit.cli.common import hardware_from_args, memory_fraction_from_args, nonneg_int, pins_from_args, positive_float, positive_int
+from zerokit.cli.common import (
+    hardware_from_args,
+    memory_fraction_from_args,
+    nonempty,
+    nonneg_int,
+    pins_from_args,
+    port,
+    positive_float,
+    positive_int,
+)
 from zerokit.core.errors import EXIT_OK
 
 
@@ -27,15 +36,15 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
                     "run every rank under the deepspeed launcher, restart from the latest checkpoint after a "
                     "crash, and report predicted vs measured memory and speed.",
     )
-    p.add_argument("--model", required=True,
+    p.add_argument("--model", required=True, type=nonempty,
                    help="HF id, local model directory (weights loaded if present), config-only directory, or "
                         "bundled config name (tiny-llama, ...) for random init")
-    p.add_argument("--data", help=".txt/.jsonl file (\"text\" field) or a directory of them; default: the bundled "
+    p.add_argument("--data", type=nonempty, help=".txt/.jsonl file (\"text\" field) or a directory of them; default: the bundled "
                                   "tiny corpus")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", action="store_true", help="let the planner choose the setup and render the config")
-    src.add_argument("--config", metavar="DS_CONFIG", help="use this ds_config.json (checked first)")
-    p.add_argument("--output-dir", metavar="DIR", help="default runs/<model>-<time>")
+    src.add_argument("--config", type=nonempty, metavar="DS_CONFIG", help="use this ds_config.json (checked first)")
+    p.add_argument("--output-dir", type=nonempty, metavar="DIR", help="default runs/<model>-<time>")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=positive_int, help="optimizer steps (default: one epoch)")
     length.add_argument("--epochs", type=positive_float, help="passes over the data (default 1)")
@@ -50,18 +59,18 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=positive_float, help="peak learning rate (--plan; default 2e-5 for pretrained "
                                                      "weights, 1e-3 for a random-init model)")
     p.add_argument("--warmup-steps", type=nonneg_int, default=None, help="LR warm-up steps (--plan; default 1/10 of the run)")
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--master-port", type=positive_int, help="rendezvous port (default: a free one)")
+    p.add_argument("--seed", type=nonneg_int, default=1234)
+    p.add_argument("--master-port", type=port, help="rendezvous port (default: a free one)")
     p.add_argument("--no-report", action="store_true", help="skip the predicted-vs-measured report")
     multi = p.add_argument_group("multi-node")
     multi.add_argument("--launcher", choices=("pdsh", "openmpi", "mpich", "slurm"),
                        help="DeepSpeed's multi-node launcher (default pdsh when --hostfile names other hosts)")
-    multi.add_argument("--master-addr", metavar="HOST", help="rendezvous address (default: DeepSpeed asks the first host)")
-    multi.add_argument("--sbatch", metavar="FILE",
+    multi.add_argument("--master-addr", type=nonempty, metavar="HOST", help="rendezvous address (default: DeepSpeed asks the first host)")
+    multi.add_argument("--sbatch", type=nonempty, metavar="FILE",
                        help="prepare the run directory and write a Slurm batch script for this job instead of running it "
                             "(submit with: sbatch FILE)")
     multi.add_argument("--time-limit", default="04:00:00", help="--sbatch: Slurm time limit (default 04:00:00)")
-    multi.add_argument("--partition", help="--sbatch: Slurm partition")
+    multi.add_argument("--partition", type=nonempty, help="--sbatch: Slurm partition")
     p.set_defaults(func=run_launch)
     return p
 

@@ -11,6 +11,7 @@ from zerokit.cli.common import (
     load_model,
     load_workload,
     memory_fraction_from_args,
+    nonempty,
     pins_from_args,
 )
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_OK, ZerokitError
@@ -18,7 +19,7 @@ from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_OK, ZerokitError
 
 def add_plan_parser(sub, parents) -> None:
     p = sub.add_parser("plan", parents=parents, help="memory breakdown, best ZeRO setup, step and total time")
-    p.add_argument("model", nargs="?", help="HF model id, local directory with config.json, or bundled name (tiny-llama, llama-3-8b, ...)")
+    p.add_argument("model", nargs="?", type=nonempty, help="HF model id, local directory with config.json, or bundled name (tiny-llama, llama-3-8b, ...)")
     p.add_argument("--trace", action="store_true", help="measure activations by tracing the model under FakeTensorMode (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plan)
@@ -26,8 +27,8 @@ def add_plan_parser(sub, parents) -> None:
 
 def add_render_parser(sub, parents) -> None:
     p = sub.add_parser("render", parents=parents, help="plan, then write the ds_config.json")
-    p.add_argument("model", nargs="?")
-    p.add_argument("-o", "--output", default="ds_config.json", help="where to write (default ds_config.json; - for stdout)")
+    p.add_argument("model", nargs="?", type=nonempty)
+    p.add_argument("-o", "--output", type=nonempty, default="ds_config.json", help="where to write (default ds_config.json; - for stdout)")
     p.add_argument("--profile", choices=("deepspeed", "hf"), default="deepspeed",
                    help="deepspeed: every value concrete; hf: 'auto' where the HF Trainer fills values")
     p.add_argument("--json", action="store_true", help="print the plan as JSON as well")
@@ -39,7 +40,7 @@ def build_plan(args):
 
     model = load_model(args)
     cluster = load_cluster(args)
-    workload = load_workload(args)
+    workload = load_workload(args, model)
     fraction = memory_fraction_from_args(args)
     pins = pins_from_args(args)
     plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)

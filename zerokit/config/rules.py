@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
+from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version, parse_json_text
 from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
 AUTO = "auto"
@@ -688,18 +688,7 @@ def load_config_file(path) -> dict:
     except OSError as e:
         raise ZerokitError(f"cannot read config file {p}: {e.strerror}") from None
 
-    def no_duplicates(pairs):
-        seen = {}
-        for k, v in pairs:
-            if k in seen:
-                raise ZerokitError(f"config file {p} has the key {k!r} twice: keep one (DeepSpeed rejects duplicates)")
-            seen[k] = v
-        return seen
-
-    try:
-        obj = json.loads(text, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as e:
-        raise ZerokitError(f"config file {p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    obj = parse_json_text(text, f"config file {p}", reject_duplicates=True)
     if not isinstance(obj, dict):
         raise ZerokitError(f"config file {p} holds a JSON {type(obj).__name__}, not an object: a ds_config is {{...}}")
     return obj

@@ -14,6 +14,9 @@ class ZerokitError(Exception):
     exit_code = EXIT_INVALID
 
     def __init__(self, message: str, exit_code: int | None = None):
+        # one line whatever the user typed: a path or filter echoed into the message keeps its line breaks visible
+        # as \n, and other control characters as escapes, instead of breaking the line
+        message = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(message))
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code

@@ -56,3 +56,48 @@ def package_version(name: str) -> str:
         return version(name)
     except Exception:  # noqa: BLE001 - not installed, or broken metadata
         return "none"
+
+
+# Nesting deeper than this is refused before Python's json recursion does it for us (RecursionError at ~1,000 levels
+# in the C parser's Python fallback); real configs nest 4 levels at most (zero_optimization.offload_param.device).
+MAX_JSON_DEPTH = 64
+
+
+def parse_json_text(text: str, source: str, reject_duplicates: bool = False):
+    """JSON as RFC 8259 defines it: NaN and Infinity (which Python's json accepts) are refused, and so is nesting
+    deeper than MAX_JSON_DEPTH and, when asked, a key given twice. Raises ZerokitError (one line, naming `source`)."""
+    import json
+
+    from zerokit.core.errors import ZerokitError
+
+    def constant(name):
+        raise ZerokitError(f"{source} holds {name}, which is not a JSON number: write a finite number")
+
+    def pairs(items):
+        out = {}
+        for k, v in items:
+            if reject_duplicates and k in out:
+                raise ZerokitError(f"{source} has the key {k!r} twice: keep one (DeepSpeed rejects duplicates)")
+            out[k] = v
+        return out
+
+    depth = max_depth = 0
+    in_string = escaped = False
+    for c in text:  # outside strings, brackets open and close levels
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            max_depth = max(max_depth, depth)
+            if max_depth > MAX_JSON_DEPTH:
+                raise ZerokitError(f"{source} nests deeper than {MAX_JSON_DEPTH} levels: a config is a few levels deep")
+        elif c in "]}":
+            depth -= 1
+    try:
+        return json.loads(text, parse_constant=constant, object_pairs_hook=pairs)
+    except json.JSONDecodeError as e:
+        raise ZerokitError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise ZerokitError(f"{source} nests too deeply to read: a config is a few levels deep") from None

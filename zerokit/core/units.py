@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.limits import at_most, finite_number
 
 _UNITS = {
     "": 1, "b": 1,
@@ -26,22 +28,27 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
     A GPU sold as "80 GB" has 80 GiB-ish of usable memory; the catalog stores exact bytes, and users
     who type `--gpu-memory 80GB` get exactly 80e9 bytes.
     """
+    if isinstance(text, bool):
+        raise ZerokitError(f"{what} must be a number of bytes, got {text!r}")
     if isinstance(text, (int, float)):
-        value, unit = float(text), ""
+        value, unit = finite_number(text, what), ""
     else:
         m = _SIZE_RE.match(str(text))
         if not m:
             raise ZerokitError(f"cannot read {what} {text!r}: use a number with an optional unit, e.g. 80GB or 2TiB")
-        value, unit = float(m.group(1)), m.group(2).lower()
+        value, unit = finite_number(m.group(1), what), m.group(2).lower()
         if unit not in _UNITS:
             raise ZerokitError(f"unknown unit {m.group(2)!r} in {what} {text!r}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
     if value < 0:
         raise ZerokitError(f"{what} must not be negative, got {text!r}")
-    return int(round(value * _UNITS[unit]))
+    size = value * _UNITS[unit]
+    at_most(size, "MAX_BYTES", what)
+    return int(round(size))
 
 
-def parse_count(text: str | int | float, what: str = "count") -> int:
-    """A positive integer that may be written as 7e9 or 7B (billions) / 125M (millions)."""
+def parse_param_count(text: str | int | float, what: str = "--params") -> int:
+    """A parameter count, a positive integer that may be written as 7e9 or 7B (billions) / 125M (millions), at most
+    MAX_PARAMS."""
     s = str(text).strip()
     mult = 1
     suffix = s[-1:].upper()
@@ -50,10 +57,13 @@ def parse_count(text: str | int | float, what: str = "count") -> int:
         s = s[:-1]
     try:
         value = float(s) * mult
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ZerokitError(f"cannot read {what} {text!r}: use a number such as 7e9, 7B or 125M") from None
-    if value <= 0 or value != value:
+    if value != value or value in (math.inf, -math.inf):
+        raise ZerokitError(f"{what} must be a finite number, got {text!r}")
+    if not value > 0:
         raise ZerokitError(f"{what} must be positive, got {text!r}")
+    at_most(value, "MAX_PARAMS", what)
     return int(round(value))
 
 

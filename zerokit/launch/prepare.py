@@ -150,11 +150,10 @@ def resolve_cluster(req: LaunchRequest) -> tuple[Cluster, dict, bool]:
     return cluster, hosts, multi_node
 
 
-def choose_seq_len(req: LaunchRequest, config: dict) -> int:
-    max_pos = config.get("max_position_embeddings") or config.get("n_positions") or 2048
-    seq_len = req.seq_len or min(DEFAULT_SEQ_LEN, int(max_pos))
-    if seq_len > int(max_pos):
-        raise ZerokitError(f"--seq-len {seq_len} exceeds the model's maximum of {max_pos} positions: lower it")
+def choose_seq_len(req: LaunchRequest, spec) -> int:
+    """--seq-len, or DEFAULT_SEQ_LEN capped at the model's positions; refused past them (ModelSpec.check_seq_len)."""
+    seq_len = req.seq_len or min(DEFAULT_SEQ_LEN, spec.max_positions or DEFAULT_SEQ_LEN)
+    spec.check_seq_len(seq_len)
     return seq_len
 
 
@@ -301,7 +300,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     config = model.read_config()
     cluster, hosts, multi_node = resolve_cluster(req)
     spec = load_model_spec(model)
-    seq_len = choose_seq_len(req, config)
+    seq_len = choose_seq_len(req, spec)
     files, tokenizer, tokens, total_tokens = tokenize_data(req, model, config, spec, seq_len)
     ds_config, evaluation, steps, deepspeed_checked = choose_setup(
         req, model, spec, cluster, int(tokens.shape[0]), seq_len, deepspeed_check_in_ranks(req, multi_node))

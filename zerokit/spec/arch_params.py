@@ -20,24 +20,24 @@ from typing import Any
 # Defaults of each supported config class (transformers 5.23 configuration_<type>.py), only the keys the counts
 # or config_fields read; attribute_map aliases (GPT-2's n_embd is hidden_size) in ALIASES.
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    "llama": dict(max_position_embeddings=2048, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=None, hidden_act="silu", tie_word_embeddings=False,
                   attention_bias=False, attention_dropout=0.0, mlp_bias=False, head_dim=None),
-    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    "mistral": dict(max_position_embeddings=131072, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, head_dim=None, hidden_act="silu",
                     tie_word_embeddings=False, sliding_window=4096, attention_dropout=0.0),
-    "mixtral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    "mixtral": dict(max_position_embeddings=131072, vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, head_dim=None, hidden_act="silu",
                     tie_word_embeddings=False, sliding_window=None, attention_dropout=0.0, num_experts_per_tok=2,
                     num_local_experts=8, router_jitter_noise=0.0),
-    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+    "qwen2": dict(max_position_embeddings=32768, vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, hidden_act="silu", tie_word_embeddings=False,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28, layer_types=None,
                   attention_dropout=0.0),
-    "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+    "gemma": dict(max_position_embeddings=8192, vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=16, head_dim=256, hidden_act="gelu_pytorch_tanh",
                   tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0),
-    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+    "qwen3": dict(max_position_embeddings=32768, vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, head_dim=128, hidden_act="silu",
                   tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
                   max_window_layers=28, layer_types=None, attention_dropout=0.0),
@@ -51,23 +51,23 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                      intermediate_size=24576, hidden_act="gelu", attention_dropout=0.0, hidden_dropout=0.0,
                      max_position_embeddings=2048, tie_word_embeddings=False, use_parallel_residual=True,
                      rope_parameters=None, attention_bias=True),
-    "phi": dict(vocab_size=51200, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+    "phi": dict(max_position_embeddings=2048, vocab_size=51200, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
                 num_key_value_heads=None, resid_pdrop=0.0, attention_dropout=0.0, hidden_act="gelu_new",
                 tie_word_embeddings=False, rope_parameters=None, qk_layernorm=False),
-    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+    "qwen3_moe": dict(max_position_embeddings=32768, vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
                       num_attention_heads=32, num_key_value_heads=4, hidden_act="silu", tie_word_embeddings=False,
                       attention_bias=False, use_sliding_window=False, sliding_window=4096, attention_dropout=0.0,
                       decoder_sparse_step=1, moe_intermediate_size=768, num_experts_per_tok=8, num_local_experts=128,
                       mlp_only_layers=None),
-    "phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+    "phi3": dict(max_position_embeddings=4096, vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=None, resid_pdrop=0.0, attention_dropout=0.0,
                  hidden_act="silu", tie_word_embeddings=False, rope_parameters=None, sliding_window=None),
     # Gemma2Config / Gemma3TextConfig: four norms a layer, layer_types from __post_init__ (below)
-    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+    "gemma2": dict(max_position_embeddings=8192, vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                    num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
                    tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0, sliding_window=4096,
                    layer_types=None),
-    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+    "gemma3_text": dict(max_position_embeddings=131072, vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
                         tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0, sliding_window=4096,
                         layer_types=None, use_bidirectional_attention=False),
@@ -136,6 +136,10 @@ def _prob(v) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
+def _positive_or_none(v) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 def config_fields(tc) -> dict:
     """The ModelSpec fields read from the (text) config, with their fallbacks: shared by the meta-device count
     (spec/model.py _measure, on the transformers config) and the arithmetic below (on a ConfigView)."""
@@ -164,6 +168,9 @@ def config_fields(tc) -> dict:
     return dict(
         hidden_size=hidden, num_layers=layers, num_attention_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
         intermediate_size=int(inter), num_experts=experts, experts_per_token=top_k,
+        # the longest sequence the positions support (learned tables, rope's design length); None: no such limit (ALiBi)
+        max_positions=_positive_or_none(first_attr(tc, ["max_position_embeddings", "n_positions", "max_sequence_length",
+                                                        "seq_length"], None)),
         # Falcon names it `activation` (FalconMLP: get_activation(config.activation))
         mlp_activation=str(first_attr(tc, ["hidden_act", "activation_function", "hidden_activation", "activation"],
                                       "silu")),

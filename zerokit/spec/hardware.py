@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.limits import at_most
 from zerokit.core.resources import bundled_data
 from zerokit.core.units import MiB, parse_size
 from zerokit.spec.profile import HardwareProfile, apply_profile
@@ -80,6 +81,8 @@ class Cluster:
     def __post_init__(self):
         if self.gpus_per_node < 1 or self.nodes < 1:
             raise ZerokitError("GPUs per node and nodes must be at least 1")
+        at_most(self.gpus_per_node, "MAX_GPUS_PER_NODE", "GPUs per node")
+        at_most(self.world_size, "MAX_WORLD_SIZE", "a world size of")
 
     @property
     def world_size(self) -> int:

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.limits import MAX_GPUS_PER_NODE
 from zerokit.core.fsutil import atomic_write_text
 
 # DeepSpeed: r'^(\S+)\s+slots=(\d+)' searched on the stripped line.
@@ -93,6 +94,9 @@ def parse_hostfile_text(text: str, name: str = "<hostfile>") -> dict[str, int]:
                 "use as separators: use the host's plain name or IPv4 address"
             )
         slots = int(slots_text)
+        if slots > MAX_GPUS_PER_NODE:
+            raise ZerokitError(f"{where}: {host} has slots={slots_text}: at most {MAX_GPUS_PER_NODE} ranks run on one "
+                               "host (core/limits.py); give the number of GPUs on that host")
         if slots < 1:
             raise ZerokitError(f"{where}: {host} has slots={slots_text}: slots must be a positive integer; remove the line or set slots=N >= 1")
         if host in hosts:

@@ -42,7 +42,8 @@ from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
-from zerokit.spec.arch_params import config_fields, count_params_from_config, first_attr as _first
+from zerokit.core.limits import MAX_LAYERS, META_BUILD_SECONDS, WHY, at_most
+from zerokit.spec.arch_params import ConfigView, config_fields, count_params_from_config, first_attr as _first
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
 
@@ -81,6 +82,13 @@ class ModelSpec:
     sdpa_broadcast_kv: bool = False  # sdpa gets fewer K/V heads than query heads without enable_gqa (Falcon MQA)
     attention_output_copy: bool = False  # o_proj reads a copy of the attention output (q reaches the kernel in (b, a, s, d) layout)
     exact: bool = True  # False when shapes were guessed from a bare parameter count
+    max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """Refuse a sequence longer than the model's positions (the same rule for plan, render, check and launch)."""
+        if self.max_positions is not None and seq_len > self.max_positions:
+            raise ZerokitError(f"--seq-len {seq_len} exceeds the model's maximum of {self.max_positions} positions "
+                               "(max_position_embeddings): lower it, or raise the config's maximum for a rope-scaled model")
 
     @property
     def active_params(self) -> int:
@@ -100,8 +108,8 @@ class ModelSpec:
 
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
 # 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
-# 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default).
-_SCHEMA_VERSION = 5
+# 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default). 6: max_positions.
+_SCHEMA_VERSION = 6
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +336,40 @@ def _activation_traits(model, tc, model_type: str, hidden: int, layers: int) -> 
     return out
 
 
+class _MetaBuildTimeout(BaseException):
+    """Raised by the alarm inside transformers' build: a BaseException, so the build's own `except Exception`
+    handlers let it through."""
+
+
+class _MetaBuildDeadline:
+    """SIGALRM after `seconds` while the block runs (main thread on Unix; elsewhere the block runs unbounded)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.armed = False
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+            def expire(signum, frame):
+                raise _MetaBuildTimeout()
+
+            self.previous = signal.signal(signal.SIGALRM, expire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            self.armed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.armed:
+            import signal
+
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+        return False
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
@@ -371,16 +413,22 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         model = None
         errors = []
         start = time.perf_counter()
+        deadline = _MetaBuildDeadline(META_BUILD_SECONDS)
         # Causal LM first; vision/audio-language models have a generation head under
         # ImageTextToText; the bare AutoModel (no LM head) is the last resort.
         autos = [AutoModelForCausalLM, getattr(transformers, "AutoModelForImageTextToText", None), AutoModel]
-        for auto in [a for a in autos if a is not None]:
-            try:
-                with torch.device("meta"):
-                    model = auto.from_config(cfg, trust_remote_code=trust_remote_code)
-                break
-            except Exception as exc:  # no causal-LM class for this config, or a model bug
-                errors.append(_first_line(exc))
+        try:
+            with deadline:
+                for auto in [a for a in autos if a is not None]:
+                    try:
+                        with torch.device("meta"):
+                            model = auto.from_config(cfg, trust_remote_code=trust_remote_code)
+                        break
+                    except Exception as exc:  # no causal-LM class for this config, or a model bug
+                        errors.append(_first_line(exc))
+        except _MetaBuildTimeout:
+            raise ZerokitError(f"{source} did not build on the meta device within {META_BUILD_SECONDS} s "
+                               "(core/limits.py): check its sizes, or plan with --params N") from None
         if model is None:
             raise ZerokitError(
                 f"transformers cannot build {source} (model_type {model_type!r}): {errors[-1]}; plan with --params N"
@@ -395,6 +443,40 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         transformers.logging.set_verbosity(verbosity)
 
 
+# The config keys that size a model (any architecture's names, as config_fields reads them): each must be a positive
+# integer within core/limits.py's bounds before anything is counted or built.
+_SIZE_KEYS = {
+    "vocab_size": "MAX_VOCAB", "num_hidden_layers": "MAX_LAYERS", "n_layer": "MAX_LAYERS", "num_layers": "MAX_LAYERS",
+    "n_layers": "MAX_LAYERS", "hidden_size": "MAX_DIMENSION", "n_embd": "MAX_DIMENSION", "n_embed": "MAX_DIMENSION",
+    "d_model": "MAX_DIMENSION", "intermediate_size": "MAX_DIMENSION", "ffn_dim": "MAX_DIMENSION",
+    "n_inner": "MAX_DIMENSION", "ffn_hidden_size": "MAX_DIMENSION", "moe_intermediate_size": "MAX_DIMENSION",
+    "num_attention_heads": "MAX_DIMENSION", "n_head": "MAX_DIMENSION", "num_key_value_heads": "MAX_DIMENSION",
+    "num_kv_heads": "MAX_DIMENSION", "head_dim": "MAX_DIMENSION", "num_local_experts": "MAX_DIMENSION",
+    "num_experts": "MAX_DIMENSION", "n_routed_experts": "MAX_DIMENSION", "max_position_embeddings": "MAX_SEQ_LEN",
+    "n_positions": "MAX_SEQ_LEN",
+}
+_TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
+
+
+def check_config_bounds(config: dict, source: str) -> None:
+    """Refuse a config.json whose sizes are not positive integers within core/limits.py, or whose model would
+    exceed MAX_PARAMS, before it is counted or built (10**12 layers hung the meta-device build). Nested text
+    configs (multimodal models) are held to the same bounds."""
+    nested = [config.get(k) for k in _TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)]
+    for cfg, where in [(config, source)] + [(c, f"{source} ({k})") for k, c in zip(_TEXT_CONFIG_KEYS, nested)]:
+        for key, limit in _SIZE_KEYS.items():
+            value = cfg.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ZerokitError(f"{where}: {key} must be a positive integer, got {value!r}: fix the config")
+            at_most(value, limit, f"{where}: {key}")
+        f = config_fields(ConfigView(str(cfg.get("model_type")), cfg))
+        h, layers = f["hidden_size"], f["num_layers"]
+        rough = layers * (4 * h * h + 3 * h * f["intermediate_size"] * f["num_experts"]) + 2 * int(cfg.get("vocab_size") or 0) * h
+        at_most(rough, "MAX_PARAMS", f"{where}: a model of about")
+
+
 def load_model_spec(model: "str | ResolvedModel", trust_remote_code: bool = False) -> ModelSpec:
     """Exact spec for a bundled name, a local dir/config.json, or a hub id (zerokit.spec.resolve decides which).
 
@@ -404,6 +486,7 @@ def load_model_spec(model: "str | ResolvedModel", trust_remote_code: bool = Fals
     """
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     config_path, config = resolved.load_config()
+    check_config_bounds(config, str(config_path))
     if not trust_remote_code:
         counted = count_params_from_config(config)
         if counted is not None:
@@ -492,9 +575,13 @@ def spec_from_params(
         raise ZerokitError(f"--params must be a number, got {params!r}") from None
     if total <= 0:
         raise ZerokitError(f"--params must be positive, got {params!r}")
-    for label, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("vocab_size", vocab_size), ("seq_len", seq_len)):
+    at_most(total, "MAX_PARAMS", "--params")
+    for label, value, limit in (("hidden_size", hidden_size, "MAX_DIMENSION"), ("num_layers", num_layers, "MAX_LAYERS"),
+                                ("vocab_size", vocab_size, "MAX_VOCAB"), ("seq_len", seq_len, "MAX_SEQ_LEN")):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ZerokitError(f"{label} must be a positive integer, got {value!r}")
+        if value is not None:
+            at_most(value, limit, f"--{label.replace('_', '-')}")
     V = vocab_size or _DEFAULT_VOCAB
 
     if hidden_size is None and num_layers is None:
@@ -526,6 +613,9 @@ def spec_from_params(
         L = num_layers
     else:
         L = max(1, round((total - 2 * V * h - h) / _layer_params(h, inter, heads, kv)))
+    if L > MAX_LAYERS:
+        raise ZerokitError(f"{_human(total)} parameters at hidden size {h:,} make {L:,} layers, above the "
+                           f"{MAX_LAYERS:,} zerokit accepts ({WHY['MAX_LAYERS']}): give a larger --hidden-size")
 
     head_dim = max(1, h // heads)
     largest = max(V * h, h * inter, h * h)

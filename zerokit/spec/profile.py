@@ -27,12 +27,12 @@ every number measured on the machine named in "device"):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.fsutil import parse_json_text
 
 SCHEMA = 1
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -139,12 +139,13 @@ def load_profile(profile_path: str | os.PathLike) -> dict:
     """The profile JSON, validated (one-line ZerokitError naming the fix otherwise)."""
     path = os.fspath(profile_path)
     try:
-        with open(path) as f:
-            prof = json.load(f)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
         raise ZerokitError(f"hardware profile {path} does not exist: run `zerokit calibrate --output {path}` first") from None
     except (OSError, ValueError) as e:
-        raise ZerokitError(f"hardware profile {path} is not readable JSON ({e}): re-run `zerokit calibrate`") from None
+        raise ZerokitError(f"hardware profile {path} is not readable ({e}): re-run `zerokit calibrate`") from None
+    prof = parse_json_text(text, f"hardware profile {path}")
     HardwareProfile.from_dict(prof, path)  # validates
     return prof
 

@@ -13,13 +13,13 @@ only to fetch a hub config.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.fsutil import parse_json_text
 from zerokit.core.resources import bundled_models_dir, bundled_tokenizer
 
 CONFIG_NAME = "config.json"
@@ -125,10 +125,7 @@ def read_config_file(path: Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ZerokitError(f"cannot read {path}: {exc.__class__.__name__}: {exc}; {HINT}") from None
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        raise ZerokitError(f"{path} is not valid JSON ({exc}): fix the file or {HINT}") from None
+    config = parse_json_text(text, str(path))
     if not isinstance(config, dict):
         raise ZerokitError(f"{path} does not hold a JSON object: a HuggingFace config.json is a mapping; {HINT}")
     if not config.get("model_type"):
