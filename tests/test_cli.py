@@ -114,7 +114,8 @@ def test_check_exit_codes(tmp_path):
     bad.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1,
                                "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3, "aio": {}}}))
     r = zk("check", str(bad), "--model", "llama-3-8b", *hw)
-    assert r.returncode == 2 and "aio" in r.stdout
+    # an invalid config is an error: its explanation and the error line go to stderr (issue: results on stdout only)
+    assert r.returncode == 2 and "aio" in r.stderr and r.stderr.strip().splitlines()[-1].startswith("error: ")
 
 
 @pytest.mark.parametrize(

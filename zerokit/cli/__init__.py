@@ -8,6 +8,7 @@ imports (torch, deepspeed, transformers) happen inside the commands that need th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from zerokit.cli.calibrate import add_calibrate_parser
@@ -22,6 +23,7 @@ from zerokit.cli.common import (
 from zerokit.cli.launch import add_launch_parser
 from zerokit.cli.plan import add_plan_parser, add_render_parser
 from zerokit.core.errors import EXIT_INVALID, EXIT_OK, ZerokitError
+from zerokit.core.quiet import VERBOSE_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="zerokit", description="Will it fit, which ZeRO setup, how long: and run it with DeepSpeed.")
     parser.add_argument("--version", action="version", version=f"zerokit {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors (implies -v)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="let DeepSpeed, transformers and the hub client print their own warnings")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     hw, mdl, wl, st = hardware_parent(), model_parent(), workload_parent(), setup_parent()
     add_plan_parser(sub, [mdl, wl, st, hw])
@@ -43,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose or args.debug:
+        os.environ[VERBOSE_ENV] = "1"  # read by zerokit.core.quiet here and in the ranks
     if not getattr(args, "command", None):
         print("error: no command given: zerokit plan|render|check|launch|calibrate ... (see `zerokit --help`)",
               file=sys.stderr)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from zerokit.cli.common import load_cluster, load_model, load_workload, nonempty, positive_int
+from zerokit.core.errors import EXIT_INVALID, ZerokitError
 
 
 def add_check_parser(sub, parents) -> None:
@@ -39,8 +41,12 @@ def cmd_check(args) -> int:
                           trainer_values=trainer_values or None)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-    else:
-        from zerokit.report.plan_text import format_check
+        return result.exit_code
+    from zerokit.report.plan_text import format_check
 
-        print(format_check(result))
+    if not result.valid:  # an error: the explanation and the one error line go to stderr, results to stdout
+        print(format_check(result), file=sys.stderr)
+        raise ZerokitError(f"{args.config} is not a valid DeepSpeed config for {result.world_size} ranks: see above",
+                           exit_code=EXIT_INVALID)
+    print(format_check(result))
     return result.exit_code

@@ -41,6 +41,8 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
                         "bundled config name (tiny-llama, ...) for random init")
     p.add_argument("--data", type=nonempty, help=".txt/.jsonl file (\"text\" field) or a directory of them; default: the bundled "
                                   "tiny corpus")
+    p.add_argument("--tokenizer", type=nonempty, metavar="DIR_OR_HUB_ID",
+                   help="tokenizer for --data (default: the model's own; the bundled one for a random-init model)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", action="store_true", help="let the planner choose the setup and render the config")
     src.add_argument("--config", type=nonempty, metavar="DS_CONFIG", help="use this ds_config.json (checked first)")
@@ -79,7 +81,7 @@ def request_from_args(args):
     from zerokit.launch.prepare import LaunchRequest
 
     return LaunchRequest(
-        model=args.model, hardware=hardware_from_args(args), data=args.data, config=args.config,
+        model=args.model, hardware=hardware_from_args(args), data=args.data, tokenizer=args.tokenizer, config=args.config,
         pins=pins_from_args(args), memory_fraction=memory_fraction_from_args(args), output_dir=args.output_dir,
         steps=args.steps, epochs=args.epochs, save_every=args.save_every, resume=args.resume,
         max_restarts=args.max_restarts, seq_len=args.seq_len, global_batch=args.global_batch, lr=args.lr,

@@ -84,6 +84,62 @@ FP16_ONLY_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hys
 CPU_OFFLOAD_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion")
 
 
+# The JSON types DeepSpeed can read at each top-level key: any other raises AttributeError/TypeError/ValueError inside
+# DeepSpeedConfig (probed on DeepSpeed 0.19.8: every key it reads, given a list, a string, null, a float, a bool, an
+# object and an integer; e.g. `param_dict["optimizer"].get(...)` in runtime/config.py get_optimizer_name). "null"
+# is listed where DeepSpeed takes it as absent. Keys whose every type DeepSpeed survives are not listed.
+_OBJECT, _OBJECT_OR_NULL = ("object",), ("object", "null")
+_COUNT = ("integer", "null")  # "auto" on these is the HF Trainer's (fill_auto) and checked there
+BLOCK_TYPES = {
+    **{k: _OBJECT for k in ("activation_checkpointing", "autotuning", "checkpoint", "comet", "comms_logger", "compile",
+                            "csv_monitor", "data_efficiency", "data_types", "flops_profiler", "fp16", "bfloat16",
+                            "hybrid_engine", "optimizer", "pipeline", "scheduler", "tensor_parallel", "tensorboard",
+                            "timers", "torch_autocast", "wandb", "weight_quantization")},
+    **{k: _OBJECT_OR_NULL for k in ("aio", "bf16", "expert_parallel")},
+    "zero_optimization": ("object", "boolean"),  # a bool is DeepSpeed's legacy stage 0/1 switch
+    "communication_data_type": ("string", "null"),
+    "seq_parallel_communication_data_type": ("string", "null"),
+    "train_batch_size": _COUNT, "train_micro_batch_size_per_gpu": _COUNT, "gradient_accumulation_steps": _COUNT,
+    "sequence_parallel_size": ("integer",), "vocabulary_size": ("integer", "null"),
+    "wall_clock_breakdown": ("boolean", "integer"),
+}
+
+
+def json_type(value) -> str:
+    """The JSON type name of a parsed value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "object" if isinstance(value, Mapping) else type(value).__name__
+
+
+def _type_findings(config: Mapping) -> list:
+    """A Finding for each top-level block whose JSON type DeepSpeed cannot read (BLOCK_TYPES)."""
+    out = []
+    for key, allowed in BLOCK_TYPES.items():
+        if key not in config:
+            continue
+        value = config[key]
+        kind = json_type(value)
+        if "integer" in allowed and (value == AUTO or kind == "number"):
+            continue  # "auto": the HF Trainer fills it; 2.0: the batch rule (_batch_findings) says what a count is
+        if kind not in allowed:
+            shown = f" {json.dumps(value)[:40]}" if kind not in ("null", "object") else ""
+            want = "an object {...}" if allowed[0] == "object" else ("an " if allowed[0][0] in "aeiou" else "a ") + allowed[0]
+            out.append(Finding("error", key, f"is {kind}{shown}, DeepSpeed reads {' or '.join(allowed)} here: "
+                                             f"write {want}"))
+    return out
+
+
 @dataclass(frozen=True)
 class Finding:
     level: str  # "error" | "warning"
@@ -140,12 +196,11 @@ def _did_you_mean(word: str, choices) -> str:
 
 
 def _import_deepspeed_config():
-    import contextlib
-    import sys
+    from zerokit.core.quiet import library_output
 
     try:
-        # DeepSpeed logs its accelerator choice to stdout on import: keep stdout for --json output.
-        with contextlib.redirect_stdout(sys.stderr):
+        # DeepSpeed logs its accelerator choice on import: kept out of zerokit's output unless -v
+        with library_output():
             import deepspeed.runtime.config as ds_config  # noqa: PLC0415 (heavy: only when checking)
     except ImportError as e:
         raise ZerokitError(f"checking against DeepSpeed needs deepspeed installed ({e}): pip install 'zerokit[train]'") from None
@@ -415,8 +470,10 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
     ds_config = _import_deepspeed_config()
     import pydantic  # noqa: PLC0415 (deepspeed depends on it)
 
+    from zerokit.core.quiet import library_output
+
     try:
-        with _world(world_size):
+        with _world(world_size), library_output():
             ds_config.DeepSpeedConfig(copy.deepcopy(config))
     except pydantic.ValidationError as e:
         raise ZerokitError(_explain_validation_error(config, e)) from None
@@ -425,9 +482,46 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
         if "train_batch_size is not equal" in text or "has to be greater than 0" in text:
             raise ZerokitError(f"DeepSpeed's batch check fails for {world_size} ranks ({text}): {_batch_fix(config, world_size)}") from None
         raise ZerokitError(f"DeepSpeed rejects the config: {text}") from None
-    except (ValueError, TypeError, KeyError, ds_config.DeepSpeedConfigError) as e:
+    except ds_config.DeepSpeedConfigError as e:
         text = " ".join(str(e).split())
         raise ZerokitError(f"DeepSpeed rejects the config: {text}") from None
+    except Exception as e:  # noqa: BLE001 - DeepSpeed's own code tripped on a value (AttributeError, TypeError, ...)
+        key = _key_deepspeed_trips_on(ds_config, config, world_size)
+        text = " ".join(str(e).split())[:160] or "a value of a type it does not expect"
+        where = f"{key} (" if key else "the config ("
+        raise ZerokitError(f"DeepSpeed cannot read {where}{text}): fix that value") from None
+
+
+def _trips(ds_config, config: dict, world_size: int) -> bool:
+    """Whether DeepSpeedConfig fails on `config` other than by its own checks (pydantic, assertions)."""
+    import pydantic  # noqa: PLC0415
+
+    from zerokit.core.quiet import library_output
+
+    try:
+        with _world(world_size), library_output():
+            ds_config.DeepSpeedConfig(copy.deepcopy(config))
+    except (pydantic.ValidationError, AssertionError, ds_config.DeepSpeedConfigError):
+        return False
+    except Exception:  # noqa: BLE001
+        return True
+    return False
+
+
+def _key_deepspeed_trips_on(ds_config, config: dict, world_size: int) -> str | None:
+    """The dotted key whose removal lets DeepSpeedConfig read the config (top level, then one level into that
+    block), or None. Only on the failure path: each try is one DeepSpeedConfig (milliseconds)."""
+    for key in config:
+        rest = {k: v for k, v in config.items() if k != key}
+        if _trips(ds_config, rest, world_size):
+            continue
+        block = config[key]
+        if isinstance(block, Mapping):
+            for sub in block:
+                if not _trips(ds_config, {**config, key: {k: v for k, v in block.items() if k != sub}}, world_size):
+                    return f"{key}.{sub}"
+        return key
+    return None
 
 
 def _batch_fix(config: Mapping, world_size: int) -> str:
@@ -487,7 +581,11 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
     """Problems DeepSpeed lets through silently or reports only at run time; errors first.
 
     accelerator: a zerokit.spec.hardware.Accelerator, to check the precision against; None skips that rule.
+    A block of a type DeepSpeed cannot read is reported alone: the other rules read the blocks as DeepSpeed would.
     """
+    type_errors = _type_findings(config)
+    if type_errors:
+        return type_errors
     schema = deepspeed_keys()
     out: list[Finding] = []
     zero = config.get("zero_optimization")

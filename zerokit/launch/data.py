@@ -68,10 +68,13 @@ def read_documents(files: list[Path]):
 
 
 def load_tokenizer(name_or_path: str):
-    from transformers import AutoTokenizer
+    from zerokit.core.quiet import library_output
 
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        with library_output():
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(name_or_path)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; report one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ZerokitError(f"cannot load tokenizer {name_or_path!r}: {msg}") from None

@@ -34,6 +34,7 @@ class LaunchRequest:
     model: str
     hardware: HardwareOptions = HardwareOptions()
     data: str | None = None  # None: the bundled tiny corpus
+    tokenizer: str | None = None  # None: the model's own (ResolvedModel.tokenizer)
     config: str | None = None  # a ds_config.json to use (checked); None: plan one
     pins: dict = field(default_factory=dict)  # setup dimensions pinned for the planner (planner.PIN_KEYS)
     memory_fraction: float = DEFAULT_MEMORY_FRACTION
@@ -162,7 +163,7 @@ def tokenize_data(req: LaunchRequest, model: ResolvedModel, config: dict, spec, 
     from zerokit.launch import data as zdata
 
     files = zdata.resolve_data_files(req.data)
-    tokenizer = model.tokenizer
+    tokenizer = req.tokenizer or model.tokenizer
     arr, total_tokens = zdata.tokenize_files(files, tokenizer, seq_len)
     vocab = config.get("vocab_size") or spec.vocab_size
     if vocab and int(arr.max()) >= int(vocab):

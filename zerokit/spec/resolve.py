@@ -76,11 +76,16 @@ class ResolvedModel:
 
     @property
     def tokenizer(self) -> str:
-        """The model's own tokenizer (a directory with tokenizer files, or the hub id), else the bundled one."""
+        """The model's own tokenizer (a directory with tokenizer files, or the hub id), else the bundled one for a
+        model trained from random init (a bundled name, a config file, a directory with a config only). Pretrained
+        weights without their tokenizer are refused: the bundled one would feed them ids they never saw."""
         if self.kind == "hub":
             return self.query
         if self.kind == "directory" and any((self.path / f).exists() for f in TOKENIZER_FILES):
             return str(self.path)
+        if self.init == "weights":
+            raise ZerokitError(f"model directory {self.path} has weights but no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}"
+                               ", ...): copy the model's tokenizer into it, or pass --tokenizer DIR_OR_HUB_ID")
         return str(bundled_tokenizer())
 
     def config_file(self) -> Path:
@@ -147,8 +152,11 @@ def fetch_hub_config(model: str) -> tuple[Path, dict]:
             f"pip install 'zerokit[train]', or {HINT}"
         ) from None
     names = ", ".join(bundled_models())
+    from zerokit.core.quiet import library_output
+
     try:
-        path = Path(hf_hub_download(repo_id=model, filename=CONFIG_NAME))
+        with library_output():  # the hub client's retry lines and warnings (zerokit -v shows them)
+            path = Path(hf_hub_download(repo_id=model, filename=CONFIG_NAME))
     except hf_errors.GatedRepoError:
         raise ZerokitError(
             f"hub model {model} is gated: accept its license on huggingface.co and run `hf auth login`, "
