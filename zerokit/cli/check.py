@@ -7,6 +7,7 @@ import sys
 
 from zerokit.cli.common import load_cluster, load_model, load_workload, nonempty, positive_int
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
+from zerokit.core.quiet import verbose
 
 
 def add_check_parser(sub, parents) -> None:
@@ -44,9 +45,10 @@ def cmd_check(args) -> int:
         return result.exit_code
     from zerokit.report.plan_text import format_check
 
-    if not result.valid:  # an error: the explanation and the one error line go to stderr, results to stdout
-        print(format_check(result), file=sys.stderr)
-        raise ZerokitError(f"{args.config} is not a valid DeepSpeed config for {result.world_size} ranks: see above",
-                           exit_code=EXIT_INVALID)
+    if not result.valid:  # an error: one line on stderr naming the first problem (-v: the whole table before it)
+        if verbose():
+            print(format_check(result), file=sys.stderr)
+        raise ZerokitError(f"{args.config} is not a valid DeepSpeed config for {result.world_size} ranks: "
+                           f"{result.problem()}", exit_code=EXIT_INVALID)
     print(format_check(result))
     return result.exit_code

@@ -31,6 +31,14 @@ class CheckResult:
     def valid(self) -> bool:
         return self.deepspeed_error is None and not any(f.level == "error" for f in self.findings)
 
+    def problem(self) -> str:
+        """The first reason the config is invalid, as one line (and how many more there are)."""
+        errors = [f"{f.key}: {f.message}" for f in self.findings if f.level == "error"]
+        if self.deepspeed_error:
+            errors.append(self.deepspeed_error)
+        more = f" (and {len(errors) - 1} more: see `zerokit -v check`)" if len(errors) > 1 else ""
+        return (errors[0] if errors else "no problem found") + more
+
     @property
     def exit_code(self) -> int:
         if not self.valid:

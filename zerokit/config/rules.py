@@ -727,7 +727,11 @@ def _precision(config: Mapping) -> str:
 def _offload_device(zero: Mapping, block: str, deprecated_flag: str) -> str:
     node = zero.get(block)
     if isinstance(node, Mapping):
-        return str(node.get("device", "none") or "none")
+        device = node.get("device", "none") or "none"
+        if device not in ("none", "cpu", "nvme"):  # DeepSpeed's OffloadDeviceEnum
+            raise ZerokitError(f"zero_optimization.{block}.device is {json.dumps(device)[:40]}: DeepSpeed offloads to "
+                               "\"none\", \"cpu\" or \"nvme\"")
+        return device
     return "cpu" if zero.get(deprecated_flag) is True else "none"
 
 
@@ -753,6 +757,8 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
     stage = zero.get("stage", 0)
     if stage == AUTO:
         stage = 0  # DeepSpeed drops "auto" and uses its default
+    if not _is_int(stage) or stage not in (0, 1, 2, 3):  # DeepSpeed's ZeroStageEnum
+        raise ZerokitError(f"zero_optimization.stage is {json.dumps(stage)[:40]}: DeepSpeed's stages are 0, 1, 2 and 3")
     setup = ZeroSetup(
         zero_stage=int(stage),
         offload_optimizer=_offload_device(zero, "offload_optimizer", "cpu_offload"),

@@ -61,8 +61,8 @@ def parse_param_count(text: str | int | float, what: str = "--params") -> int:
         raise ZerokitError(f"cannot read {what} {text!r}: use a number such as 7e9, 7B or 125M") from None
     if value != value or value in (math.inf, -math.inf):
         raise ZerokitError(f"{what} must be a finite number, got {text!r}")
-    if not value > 0:
-        raise ZerokitError(f"{what} must be positive, got {text!r}")
+    if not value >= 1:
+        raise ZerokitError(f"{what} must be a positive number of parameters (at least 1), got {text!r}")
     at_most(value, "MAX_PARAMS", what)
     return int(round(value))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
+from zerokit.core.quiet import verbose
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
 from zerokit.launch.checkpoints import CKPT_SUBDIR, read_latest
 from zerokit.launch.command import LaunchSpec, validate
@@ -205,10 +206,12 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
                               memory_fraction=req.memory_fraction,
                               # the ranks read the file itself: with "auto" in it, what was filled is checked here
                               deepspeed_now=not deepspeed_in_ranks or bool(auto_keys(ds_config)))
-        if not result.valid or (result.evaluation is not None and not result.evaluation.fits):
+        if not result.valid:
+            if verbose():
+                print(format_check(result), file=sys.stderr)
+            raise ZerokitError(f"{req.config} is not a valid DeepSpeed config for {world} ranks: {result.problem()}")
+        if result.evaluation is not None and not result.evaluation.fits:
             print(format_check(result), file=sys.stderr)
-            if not result.valid:
-                raise ZerokitError(f"{req.config} is not a valid DeepSpeed config for {world} ranks: see above")
             raise ZerokitError(f"the setup in {req.config} does not fit: see the breakdown above (or try --plan)",
                                exit_code=EXIT_DOES_NOT_FIT)
         evaluation = result.evaluation

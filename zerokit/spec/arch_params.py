@@ -199,7 +199,7 @@ def _standardise_rope(values: dict, factor_key: str, default: float) -> bool:
 def _effective(config: dict) -> ConfigView | None:
     """The config as the class would hold it after __post_init__, or None when it is not one we model."""
     model_type = config.get("model_type")
-    if model_type not in _DEFAULTS:
+    if not isinstance(model_type, str) or model_type not in _DEFAULTS:
         return None  # other architectures are counted on the meta device
     # auto_map (remote code) is ignored here as transformers ignores it without trust_remote_code: the native class
     # of a model_type it knows is built (spec/model.py _count_on_meta); with trust_remote_code the caller (load_model_spec)

@@ -453,7 +453,8 @@ _SIZE_KEYS = {
     "num_attention_heads": "MAX_DIMENSION", "n_head": "MAX_DIMENSION", "num_key_value_heads": "MAX_DIMENSION",
     "num_kv_heads": "MAX_DIMENSION", "head_dim": "MAX_DIMENSION", "num_local_experts": "MAX_DIMENSION",
     "num_experts": "MAX_DIMENSION", "n_routed_experts": "MAX_DIMENSION", "max_position_embeddings": "MAX_SEQ_LEN",
-    "n_positions": "MAX_SEQ_LEN",
+    "n_positions": "MAX_SEQ_LEN", "num_experts_per_tok": "MAX_DIMENSION", "moe_top_k": "MAX_DIMENSION",
+    "n_head_kv": "MAX_DIMENSION", "kv_channels": "MAX_DIMENSION", "multi_query_group_num": "MAX_DIMENSION",
 }
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
@@ -471,7 +472,10 @@ def check_config_bounds(config: dict, source: str) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ZerokitError(f"{where}: {key} must be a positive integer, got {value!r}: fix the config")
             at_most(value, limit, f"{where}: {key}")
-        f = config_fields(ConfigView(str(cfg.get("model_type")), cfg))
+        try:
+            f = config_fields(ConfigView(str(cfg.get("model_type")), cfg))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ZerokitError(f"{where}: cannot read the model's sizes ({e}): fix the config") from None
         h, layers = f["hidden_size"], f["num_layers"]
         rough = layers * (4 * h * h + 3 * h * f["intermediate_size"] * f["num_experts"]) + 2 * int(cfg.get("vocab_size") or 0) * h
         at_most(rough, "MAX_PARAMS", f"{where}: a model of about")

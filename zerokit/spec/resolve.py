@@ -133,7 +133,7 @@ def read_config_file(path: Path) -> dict:
     config = parse_json_text(text, str(path))
     if not isinstance(config, dict):
         raise ZerokitError(f"{path} does not hold a JSON object: a HuggingFace config.json is a mapping; {HINT}")
-    if not config.get("model_type"):
+    if not config.get("model_type") or not isinstance(config["model_type"], str):
         raise ZerokitError(
             f"{path} has no model_type: it is not a HuggingFace transformers config.json; {HINT}"
         )

@@ -167,7 +167,14 @@ class ZeroKnobs:
         vals = {}
         for f in d.__dataclass_fields__:
             v = zero.get(f, getattr(d, f))
-            vals[f] = getattr(d, f) if v == "auto" else (bool(v) if isinstance(getattr(d, f), bool) else int(float(v)))
+            if v == "auto":
+                vals[f] = getattr(d, f)
+            elif isinstance(getattr(d, f), bool):
+                vals[f] = bool(v)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+                vals[f] = int(v)  # DeepSpeed's pydantic fields take 5e8 for an int
+            else:
+                raise ZerokitError(f"zero_optimization.{f} is {v!r}: DeepSpeed reads a non-negative number there")
         return cls(**vals)
 
     def to_dict(self) -> dict:
