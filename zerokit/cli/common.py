@@ -65,7 +65,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line with exit code 2 (no usage dump)."""
 
     def error(self, message):
-        self.exit(EXIT_INVALID, f"error: {message} (see `{self.prog} --help`)\n")
+        line = str(ZerokitError(message))  # one line whatever the user typed (ZerokitError escapes line breaks)
+        self.exit(EXIT_INVALID, f"error: {line} (see `{self.prog} --help`)\n")
 
 
 def hardware_parent() -> argparse.ArgumentParser:

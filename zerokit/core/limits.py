@@ -84,4 +84,5 @@ def at_most(value, limit: str, what: str) -> None:
     """Refuse `value` above the bound named `limit` (a name in this module, e.g. "MAX_LAYERS")."""
     bound = globals()[limit]
     if value > bound:
-        raise ZerokitError(f"{what} {value:,} is above the {bound:,} zerokit accepts ({WHY[limit]})")
+        shown = f"{int(value):,}" if float(value).is_integer() else f"{value:,}"
+        raise ZerokitError(f"{what} is {shown}, above the {bound:,} zerokit accepts ({WHY[limit]})")

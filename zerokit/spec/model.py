@@ -478,7 +478,7 @@ def check_config_bounds(config: dict, source: str) -> None:
             raise ZerokitError(f"{where}: cannot read the model's sizes ({e}): fix the config") from None
         h, layers = f["hidden_size"], f["num_layers"]
         rough = layers * (4 * h * h + 3 * h * f["intermediate_size"] * f["num_experts"]) + 2 * int(cfg.get("vocab_size") or 0) * h
-        at_most(rough, "MAX_PARAMS", f"{where}: a model of about")
+        at_most(rough, "MAX_PARAMS", f"{where}: the model's size in parameters (roughly)")
 
 
 def load_model_spec(model: "str | ResolvedModel", trust_remote_code: bool = False) -> ModelSpec:

@@ -1,0 +1,305 @@
+"""The bad-input table: every command, every kind of bad value, one row each. Each row asserts what zerokit
+guarantees on bad input (README "Bad input"): the exit code, exactly one line on stderr that starts with `error:`
+and names no Python exception, nothing on stdout, and nothing left on disk (the working directory holds only the
+files the row wrote as input).
+
+Rows run in-process (zerokit.cli.main) in a fresh working directory; none gets as far as starting a rank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from zerokit.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = json.loads((REPO / "zerokit/data/models/tiny-llama/config.json").read_text())
+GOOD_DS = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 2}}
+EXCEPTION_NAME = re.compile(r"Traceback|\b[A-Z][A-Za-z]*(Error|Exception|Warning)\b")
+P = ["--params", "7e9"]
+CHECK = ["--params", "7e9", "--gpus-per-node", "2", "--gpu", "a100-80gb"]
+LAUNCH = ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "32", "--steps", "2"]
+
+
+def ds(**changes) -> str:
+    return json.dumps({**GOOD_DS, **changes})
+
+
+def zero(**block) -> str:
+    return json.dumps({**GOOD_DS, "zero_optimization": {"stage": 2, **block}})
+
+
+def model_config(**changes) -> str:
+    return json.dumps({**TINY, **changes})
+
+
+# (id, argv, files to write first {relative path: text or bytes}, expected exit code, text the error line contains)
+ROWS = [
+    # ---- the command line itself
+    ("no-command", [], {}, 2, "no command"),
+    ("unknown-command", ["frobnicate"], {}, 2, "invalid choice"),
+    ("unknown-option", ["plan", *P, "--frobnicate"], {}, 2, "unrecognized"),
+    # ---- parameter counts (plan)
+    ("params-overflow", ["plan", "--params", "1e400"], {}, 2, "finite"),
+    ("params-inf", ["plan", "--params", "inf"], {}, 2, "finite"),
+    ("params-nan", ["plan", "--params", "nan"], {}, 2, "finite"),
+    ("params-negative", ["plan", "--params=-5"], {}, 2, "positive"),
+    ("params-zero", ["plan", "--params", "0"], {}, 2, "positive"),
+    ("params-half", ["plan", "--params", "0.5"], {}, 2, "at least 1"),
+    ("params-text", ["plan", "--params", "abc"], {}, 2, "cannot read"),
+    ("params-bad-suffix", ["plan", "--params", "7Q"], {}, 2, "cannot read"),
+    ("params-empty", ["plan", "--params", ""], {}, 2, "empty"),
+    ("params-too-many", ["plan", "--params", "1e16"], {}, 2, "16 PB"),
+    ("params-and-model", ["plan", "tiny-llama", *P], {}, 2, "not both"),
+    ("no-model", ["plan"], {}, 2, "no model"),
+    ("hidden-size-3", ["plan", *P, "--hidden-size", "3"], {}, 2, "--hidden-size"),
+    ("hidden-size-0", ["plan", *P, "--hidden-size", "0"], {}, 2, "positive"),
+    ("hidden-size-huge", ["plan", *P, "--hidden-size", "99999999999"], {}, 2, "--hidden-size"),
+    ("layers-million", ["plan", *P, "--num-layers", "1000000"], {}, 2, "--num-layers"),
+    ("vocab-beyond-int32", ["plan", *P, "--vocab-size", "3000000000"], {}, 2, "int32"),
+    # ---- workload numbers
+    ("epochs-inf", ["plan", *P, "--epochs", "inf"], {}, 2, "--epochs"),
+    ("epochs-nan", ["plan", *P, "--epochs", "nan"], {}, 2, "--epochs"),
+    ("epochs-zero", ["plan", *P, "--epochs", "0"], {}, 2, "--epochs"),
+    ("epochs-negative", ["plan", *P, "--epochs=-1"], {}, 2, "--epochs"),
+    ("epochs-text", ["plan", *P, "--epochs", "many"], {}, 2, "--epochs"),
+    ("seq-len-zero", ["plan", *P, "--seq-len", "0"], {}, 2, "--seq-len"),
+    ("seq-len-float", ["plan", *P, "--seq-len", "2.5"], {}, 2, "--seq-len"),
+    ("seq-len-beyond-2-53", ["plan", *P, "--seq-len", "99999999999999999999"], {}, 2, "--seq-len"),
+    ("seq-len-past-positions", ["plan", "tiny-llama", "--seq-len", "100000"], {}, 2, "maximum of 512"),
+    ("global-batch-zero", ["plan", *P, "--global-batch", "0"], {}, 2, "--global-batch"),
+    ("samples-negative", ["plan", *P, "--samples=-3"], {}, 2, "--samples"),
+    ("global-batch-indivisible", ["plan", *P, "--gpus-per-node", "8", "--global-batch", "12"], {}, 2, "divisible"),
+    # ---- setup pins
+    ("stage-5", ["plan", *P, "--stage", "5"], {}, 2, "--stage"),
+    ("precision-fp8", ["plan", *P, "--precision", "fp8"], {}, 2, "--precision"),
+    ("micro-batch-zero", ["plan", *P, "--micro-batch", "0"], {}, 2, "--micro-batch"),
+    ("grad-accum-text", ["plan", *P, "--grad-accum", "x"], {}, 2, "--grad-accum"),
+    ("offload-gpu", ["plan", *P, "--offload-optimizer", "gpu"], {}, 2, "--offload-optimizer"),
+    ("fp16-on-cpu", ["plan", *P, "--gpu", "cpu", "--precision", "fp16"], {}, 2, "fp16"),
+    ("bf16-on-v100", ["plan", *P, "--gpu", "v100-32gb", "--precision", "bf16"], {}, 2, "bf16"),
+    ("memory-fraction-above-1", ["plan", *P, "--memory-fraction", "1.5"], {}, 2, "--memory-fraction"),
+    ("memory-fraction-zero", ["plan", *P, "--memory-fraction", "0"], {}, 2, "--memory-fraction"),
+    ("memory-fraction-nan", ["plan", *P, "--memory-fraction", "nan"], {}, 2, "--memory-fraction"),
+    ("attention-bogus", ["plan", *P, "--attention", "bogus"], {}, 2, "--attention"),
+    # ---- hardware
+    ("gpu-empty", ["plan", *P, "--gpu", ""], {}, 2, "--gpu"),
+    ("gpu-unknown", ["plan", *P, "--gpu", "h999"], {}, 2, "unknown GPU"),
+    ("gpus-per-node-billion", ["plan", *P, "--gpus-per-node", "1000000000"], {}, 2, "1024"),
+    ("gpus-per-node-zero", ["plan", *P, "--gpus-per-node", "0"], {}, 2, "positive"),
+    ("gpus-per-node-float", ["plan", *P, "--gpus-per-node", "2.5"], {}, 2, "--gpus-per-node"),
+    ("nodes-zero", ["plan", *P, "--nodes", "0"], {}, 2, "--nodes"),
+    ("nodes-too-many", ["plan", *P, "--nodes", "2000000"], {}, 2, "--nodes"),
+    ("world-too-large", ["plan", *P, "--gpus-per-node", "1024", "--nodes", "2000"], {}, 2, "world size"),
+    ("gpu-memory-overflow", ["plan", *P, "--gpu-memory", "1e400GB"], {}, 2, "finite"),
+    ("gpu-memory-negative", ["plan", *P, "--gpu-memory=-80GB"], {}, 2, "negative"),
+    ("gpu-memory-unit", ["plan", *P, "--gpu-memory", "80XB"], {}, 2, "unit"),
+    ("gpu-memory-zero", ["plan", *P, "--gpu-memory", "0"], {}, 2, "positive"),
+    ("gpu-memory-exabytes", ["plan", *P, "--gpu-memory", "2000PB"], {}, 2, "unit"),
+    ("gpu-memory-beyond-eib", ["plan", *P, "--gpu-memory", "2000000TB"], {}, 2, "1 EiB"),
+    ("gpu-memory-empty", ["plan", *P, "--gpu-memory", ""], {}, 2, "empty"),
+    ("cpu-memory-text", ["plan", *P, "--cpu-memory", "lots"], {}, 2, "--cpu-memory"),
+    ("nvme-size-negative", ["plan", *P, "--nvme-size=-1GB"], {}, 2, "negative"),
+    ("nvme-path-missing", ["plan", *P, "--nvme-path", "/nonexistent/nvme"], {}, 2, "--nvme-path"),
+    ("profile-missing", ["plan", *P, "--hardware-profile", "nope.json"], {}, 2, "does not exist"),
+    ("profile-not-json", ["plan", *P, "--hardware-profile", "p.json"], {"p.json": "{nope"}, 2, "not valid JSON"),
+    ("profile-nan", ["plan", *P, "--hardware-profile", "p.json"], {"p.json": '{"a": NaN}'}, 2, "NaN"),
+    # ---- hostfiles
+    ("hostfile-missing", ["plan", *P, "--hostfile", "nope"], {}, 2, "does not exist"),
+    ("hostfile-directory", ["plan", *P, "--hostfile", "d"], {"d/x": ""}, 2, "not a regular file"),
+    ("hostfile-huge-slots", ["plan", *P, "--hostfile", "h"], {"h": "w0 slots=100000000000000000000\n"}, 2, "1024"),
+    ("hostfile-zero-slots", ["plan", *P, "--hostfile", "h"], {"h": "w0 slots=0\n"}, 2, "positive"),
+    ("hostfile-word-slots", ["plan", *P, "--hostfile", "h"], {"h": "w0 slots=two\n"}, 2, "slots=N"),
+    ("hostfile-glued-slots", ["plan", *P, "--hostfile", "h"], {"h": "w0 slots=4abc\n"}, 2, "whole number"),
+    ("hostfile-empty", ["plan", *P, "--hostfile", "h"], {"h": "# nobody\n"}, 2, "no hosts"),
+    ("hostfile-duplicate", ["plan", *P, "--hostfile", "h"], {"h": "w0 slots=2\nw0 slots=2\n"}, 2, "again"),
+    ("hostfile-at-in-name", ["plan", *P, "--hostfile", "h"], {"h": "a@b slots=2\n"}, 2, "'@'"),
+    ("hostfile-unequal", ["plan", *P, "--hostfile", "h"], {"h": "w0 slots=2\nw1 slots=4\n"}, 2, "same slots"),
+    ("hostfile-disagrees", ["plan", *P, "--hostfile", "h", "--gpus-per-node", "4"], {"h": "w0 slots=2\n"}, 2, "disagrees"),
+    ("hostfile-binary", ["plan", *P, "--hostfile", "h"], {"h": b"\xff\xfe\x00"}, 2, "UTF-8"),
+    ("hostfile-newline-name", ["plan", *P, "--hostfile", "h\nx"], {}, 2, "\\n"),
+    # ---- model configs
+    ("model-missing-dir", ["plan", "./nope"], {}, 2, "does not exist"),
+    ("model-dir-no-config", ["plan", "./m"], {"m/weights.txt": "x"}, 2, "config.json"),
+    ("model-vocab-zero", ["plan", "./m"], {"m/config.json": model_config(vocab_size=0)}, 2, "vocab_size"),
+    ("model-trillion-layers", ["plan", "./m"], {"m/config.json": model_config(num_hidden_layers=10**12)}, 2, "10,000"),
+    ("model-string-size", ["plan", "./m"], {"m/config.json": model_config(hidden_size="64")}, 2, "hidden_size"),
+    ("model-bool-size", ["plan", "./m"], {"m/config.json": model_config(intermediate_size=True)}, 2, "intermediate_size"),
+    ("model-huge-product", ["plan", "./m"], {"m/config.json": model_config(hidden_size=2**24, num_attention_heads=2**10)},
+     2, "16 PB"),
+    ("model-no-type", ["plan", "./m"], {"m/config.json": json.dumps({"hidden_size": 64})}, 2, "model_type"),
+    ("model-list-type", ["plan", "./m"], {"m/config.json": model_config(model_type=[])}, 2, "model_type"),
+    ("model-unknown-type", ["plan", "./m"], {"m/config.json": model_config(model_type="made-up")}, 2, "made-up"),
+    ("model-not-json", ["plan", "./m"], {"m/config.json": "{"}, 2, "not valid JSON"),
+    ("model-nan", ["plan", "./m"], {"m/config.json": model_config()[:-1] + ', "rope_theta": NaN}'}, 2, "NaN"),
+    ("model-deep", ["plan", "./m"], {"m/config.json": '{"a": ' * 5000 + "1" + "}" * 5000}, 2, "nests"),
+    ("model-array", ["plan", "./m"], {"m/config.json": "[1, 2]"}, 2, "object"),
+    ("model-config-file-missing", ["plan", "./c/config.json"], {"c/x": ""}, 2, "config.json"),
+    # ---- render
+    ("render-output-empty", ["render", *P, "-o", ""], {}, 2, "empty"),
+    ("render-output-missing-dir", ["render", *P, "-o", "nope/ds.json"], {}, 2, "nope"),
+    ("render-output-is-dir", ["render", *P, "-o", "d"], {"d/x": ""}, 2, "d"),
+    ("render-profile-bogus", ["render", *P, "--profile", "bogus"], {}, 2, "--profile"),
+    ("render-seq-past-positions", ["render", "tiny-llama", "--seq-len", "4096"], {}, 2, "maximum"),
+    # ---- check: the file
+    ("check-missing", ["check", "nope.json", *CHECK], {}, 2, "does not exist"),
+    ("check-empty-name", ["check", "", *CHECK], {}, 2, "empty"),
+    ("check-directory", ["check", "d", *CHECK], {"d/x": ""}, 2, "folder"),
+    ("check-not-json", ["check", "c.json", *CHECK], {"c.json": "{nope"}, 2, "not valid JSON"),
+    ("check-array", ["check", "c.json", *CHECK], {"c.json": "[]"}, 2, "not an object"),
+    ("check-binary", ["check", "c.json", *CHECK], {"c.json": b"\xff\xfe{}"}, 2, "UTF-8"),
+    ("check-nan", ["check", "c.json", *CHECK], {"c.json": ds()[:-1] + ', "gradient_clipping": NaN}'}, 2, "NaN"),
+    ("check-infinity", ["check", "c.json", *CHECK], {"c.json": ds()[:-1] + ', "gradient_clipping": Infinity}'}, 2,
+     "Infinity"),
+    ("check-duplicate-key", ["check", "c.json", *CHECK], {"c.json": '{"train_batch_size": 8, "train_batch_size": 8}'},
+     2, "twice"),
+    ("check-deep", ["check", "c.json", *CHECK], {"c.json": '{"a": ' * 3000 + "1" + "}" * 3000}, 2, "nests"),
+    # ---- check: block types DeepSpeed cannot read
+    ("check-optimizer-list", ["check", "c.json", *CHECK], {"c.json": ds(optimizer=["AdamW"])}, 2, "optimizer"),
+    ("check-scheduler-null", ["check", "c.json", *CHECK], {"c.json": ds(scheduler=None)}, 2, "scheduler"),
+    ("check-activation-checkpointing-null", ["check", "c.json", *CHECK], {"c.json": ds(activation_checkpointing=None)},
+     2, "activation_checkpointing"),
+    ("check-comm-dtype-false", ["check", "c.json", *CHECK], {"c.json": ds(communication_data_type=False)}, 2,
+     "communication_data_type"),
+    ("check-comm-dtype-fp77", ["check", "c.json", *CHECK], {"c.json": ds(communication_data_type="fp77")}, 2,
+     "communication_data_type"),
+    ("check-zero-auto", ["check", "c.json", *CHECK], {"c.json": ds(zero_optimization="auto")}, 2, "zero_optimization"),
+    ("check-bucket-string", ["check", "c.json", *CHECK], {"c.json": zero(reduce_bucket_size="big")}, 2,
+     "reduce_bucket_size"),
+    ("check-stage-7", ["check", "c.json", *CHECK], {"c.json": zero(stage=7)}, 2, "stage"),
+    ("check-offload-gpu", ["check", "c.json", *CHECK], {"c.json": zero(offload_optimizer={"device": "gpu"})}, 2, "device"),
+    ("check-timers-int", ["check", "c.json", *CHECK], {"c.json": ds(timers={"throughput": 5})}, 2, "timers"),
+    ("check-allreduce-op", ["check", "c.json", *CHECK], {"c.json": ds(gradient_allreduce_op=3)}, 2,
+     "gradient_allreduce_op"),
+    ("check-batch-list", ["check", "c.json", *CHECK], {"c.json": ds(train_batch_size=[8])}, 2, "train_batch_size"),
+    ("check-batch-mismatch", ["check", "c.json", *CHECK], {"c.json": ds(train_batch_size=7)}, 2, "train_batch_size"),
+    ("check-batch-float", ["check", "c.json", *CHECK], {"c.json": ds(train_micro_batch_size_per_gpu=2.5)}, 2,
+     "train_micro_batch_size_per_gpu"),
+    ("check-typo-key", ["check", "c.json", *CHECK], {"c.json": ds(train_batch_sise=8)}, 2, "train_batch_sise"),
+    ("check-aio-in-zero", ["check", "c.json", *CHECK], {"c.json": zero(aio={})}, 2, "aio"),
+    ("check-fp16-key-in-bf16", ["check", "c.json", *CHECK], {"c.json": ds(bf16={"enabled": True, "loss_scale": 0})}, 2,
+     "loss_scale"),
+    ("check-micro-batch-zero", ["check", "c.json", *CHECK, "--micro-batch", "0"], {"c.json": ds()}, 2, "--micro-batch"),
+    ("check-model-seq-past-positions", ["check", "c.json", "--model", "tiny-llama", "--seq-len", "100000"],
+     {"c.json": ds()}, 2, "maximum"),
+    ("check-model-and-params", ["check", "c.json", "--model", "tiny-llama", *P], {"c.json": ds()}, 2, "not both"),
+    # ---- launch (all refused before anything is written or started)
+    ("launch-no-model", ["launch", "--plan"], {}, 2, "--model"),
+    ("launch-no-plan-or-config", ["launch", "--model", "tiny-llama"], {}, 2, "--plan"),
+    ("launch-model-empty", ["launch", "--model", "", "--plan"], {}, 2, "empty"),
+    ("launch-data-missing", [*LAUNCH, "--plan", "--data", "nope.txt", "--output-dir", "run"], {}, 2, "does not exist"),
+    ("launch-data-too-short", [*LAUNCH, "--plan", "--data", "d.txt", "--output-dir", "run"], {"d.txt": "short"}, 2,
+     "fewer than one sequence"),
+    ("launch-data-bad-jsonl", [*LAUNCH, "--plan", "--data", "d.jsonl", "--output-dir", "run"],
+     {"d.jsonl": '{"text": "ok"}\n{nope}\n'}, 2, "d.jsonl:2"),
+    ("launch-data-csv", [*LAUNCH, "--plan", "--data", "d.csv", "--output-dir", "run"], {"d.csv": "a,b\n"}, 2, ".csv"),
+    ("launch-seq-past-positions", ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2",
+                                   "--seq-len", "100000", "--plan", "--output-dir", "run"], {}, 2, "maximum"),
+    ("launch-output-is-file", [*LAUNCH, "--plan", "--output-dir", "f"], {"f": "x"}, 2, "is a file"),
+    ("launch-resume-nothing", [*LAUNCH, "--plan", "--resume", "--output-dir", "run"], {}, 2, "--resume"),
+    ("launch-port-70000", [*LAUNCH, "--plan", "--master-port", "70000"], {}, 2, "--master-port"),
+    ("launch-steps-zero", [*LAUNCH, "--plan", "--steps", "0"], {}, 2, "--steps"),
+    ("launch-epochs-inf", ["launch", "--model", "tiny-llama", "--plan", "--epochs", "inf"], {}, 2, "--epochs"),
+    ("launch-pin-with-config", [*LAUNCH, "--config", "c.json", "--stage", "3", "--output-dir", "run"],
+     {"c.json": ds()}, 2, "--plan"),
+    ("launch-config-invalid", [*LAUNCH, "--config", "c.json", "--output-dir", "run"],
+     {"c.json": ds(optimizer=["AdamW"])}, 2, "optimizer"),
+    ("launch-config-nan", [*LAUNCH, "--config", "c.json", "--output-dir", "run"],
+     {"c.json": ds()[:-1] + ', "gradient_clipping": NaN}'}, 2, "NaN"),
+    ("launch-nodes-without-hostfile", [*LAUNCH, "--plan", "--nodes", "2", "--output-dir", "run"], {}, 2, "--hostfile"),
+    ("launch-pdsh-without-hostfile", [*LAUNCH, "--plan", "--launcher", "pdsh", "--output-dir", "run"], {}, 2,
+     "--hostfile"),
+    ("launch-slurm-without-addr", [*LAUNCH, "--plan", "--launcher", "slurm", "--output-dir", "run"], {}, 2,
+     "--master-addr"),
+    ("launch-sbatch-empty", [*LAUNCH, "--plan", "--sbatch", ""], {}, 2, "empty"),
+    ("launch-sbatch-missing-dir", [*LAUNCH, "--plan", "--sbatch", "nope/job.sbatch", "--output-dir", "run"], {}, 2,
+     "--sbatch"),
+    ("launch-weights-without-tokenizer", [*LAUNCH, "--model", "./m", "--plan", "--output-dir", "run"],
+     {"m/config.json": json.dumps(TINY), "m/model.safetensors": b""}, 2, "tokenizer"),
+    # ---- calibrate
+    ("calibrate-output-empty", ["calibrate", "-o", ""], {}, 2, "empty"),
+    ("calibrate-output-under-a-file", ["calibrate", "-o", "f/p.json"], {"f": "x"}, 2, "cannot create"),
+    ("calibrate-unknown-option", ["calibrate", "--bogus"], {}, 2, "unrecognized"),
+]
+
+
+def _write(root: Path, files: dict) -> None:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ZEROKIT_CACHE_DIR", str(tmp_path_factory.mktemp("bad-input-cache")))  # outside the workdir
+
+
+def test_the_table_has_over_a_hundred_distinct_rows():
+    assert len(ROWS) >= 100 and len({r[0] for r in ROWS}) == len(ROWS)
+    commands = {argv[0] if argv and not argv[0].startswith("-") else "" for _, argv, *_ in ROWS}
+    assert {"plan", "render", "check", "launch", "calibrate"} <= commands
+
+
+@pytest.mark.parametrize("argv,files,code,needle", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input(argv, files, code, needle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, files)
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        raise SystemExit(main([str(a) for a in argv]))
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert exited.value.code == code, (exited.value.code, out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert not EXCEPTION_NAME.search(lines[0]), lines[0]
+    assert needle.lower() in lines[0].lower(), lines[0]
+    assert out == "", out
+    assert _tree(tmp_path) == before, "left on disk: " + ", ".join(sorted(set(_tree(tmp_path)) - set(before)))
+
+
+def _zk(*args, cache: Path, extra_env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ZEROKIT_CACHE_DIR=str(cache), PYTHONPATH=str(REPO), **(extra_env or {}))
+    env.pop("DS_ACCELERATOR", None)  # DeepSpeed then detects the accelerator and warns on import, as users see it
+    return subprocess.run([sys.executable, "-m", "zerokit", *args], capture_output=True, text=True, env=env,
+                          cwd=str(cache.parent), timeout=300)
+
+
+def test_quiet_by_default_and_verbose_on_request(tmp_path):
+    """A check that imports DeepSpeed (fresh cache) prints its table on stdout and nothing on stderr; `-v` lets
+    DeepSpeed's own import warning through, on stderr, leaving stdout as it was."""
+    pytest.importorskip("deepspeed")
+    (tmp_path / "c.json").write_text(ds())
+    small = ["--params", "1e8", "--gpus-per-node", "2", "--gpu", "a100-80gb"]  # fits: exit 0
+    quiet = _zk("check", str(tmp_path / "c.json"), *small, cache=tmp_path / "cache-a")
+    loud = _zk("-v", "check", str(tmp_path / "c.json"), *small, cache=tmp_path / "cache-b")
+    assert quiet.returncode == loud.returncode == 0, quiet.stderr + loud.stderr
+    assert quiet.stderr == "" and "accept it" in quiet.stdout, quiet.stderr
+    assert "accelerator" in loud.stderr.lower() and loud.stdout == quiet.stdout, loud.stderr
+
+
+def test_hub_id_offline_is_one_quiet_line(tmp_path):
+    """A hub id that cannot be fetched: one line, none of the hub client's own output (HF_HUB_OFFLINE: no network
+    is tried, as on a machine without internet)."""
+    pytest.importorskip("huggingface_hub")
+    r = _zk("plan", "some-org/not-cached-model", "--gpu", "a100-80gb", cache=tmp_path / "cache",
+            extra_env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "hub" in lines[0] and not EXCEPTION_NAME.search(lines[0]) and r.stdout == "", lines[0]
