@@ -132,6 +132,9 @@ ROWS = [
     ("model-bool-size", ["plan", "./m"], {"m/config.json": model_config(intermediate_size=True)}, 2, "intermediate_size"),
     ("model-huge-product", ["plan", "./m"], {"m/config.json": model_config(hidden_size=2**24, num_attention_heads=2**10)},
      2, "16 PB"),
+    ("model-nested-text-layers", ["plan", "./m"], {"m/config.json": json.dumps(
+        {"model_type": "gemma3", "text_config": {"num_hidden_layers": 10**9, "vocab_size": 262208}})}, 2,
+     "(text_config): num_hidden_layers"),
     ("model-no-type", ["plan", "./m"], {"m/config.json": json.dumps({"hidden_size": 64})}, 2, "model_type"),
     ("model-list-type", ["plan", "./m"], {"m/config.json": model_config(model_type=[])}, 2, "model_type"),
     ("model-unknown-type", ["plan", "./m"], {"m/config.json": model_config(model_type="made-up")}, 2, "made-up"),

@@ -463,8 +463,8 @@ def check_config_bounds(config: dict, source: str) -> None:
     """Refuse a config.json whose sizes are not positive integers within core/limits.py, or whose model would
     exceed MAX_PARAMS, before it is counted or built (10**12 layers hung the meta-device build). Nested text
     configs (multimodal models) are held to the same bounds."""
-    nested = [config.get(k) for k in _TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)]
-    for cfg, where in [(config, source)] + [(c, f"{source} ({k})") for k, c in zip(_TEXT_CONFIG_KEYS, nested)]:
+    nested = [(config[k], f"{source} ({k})") for k in _TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)]
+    for cfg, where in [(config, source), *nested]:
         for key, limit in _SIZE_KEYS.items():
             value = cfg.get(key)
             if value is None:
@@ -477,7 +477,7 @@ def check_config_bounds(config: dict, source: str) -> None:
         except (TypeError, ValueError, OverflowError) as e:
             raise ZerokitError(f"{where}: cannot read the model's sizes ({e}): fix the config") from None
         h, layers = f["hidden_size"], f["num_layers"]
-        rough = layers * (4 * h * h + 3 * h * f["intermediate_size"] * f["num_experts"]) + 2 * int(cfg.get("vocab_size") or 0) * h
+        rough = layers * (4 * h * h + 3 * h * f["intermediate_size"] * f["num_experts"]) + 2 * (cfg.get("vocab_size") or 0) * h
         at_most(rough, "MAX_PARAMS", f"{where}: the model's size in parameters (roughly)")
 
 
