@@ -261,6 +261,12 @@ def test_plain_tokenizer_gives_transformers_ids(tmp_path):
                 (d / fname).write_text(json.dumps(data))
         return d
 
+    # a vocabulary past 100k (Llama 3, Qwen, Gemma sizes: where TokenizersBackend looks at _patch_mistral_regex)
+    big = variant("big-vocab", edit_json=lambda j: j["model"]["vocab"].update(
+        {f"<unused{i}>": 2048 + i for i in range(120_000)}))
+    (plain_arr, plain_total), (arr, total) = _pack_both_ways([odd], big)
+    assert plain_total == total and (plain_arr == arr).all()
+
     # a special token the file lacks: transformers adds it (one id for "<|mask|>"), the plain file would split it
     masked = variant("mask", edit_config=lambda c: c.update(mask_token="<|mask|>"))
     (tmp_path / "m.txt").write_text("a <|mask|> b " * 50)
@@ -274,6 +280,7 @@ def test_plain_tokenizer_gives_transformers_ids(tmp_path):
     assert len(Tokenizer.from_file(str(masked / "tokenizer.json")).encode("<|mask|>", add_special_tokens=False).ids) > 1
     for d in (variant("class", edit_config=lambda c: c.update(tokenizer_class="LlamaTokenizer")),
               variant("split", edit_config=lambda c: c.update(split_special_tokens=True)),
+              variant("mistral-regex", edit_config=lambda c: c.update(fix_mistral_regex=True)),
               variant("trunc", edit_json=lambda j: j.update(truncation={"max_length": 8, "strategy": "LongestFirst",
                                                                         "direction": "Right", "stride": 0}))):
         assert zdata.PlainFastTokenizer.from_tokenizer_dir(d) is None, d.name

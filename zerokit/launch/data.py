@@ -100,7 +100,8 @@ class PlainFastTokenizer:
     library alone takes 0.04 s. The ids are the same by construction, not by luck: transformers'
     TokenizersBackend.__init__ (tokenization_utils_tokenizers.py) builds the same Tokenizer.from_file and only then
     changes it where `from_tokenizer_dir` below says no (truncation or padding in the file, special tokens it must add,
-    split_special_tokens, the Mistral regex patch above 100k entries, a model-specific tokenizer class); and
+    split_special_tokens, fix_mistral_regex, the only setting under which _patch_mistral_regex changes the
+    pre-tokenizer rather than warning, a model-specific tokenizer class); and
     `tok(lines, add_special_tokens=False)` is `encode_batch(lines, add_special_tokens=False)` there.
     tests/test_launch_cli.py holds the two equal on the bundled corpus and shows the fallbacks.
     """
@@ -128,7 +129,7 @@ class PlainFastTokenizer:
             return None
         if (config.get("tokenizer_class") not in ("PreTrainedTokenizerFast", "TokenizersBackend") or "auto_map" in config
                 or config.get("split_special_tokens") or "add_prefix_space" in config
-                or data.get("truncation") or data.get("padding")):
+                or config.get("fix_mistral_regex") or data.get("truncation") or data.get("padding")):
             return None
         named = {k: _token_text(config.get(k) or special_map.get(k)) for k in _SPECIAL_TOKEN_KEYS
                  if config.get(k) or special_map.get(k)}
@@ -149,8 +150,6 @@ class PlainFastTokenizer:
             tokenizer = Tokenizer.from_str(text)
         except Exception:  # noqa: BLE001 - no tokenizers library, or a file it cannot read: transformers decides
             return None
-        if tokenizer.get_vocab_size() > 100_000:
-            return None  # TokenizersBackend may patch the pre-tokenizer's regex (_patch_mistral_regex)
         ids = {k: tokenizer.token_to_id(v) for k, v in named.items()}
         return cls(tokenizer, ids.get("eos_token"), ids.get("sep_token"))
 
