@@ -281,6 +281,9 @@ def test_plain_tokenizer_gives_transformers_ids(tmp_path):
     for d in (variant("class", edit_config=lambda c: c.update(tokenizer_class="LlamaTokenizer")),
               variant("split", edit_config=lambda c: c.update(split_special_tokens=True)),
               variant("mistral-regex", edit_config=lambda c: c.update(fix_mistral_regex=True)),
+              variant("rstrip-differs", edit_config=lambda c: c.update(added_tokens_decoder={"2": {
+                  "content": "<|endoftext|>", "lstrip": False, "rstrip": True, "normalized": False,
+                  "single_word": False, "special": True}})),
               variant("trunc", edit_json=lambda j: j.update(truncation={"max_length": 8, "strategy": "LongestFirst",
                                                                         "direction": "Right", "stride": 0}))):
         assert zdata.PlainFastTokenizer.from_tokenizer_dir(d) is None, d.name

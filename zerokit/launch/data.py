@@ -85,6 +85,7 @@ def load_tokenizer(name_or_path: str):
 # SpecialTokensMixin), and the lists of extra ones.
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _SPECIAL_TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")
+_ADDED_TOKEN_PROPERTIES = ("lstrip", "rstrip", "normalized", "single_word", "special")
 
 
 def _token_text(token) -> str | None:
@@ -141,9 +142,13 @@ class PlainFastTokenizer:
             for key in _SPECIAL_TOKEN_LISTS:
                 wanted.update(_token_text(t) for t in (d.get(key) or []))
         wanted.update(_token_text(t) for t in (config.get("added_tokens_decoder") or {}).values())
-        added = {t.get("content") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
-        if None in wanted or not wanted <= added:
+        added = {t.get("content"): t for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+        if None in wanted or not wanted <= set(added):
             return None  # transformers would add tokens the file lacks (or a value is not a token string)
+        for token in (config.get("added_tokens_decoder") or {}).values():
+            same = added.get(_token_text(token))
+            if isinstance(token, dict) and any(token.get(k) != same.get(k) for k in _ADDED_TOKEN_PROPERTIES if k in token):
+                return None  # transformers re-adds a token whose properties differ from the file's
         try:
             from tokenizers import Tokenizer
 
