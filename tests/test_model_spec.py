@@ -480,7 +480,7 @@ def test_hub_errors_are_wrapped(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", boom)
     with pytest.raises(ZerokitError) as e:
         load_model_spec("some-org/some-model")
-    assert "ConnectionError" in _one_line(e.value)
+    assert "name resolution failed" in _one_line(e.value)  # the reason, without the exception's class name
 
 
 def test_hub_id_uses_fetched_config_and_caches(monkeypatch, tmp_path):
@@ -500,6 +500,52 @@ def test_hub_id_uses_fetched_config_and_caches(monkeypatch, tmp_path):
     spec = load_model_spec("someone/tiny-gpt2-copy")
     assert spec.name == "someone/tiny-gpt2-copy" and spec.params == load_model_spec("tiny-gpt2").params
     assert calls == [("someone/tiny-gpt2-copy", "config.json")]
+
+
+def _hf_cache_with(tmp_path, repo: str, config_text: str) -> Path:
+    """An HF_HOME whose hub cache holds repo's config.json, in huggingface_hub's layout (refs/main -> snapshot)."""
+    home = tmp_path / "hf"
+    folder = home / "hub" / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0123456789abcdef0123456789abcdef01234567")
+    snap = folder / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(config_text)
+    return home
+
+
+@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no-network"])
+def test_hub_config_cached_locally_plans_offline(tmp_path, offline):
+    """A hub id fetched once (HF's cache holds its config.json) plans without the network, flag or not."""
+    pytest.importorskip("huggingface_hub")
+    home = _hf_cache_with(tmp_path, "someone/cached-gpt2", (REPO / "zerokit/data/models/tiny-gpt2/config.json").read_text())
+    env = {"HF_HOME": str(home), "ZEROKIT_CACHE_DIR": str(tmp_path / "zk")}
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    r = _run_py("""
+        import json
+        from zerokit.spec.model import load_model_spec
+        print(json.dumps(load_model_spec("someone/cached-gpt2").params))
+    """, env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    assert json.loads(r.stdout) == load_model_spec("tiny-gpt2").params
+
+
+def test_hub_id_without_network_fails_at_once(tmp_path):
+    """Not cached, no network (this machine reaches no hub): one short request, one line, none of the client's
+    retry lines (its own download retries 5 times: 23 s measured before). The bound is loose: the point is no
+    retries."""
+    pytest.importorskip("huggingface_hub")
+    import time
+
+    env = {"HF_HOME": str(tmp_path / "hf"), "ZEROKIT_CACHE_DIR": str(tmp_path / "zk"), "PYTHONPATH": str(REPO)}
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "zerokit", "plan", "someone/not-cached-model", "--gpu", "a100-80gb"],
+                       capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+    seconds = time.perf_counter() - t
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "hub" in lines[0] and "Retry" not in r.stderr, r.stderr
+    assert seconds < 10, seconds
 
 
 def test_empty_model_name():

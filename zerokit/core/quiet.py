@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import sys
 import warnings
@@ -25,6 +26,15 @@ def library_output():
     that stream: DeepSpeed's logger then stays quiet in this process for good, as intended."""
     sink = sys.stderr if verbose() else io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
-        if not verbose():
-            warnings.simplefilter("ignore")
-        yield
+        if verbose():
+            yield
+            return
+        warnings.simplefilter("ignore")
+        # a logger configured before the block (the hub client's, imported by transformers) still holds the real
+        # stderr: logging's own switch silences WARNING and below whatever stream a handler holds
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(previous)

@@ -13,6 +13,7 @@ only to fetch a hub config.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,22 +142,52 @@ def read_config_file(path: Path) -> dict:
 
 
 
+# One HEAD request of at most this long decides whether the hub answers (huggingface_hub's own download retries
+# 5 times with backoff: 23 s measured here without a network before its error).
+HUB_PROBE_SECONDS = 2.0
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it (1/ON/YES/TRUE)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
 def fetch_hub_config(model: str) -> tuple[Path, dict]:
-    """Download (or reuse HF's local cache of) config.json for a hub id, without transformers."""
+    """config.json for a hub id, without transformers: HF's local cache first (so HF_HUB_OFFLINE and a machine
+    without network still plan a model fetched once), else one short request, then the download."""
+    from zerokit.core.quiet import library_output
+
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub import errors as hf_errors
+        with library_output():
+            from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+            from huggingface_hub import errors as hf_errors
     except ImportError:
         raise ZerokitError(
             f"{model} is not a bundled name or a local path, and huggingface_hub is not installed to fetch it: "
             f"pip install 'zerokit[train]', or {HINT}"
         ) from None
     names = ", ".join(bundled_models())
-    from zerokit.core.quiet import library_output
-
     try:
-        with library_output():  # the hub client's retry lines and warnings (zerokit -v shows them)
-            path = Path(hf_hub_download(repo_id=model, filename=CONFIG_NAME))
+        with library_output():  # the hub client's warnings (zerokit -v shows them)
+            try:
+                path = Path(hf_hub_download(repo_id=model, filename=CONFIG_NAME, local_files_only=True))
+            except hf_errors.LocalEntryNotFoundError:
+                if not _hub_offline():
+                    # one try, a short timeout: no network fails here in a moment, not after the client's retries
+                    try:
+                        get_hf_file_metadata(hf_hub_url(model, CONFIG_NAME), timeout=HUB_PROBE_SECONDS,
+                                             retry_on_errors=False)
+                    except hf_errors.HfHubHTTPError:
+                        raise  # the hub answered (not found, gated, ...): the handlers below say which
+                    except Exception as exc:  # no network: DNS, refused connection, timeout
+                        why = (str(exc).strip().splitlines() or ["no answer"])[0]
+                        raise ZerokitError(
+                            f"cannot reach the HuggingFace hub to fetch {model} within {HUB_PROBE_SECONDS:g} s ({why}) "
+                            f"and it is not cached locally: connect to the internet, or pass a local directory / "
+                            f"bundled name ({names})") from None
+                path = Path(hf_hub_download(repo_id=model, filename=CONFIG_NAME))
+    except ZerokitError:
+        raise
     except hf_errors.GatedRepoError:
         raise ZerokitError(
             f"hub model {model} is gated: accept its license on huggingface.co and run `hf auth login`, "
@@ -179,8 +210,6 @@ def fetch_hub_config(model: str) -> tuple[Path, dict]:
         msg = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise ZerokitError(f"fetching {model} from the HuggingFace hub failed ({msg}): {HINT}") from None
     except Exception as exc:  # network stack errors, invalid ids, ...
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise ZerokitError(
-            f"cannot fetch {model} from the HuggingFace hub ({exc.__class__.__name__}: {msg}): {HINT}"
-        ) from None
+        msg = (str(exc).strip().splitlines() or ["no reason given"])[0]
+        raise ZerokitError(f"cannot fetch {model} from the HuggingFace hub ({msg}): {HINT}") from None
     return path, read_config_file(path)
