@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.core.limits import MAX_COUNT, MAX_GPUS_PER_NODE, MAX_WORLD_SIZE
@@ -72,8 +73,10 @@ class _Parser(argparse.ArgumentParser):
 def hardware_parent() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("hardware (the same on every command)")
-    g.add_argument("--gpu", type=nonempty, help="accelerator from the catalog (a100-80gb, h100-80gb, h200, l40s, a10g, v100-32gb, "
-                                 "rtx4090, cpu, ...); default a100-80gb, or cpu for launch on a machine without CUDA")
+    g.add_argument("--gpu", type=nonempty,
+                   help="accelerator from the catalog as you would write it or nvidia-smi prints it (a100-80gb, H100, "
+                        "'NVIDIA A100-SXM4-80GB', rtx-4090, cpu, ...), or auto for this machine's GPUs; default "
+                        "a100-80gb, or cpu for launch on a machine without CUDA")
     g.add_argument("--gpu-memory", type=nonempty, metavar="SIZE", help="memory per GPU, overrides the catalog (e.g. 80GB, 24GiB)")
     g.add_argument("--gpus-per-node", type=gpus_per_node, metavar="N")
     g.add_argument("--nodes", type=node_count, metavar="N")
@@ -135,7 +138,18 @@ def hardware_from_args(args):
                            nvme_path=args.nvme_path, nvme_size=args.nvme_size, hardware_profile=args.hardware_profile)
 
 
+def gpu_name_note(args) -> None:
+    """A family named without its size ("--gpu A100") is planned for its largest entry: say so on stderr, once."""
+    if args.gpu and args.gpu.strip().lower() != "auto":
+        from zerokit.spec.hardware import resolve_gpu_name
+
+        _, note = resolve_gpu_name(args.gpu)  # an unknown name raises its one line here already
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+
+
 def load_cluster(args):
+    gpu_name_note(args)
     return hardware_from_args(args).build()
 
 

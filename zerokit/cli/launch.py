@@ -15,6 +15,7 @@ import json
 import sys
 
 from zerokit.cli.common import (
+    gpu_name_note,
     hardware_from_args,
     memory_fraction_from_args,
     nonempty,
@@ -78,6 +79,7 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
 
 
 def request_from_args(args):
+    gpu_name_note(args)
     from zerokit.launch.prepare import LaunchRequest
 
     return LaunchRequest(

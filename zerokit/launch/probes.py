@@ -10,22 +10,15 @@ import sys
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.spec.hardware import local_gpus
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def cuda_devices() -> tuple[int, int | None]:
     """(count, memory MiB of the first) of local NVIDIA GPUs, without importing torch."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0, None
-    try:
-        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0, None
-    mems = [int(x) for x in out.stdout.split() if x.strip().isdigit()] if out.returncode == 0 else []
-    return len(mems), (mems[0] if mems else None)
+    gpus = local_gpus()
+    return len(gpus), (gpus[0][1] if gpus else None)
 
 
 def is_local(host: str) -> bool:

@@ -88,7 +88,8 @@ def format_plan(plan) -> str:
         f"hardware  {c.nodes} node(s) x {c.gpus_per_node} {c.accelerator.name} "
         f"({fmt_bytes(c.accelerator.memory_bytes)} each)"
         + (f", host RAM {fmt_bytes(c.cpu_memory_bytes)}/node" if c.cpu_memory_bytes else "")
-        + (f", NVMe {fmt_bytes(c.nvme_bytes)}/node" if c.nvme_bytes else ""),
+        + (f", NVMe {fmt_bytes(c.nvme_bytes)}/node" if c.nvme_bytes else "")
+        + (f" [--gpu auto: {c.accelerator.detected}]" if c.accelerator.detected else ""),
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         "",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
@@ -31,6 +33,7 @@ class Accelerator:
     cpu_adam_params_per_s: float = 0.0  # host optimizer rate per node; 0 = timing model default
     is_cpu: bool = False
     source: str = ""
+    detected: str = ""  # --gpu auto: what nvidia-smi reported ("8 x NVIDIA A100-SXM4-80GB, 81920 MiB")
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -56,12 +59,91 @@ def catalog() -> dict[str, Accelerator]:
     return out
 
 
-def accelerator(name: str) -> Accelerator:
-    key = name.strip().lower().replace("_", "-")
+# Words in GPU names that say nothing about the figures in the catalog: vendor and product lines, and form factors
+# whose memory is the same (nvidia-smi: "NVIDIA A100-SXM4-80GB", "Tesla V100-PCIE-16GB", "NVIDIA H100 80GB HBM3",
+# "NVIDIA GeForce RTX 4090"; torch.cuda.get_device_name gives the same strings). "nvl" is kept: the H100 NVL has
+# 94 GB, not the 80 of the SXM part.
+_NAME_NOISE = {"nvidia", "tesla", "geforce", "quadro", "amd", "instinct", "radeon", "sxm", "sxm2", "sxm4", "sxm5",
+               "pcie", "hbm2", "hbm2e", "hbm3", "hbm3e", "gpu"}
+_SIZE_SUFFIX = re.compile(r"-\d+gb$")
+
+
+def _compact(name: str) -> str:
+    """A GPU name as letters and digits only, without the words in _NAME_NOISE: "NVIDIA A100-SXM4-80GB" and
+    "a100-80gb" both give "a10080gb"."""
+    tokens = re.findall(r"[a-z0-9]+", name.lower())
+    return "".join(t for t in tokens if t not in _NAME_NOISE)
+
+
+def resolve_gpu_name(name: str) -> tuple[str, str | None]:
+    """(catalog key, note) for a GPU name as people type it or nvidia-smi and torch print it: case, dashes,
+    spaces, vendor and form-factor words do not matter; a family without its size ("H100", "A100") is the family's
+    largest entry, with a note when the family has several sizes. Unknown names: one line with the closest ones."""
     cat = catalog()
-    if key not in cat:
-        raise ZerokitError(f"unknown GPU {name!r}: use one of {', '.join(cat)}, or give --gpu-memory SIZE")
-    return cat[key]
+    key = name.strip().lower().replace("_", "-")
+    if key in cat:
+        return key, None
+    compact = _compact(name)
+    by_compact = {_compact(k): k for k in cat}
+    if compact in by_compact:
+        return by_compact[compact], None
+    family = [k for k in cat if _compact(_SIZE_SUFFIX.sub("", k)) == compact]
+    if family:
+        best = max(family, key=lambda k: cat[k].memory_bytes)
+        note = None
+        if len(family) > 1:
+            others = ", ".join(k for k in family if k != best)
+            note = f"--gpu {name}: planning for {best} (the family also has {others}; name the size to choose)"
+        return best, note
+    close = difflib.get_close_matches(compact, list(by_compact), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(by_compact[c] for c in close)}? " if close else ""
+    raise ZerokitError(f"unknown GPU {name!r}: {hint}known: {', '.join(cat)}; or give --gpu-memory SIZE")
+
+
+def accelerator(name: str) -> Accelerator:
+    return catalog()[resolve_gpu_name(name)[0]]
+
+
+def local_gpus() -> list[tuple[str, int]]:
+    """(name, memory MiB) of each local NVIDIA GPU as nvidia-smi reports it, without importing torch; [] when
+    there is no nvidia-smi or it lists none."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        name, _, mib = line.rpartition(",")
+        if name.strip() and mib.strip().isdigit():
+            gpus.append((name.strip(), int(mib)))
+    return gpus
+
+
+def detect_accelerator() -> tuple[Accelerator, int]:
+    """--gpu auto: (the local GPUs' accelerator, with the memory nvidia-smi reports, and how many there are)."""
+    gpus = local_gpus()
+    if not gpus:
+        raise ZerokitError("--gpu auto found no NVIDIA GPU on this machine (no nvidia-smi, or it lists none): "
+                           "name the GPU with --gpu NAME, or give --gpu-memory SIZE")
+    names = sorted({n for n, _ in gpus})
+    if len(names) > 1:
+        raise ZerokitError(f"--gpu auto found different GPUs ({', '.join(names)}): zerokit plans for one kind; "
+                           "name it with --gpu NAME")
+    name, mib = gpus[0]
+    try:
+        key, _ = resolve_gpu_name(name)
+    except ZerokitError:
+        raise ZerokitError(f"--gpu auto found {name!r}, which is not in zerokit's catalog: give --gpu NAME of the "
+                           f"closest GPU there and --gpu-memory {mib}MiB") from None
+    found = f"{len(gpus)} x {name}, {mib} MiB (nvidia-smi)"
+    return replace(catalog()[key], memory_bytes=mib * MiB, detected=found), len(gpus)
 
 
 @dataclass(frozen=True)
@@ -110,8 +192,13 @@ def build_cluster(
     nvme_size: str | None = None,
     hardware_profile: str | None = None,
 ) -> Cluster:
-    """The Cluster from the CLI's hardware options. Explicit numbers override the catalog."""
-    acc = accelerator(gpu or "a100-80gb")
+    """The Cluster from the CLI's hardware options. Explicit numbers override the catalog; --gpu auto reads the
+    local GPUs (their kind, memory and, unless given, how many per node)."""
+    if gpu is not None and gpu.strip().lower() == "auto":
+        acc, found = detect_accelerator()
+        gpus_per_node = gpus_per_node if gpus_per_node is not None else (None if hostfile else found)
+    else:
+        acc = accelerator(gpu or "a100-80gb")
     profile = None
     if hardware_profile:
         profile = HardwareProfile.from_file(hardware_profile)
