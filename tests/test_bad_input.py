@@ -148,6 +148,8 @@ ROWS = [
     ("render-output-missing-dir", ["render", *P, "-o", "nope/ds.json"], {}, 2, "nope"),
     ("render-output-is-dir", ["render", *P, "-o", "d"], {"d/x": ""}, 2, "d"),
     ("render-profile-bogus", ["render", *P, "--profile", "bogus"], {}, 2, "--profile"),
+    ("render-accelerate-to-a-dir", ["render", *P, "--profile", "accelerate", "-o", "d"], {"d/x": ""}, 2, "d"),
+    ("render-accelerate-to-stdout", ["render", *P, "--profile", "accelerate", "-o", "-"], {}, 2, "-o FILE"),
     ("render-seq-past-positions", ["render", "tiny-llama", "--seq-len", "4096"], {}, 2, "maximum"),
     # ---- check: the file
     ("check-missing", ["check", "nope.json", *CHECK], {}, 2, "does not exist"),

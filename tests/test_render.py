@@ -307,3 +307,41 @@ def test_template_dir_from_an_installed_wheel(tmp_path):
     assert out["cfg"]["aio"]["block_size"] == 1048576
     assert out["cfg"]["zero_optimization"]["reduce_bucket_size"] == "auto"
     print(f"wheel round trip: {time.monotonic() - start:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------- --profile accelerate
+
+@pytest.mark.parametrize("hw,nodes,world,precision,stage3", [
+    (["--gpu", "a100-80gb", "--gpus-per-node", "8", "--stage", "1"], 1, 8, "bf16", False),
+    (["--gpu", "v100-32gb", "--gpus-per-node", "4", "--nodes", "2", "--stage", "3"], 2, 8, "fp16", True),
+    (["--gpu", "cpu", "--gpus-per-node", "2", "--stage", "2"], 1, 2, "no", False),
+], ids=["a100-zero1", "v100-2-nodes-zero3", "cpu-zero2"])
+def test_render_accelerate_profile_is_read_by_accelerate(tmp_path, hw, nodes, world, precision, stage3):
+    """The YAML beside the ds_config, read back by accelerate's own ClusterConfig (what `accelerate launch
+    --config_file` loads), and its ds_config accepted by accelerate's DeepSpeedPlugin ("auto" left to it)."""
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import DeepSpeedPlugin
+
+    out = tmp_path / "ds_config.json"
+    r = subprocess.run([sys.executable, "-m", "zerokit", "render", "tiny-llama", "--seq-len", "64", *hw,
+                        "--global-batch", str(2 * world), "--profile", "accelerate", "-o", str(out)],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert r.returncode == 0, r.stderr
+    cfg = ClusterConfig.from_yaml_file(str(tmp_path / "accelerate_config.yaml"))
+    assert cfg.distributed_type.value == "DEEPSPEED" and cfg.num_processes == world and cfg.num_machines == nodes
+    assert cfg.mixed_precision == precision and cfg.use_cpu == (hw[1] == "cpu")
+    ds = cfg.deepspeed_config
+    assert ds["deepspeed_config_file"] == str(out.resolve()) and ds["zero3_init_flag"] == stage3
+    assert ("deepspeed_multinode_launcher" in ds) == (nodes > 1)
+    written = json.loads(out.read_text())
+    assert written["train_micro_batch_size_per_gpu"] == "auto"  # the hf profile: accelerate fills it
+    plugin = DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
+    assert plugin.zero_stage == (3 if stage3 else int(hw[-1]))
+
+
+def test_render_accelerate_profile_needs_a_file(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "zerokit", "render", "--params", "7e9", "--profile", "accelerate",
+                        "-o", "-"], capture_output=True, text=True, cwd=str(tmp_path),
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "-o FILE" in r.stderr and not list(tmp_path.iterdir())

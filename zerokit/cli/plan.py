@@ -29,8 +29,9 @@ def add_render_parser(sub, parents) -> None:
     p = sub.add_parser("render", parents=parents, help="plan, then write the ds_config.json")
     p.add_argument("model", nargs="?", type=nonempty)
     p.add_argument("-o", "--output", type=nonempty, default="ds_config.json", help="where to write (default ds_config.json; - for stdout)")
-    p.add_argument("--profile", choices=("deepspeed", "hf"), default="deepspeed",
-                   help="deepspeed: every value concrete; hf: 'auto' where the HF Trainer fills values")
+    p.add_argument("--profile", choices=("deepspeed", "hf", "accelerate"), default="deepspeed",
+                   help="deepspeed: every value concrete; hf: 'auto' where the HF Trainer fills values; accelerate: "
+                        f"the hf config and, beside it, {ACCELERATE_YAML} for `accelerate launch --config_file`")
     p.add_argument("--json", action="store_true", help="print the plan as JSON as well")
     p.set_defaults(func=cmd_render)
 
@@ -72,8 +73,9 @@ def build_plan(args):
     if plan.best is not None:
         from zerokit.config.render import render_ds_config
 
+        profile = getattr(args, "profile", "deepspeed")
         plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
-                                          profile=getattr(args, "profile", "deepspeed"))
+                                          profile="hf" if profile == "accelerate" else profile)
     return plan
 
 
@@ -97,13 +99,45 @@ def cmd_render(args) -> int:
         raise ZerokitError("nothing fits, no ds_config written: see the suggestions above", exit_code=EXIT_DOES_NOT_FIT)
     text = json.dumps(plan.ds_config, indent=2) + "\n"
     if args.output == "-":
+        if args.profile == "accelerate":
+            raise ZerokitError(f"--profile accelerate writes two files (the ds_config and {ACCELERATE_YAML}): "
+                               "give -o FILE instead of -")
         sys.stdout.write(text)
-    else:
-        from zerokit.config.render import write_json_atomic
+        return EXIT_OK
+    from zerokit.config.render import write_json_atomic
 
+    written = [args.output]
+    yaml_path = write_accelerate_config(plan, args.output) if args.profile == "accelerate" else None
+    try:
         write_json_atomic(args.output, plan.ds_config)
-        if args.json:
-            print(json.dumps(plan.to_dict(), indent=2))
-        else:
-            print(f"wrote {args.output} ({plan.choice.label})")
+    except ZerokitError:
+        if yaml_path is not None:
+            yaml_path.unlink(missing_ok=True)  # nothing half-written: the pair or neither
+        raise
+    if yaml_path is not None:
+        written.append(str(yaml_path))
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(f"wrote {' and '.join(written)} ({plan.choice.label})")
     return EXIT_OK
+
+
+ACCELERATE_YAML = "accelerate_config.yaml"
+
+
+def write_accelerate_config(plan, ds_config_output: str):
+    """accelerate_config.yaml beside the ds_config (written atomically, before it: a failure leaves neither)."""
+    from pathlib import Path
+
+    from zerokit.config.render import render_accelerate_config
+    from zerokit.core.fsutil import atomic_write_text
+
+    ds_path = Path(ds_config_output).resolve()
+    yaml_path = Path(ds_config_output).parent / ACCELERATE_YAML
+    text = render_accelerate_config(plan.best.setup, plan.cluster, str(ds_path), str(yaml_path))
+    try:
+        atomic_write_text(yaml_path, text)
+    except OSError as e:
+        raise ZerokitError(f"cannot write {yaml_path}: {e.strerror}: choose a writable -o directory") from None
+    return yaml_path

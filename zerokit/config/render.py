@@ -3,6 +3,8 @@
 Two profiles, one template each (the shared blocks are the partials templates/_*.j2):
 - "deepspeed": for a plain `deepspeed.initialize` script; every value concrete.
 - "hf": for the HF Trainer / accelerate; "auto" on exactly the keys the Trainer fills.
+`render --profile accelerate` writes the hf profile's config and, beside it, an accelerate config that points at it
+(render_accelerate_config, templates/accelerate_config.yaml.j2).
 
 Only jinja2 is needed here: no torch, no deepspeed.
 """
@@ -100,6 +102,20 @@ def render_ds_config(
         return json.loads(text)
     except json.JSONDecodeError as e:  # a template bug, not a user error
         raise RuntimeError(f"template {TEMPLATE_NAMES[profile]} rendered invalid JSON ({e}):\n{text}") from e
+
+
+ACCELERATE_TEMPLATE = "accelerate_config.yaml.j2"
+
+
+def render_accelerate_config(setup: ZeroSetup, cluster: Cluster, ds_config_path: str, yaml_name: str) -> str:
+    """An accelerate config (YAML) that launches `setup` on `cluster` with the ds_config at ds_config_path: what
+    `accelerate config` would write for DeepSpeed with a config file (accelerate's ClusterConfig reads it back,
+    tests/test_render.py). mixed_precision follows the setup: accelerate fills the ds_config's "auto" precision
+    from it (its DeepSpeedPlugin)."""
+    return template_environment(keep_trailing_newline=True).get_template(ACCELERATE_TEMPLATE).render(
+        label=setup.label, yaml_name=yaml_name, ds_config_path=str(ds_config_path), zero3=setup.zero_stage == 3,
+        mixed_precision={"bf16": "bf16", "fp16": "fp16"}.get(setup.precision, "no"), num_machines=cluster.nodes,
+        num_processes=cluster.world_size, use_cpu=cluster.accelerator.is_cpu)
 
 
 def write_json_atomic(path, obj) -> None:
