@@ -84,7 +84,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     if model is not None:
         try:
             setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
-        except (ZerokitError, TypeError, ValueError, KeyError, AttributeError):
+        except ZerokitError:  # setup_from_config's one line for a value it cannot read (tests/test_fuzz.py)
             if result.deepspeed_checked:
                 raise
             # a value of a type DeepSpeed would refuse: its own words, now

@@ -470,11 +470,8 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
     ds_config = _import_deepspeed_config()
     import pydantic  # noqa: PLC0415 (deepspeed depends on it)
 
-    from zerokit.core.quiet import library_output
-
     try:
-        with _world(world_size), library_output():
-            ds_config.DeepSpeedConfig(copy.deepcopy(config))
+        _parse_with_deepspeed(ds_config, config, world_size)
     except pydantic.ValidationError as e:
         raise ZerokitError(_explain_validation_error(config, e)) from None
     except AssertionError as e:
@@ -492,15 +489,20 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
         raise ZerokitError(f"DeepSpeed cannot read {where}{text}): fix that value") from None
 
 
+def _parse_with_deepspeed(ds_config, config: dict, world_size: int) -> None:
+    """DeepSpeedConfig on a copy of `config` as `world_size` ranks would see it, its own output kept quiet."""
+    from zerokit.core.quiet import library_output
+
+    with _world(world_size), library_output():
+        ds_config.DeepSpeedConfig(copy.deepcopy(config))
+
+
 def _trips(ds_config, config: dict, world_size: int) -> bool:
     """Whether DeepSpeedConfig fails on `config` other than by its own checks (pydantic, assertions)."""
     import pydantic  # noqa: PLC0415
 
-    from zerokit.core.quiet import library_output
-
     try:
-        with _world(world_size), library_output():
-            ds_config.DeepSpeedConfig(copy.deepcopy(config))
+        _parse_with_deepspeed(ds_config, config, world_size)
     except (pydantic.ValidationError, AssertionError, ds_config.DeepSpeedConfigError):
         return False
     except Exception:  # noqa: BLE001

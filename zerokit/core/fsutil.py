@@ -81,7 +81,7 @@ def parse_json_text(text: str, source: str, reject_duplicates: bool = False):
             out[k] = v
         return out
 
-    depth = max_depth = 0
+    depth = 0
     in_string = escaped = False
     for c in text:  # outside strings, brackets open and close levels
         if in_string:
@@ -90,8 +90,7 @@ def parse_json_text(text: str, source: str, reject_duplicates: bool = False):
             in_string = True
         elif c in "[{":
             depth += 1
-            max_depth = max(max_depth, depth)
-            if max_depth > MAX_JSON_DEPTH:
+            if depth > MAX_JSON_DEPTH:
                 raise ZerokitError(f"{source} nests deeper than {MAX_JSON_DEPTH} levels: a config is a few levels deep")
         elif c in "]}":
             depth -= 1

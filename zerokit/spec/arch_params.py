@@ -95,11 +95,22 @@ _SLIDING_MASK_MODULES = ("mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "p
 _LAYER_TYPES_MODELS = ("qwen2", "qwen3", "gemma2", "gemma3_text")
 _GEMMAS = ("gemma", "gemma2", "gemma3_text")
 SUPPORTED_MODEL_TYPES = (*_DEFAULTS, "gemma3")  # gemma3: the multimodal Gemma 3 (its text model is gemma3_text)
-_SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                         "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "n_positions",
-                         "n_embd", "n_layer", "n_head", "n_inner", "ffn_dim", "max_position_embeddings",
-                         "word_embed_proj_dim", "n_embed", "num_kv_heads",
-                         "ffn_hidden_size", "moe_intermediate_size", "decoder_sparse_step"})
+# The config keys that size a model (any architecture's names, as config_fields reads them) and the bound of each
+# (a name in zerokit/core/limits.py): spec/model.py check_config_bounds refuses a config past them before anything
+# is counted or built; the arithmetic below declines (None) any of them that is not a positive integer.
+SIZE_LIMITS = {
+    "vocab_size": "MAX_VOCAB", "num_hidden_layers": "MAX_LAYERS", "n_layer": "MAX_LAYERS", "num_layers": "MAX_LAYERS",
+    "n_layers": "MAX_LAYERS", "decoder_sparse_step": "MAX_LAYERS", "hidden_size": "MAX_DIMENSION",
+    "n_embd": "MAX_DIMENSION", "n_embed": "MAX_DIMENSION", "d_model": "MAX_DIMENSION",
+    "word_embed_proj_dim": "MAX_DIMENSION", "intermediate_size": "MAX_DIMENSION", "ffn_dim": "MAX_DIMENSION",
+    "n_inner": "MAX_DIMENSION", "ffn_hidden_size": "MAX_DIMENSION", "moe_intermediate_size": "MAX_DIMENSION",
+    "num_attention_heads": "MAX_DIMENSION", "n_head": "MAX_DIMENSION", "num_key_value_heads": "MAX_DIMENSION",
+    "num_kv_heads": "MAX_DIMENSION", "n_head_kv": "MAX_DIMENSION", "multi_query_group_num": "MAX_DIMENSION",
+    "head_dim": "MAX_DIMENSION", "kv_channels": "MAX_DIMENSION", "num_local_experts": "MAX_DIMENSION",
+    "num_experts": "MAX_DIMENSION", "n_routed_experts": "MAX_DIMENSION", "num_experts_per_tok": "MAX_DIMENSION",
+    "moe_top_k": "MAX_DIMENSION", "max_position_embeddings": "MAX_SEQ_LEN", "n_positions": "MAX_SEQ_LEN",
+}
+_SHAPE_KEYS = frozenset(SIZE_LIMITS)
 
 
 class ConfigView:

@@ -32,6 +32,7 @@ transformers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -43,7 +44,7 @@ from pathlib import Path
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 from zerokit.core.limits import MAX_LAYERS, META_BUILD_SECONDS, WHY, at_most
-from zerokit.spec.arch_params import ConfigView, config_fields, count_params_from_config, first_attr as _first
+from zerokit.spec.arch_params import SIZE_LIMITS, ConfigView, config_fields, count_params_from_config, first_attr as _first
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
 
@@ -341,33 +342,26 @@ class _MetaBuildTimeout(BaseException):
     handlers let it through."""
 
 
-class _MetaBuildDeadline:
+@contextlib.contextmanager
+def _meta_build_deadline(seconds: float):
     """SIGALRM after `seconds` while the block runs (main thread on Unix; elsewhere the block runs unbounded)."""
+    import signal
+    import threading
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self.armed = False
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
-    def __enter__(self):
-        import signal
-        import threading
+    def expire(signum, frame):
+        raise _MetaBuildTimeout()
 
-        if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
-            def expire(signum, frame):
-                raise _MetaBuildTimeout()
-
-            self.previous = signal.signal(signal.SIGALRM, expire)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
-            self.armed = True
-        return self
-
-    def __exit__(self, *exc):
-        if self.armed:
-            import signal
-
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self.previous)
-        return False
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -413,12 +407,11 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         model = None
         errors = []
         start = time.perf_counter()
-        deadline = _MetaBuildDeadline(META_BUILD_SECONDS)
         # Causal LM first; vision/audio-language models have a generation head under
         # ImageTextToText; the bare AutoModel (no LM head) is the last resort.
         autos = [AutoModelForCausalLM, getattr(transformers, "AutoModelForImageTextToText", None), AutoModel]
         try:
-            with deadline:
+            with _meta_build_deadline(META_BUILD_SECONDS):
                 for auto in [a for a in autos if a is not None]:
                     try:
                         with torch.device("meta"):
@@ -443,19 +436,6 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         transformers.logging.set_verbosity(verbosity)
 
 
-# The config keys that size a model (any architecture's names, as config_fields reads them): each must be a positive
-# integer within core/limits.py's bounds before anything is counted or built.
-_SIZE_KEYS = {
-    "vocab_size": "MAX_VOCAB", "num_hidden_layers": "MAX_LAYERS", "n_layer": "MAX_LAYERS", "num_layers": "MAX_LAYERS",
-    "n_layers": "MAX_LAYERS", "hidden_size": "MAX_DIMENSION", "n_embd": "MAX_DIMENSION", "n_embed": "MAX_DIMENSION",
-    "d_model": "MAX_DIMENSION", "intermediate_size": "MAX_DIMENSION", "ffn_dim": "MAX_DIMENSION",
-    "n_inner": "MAX_DIMENSION", "ffn_hidden_size": "MAX_DIMENSION", "moe_intermediate_size": "MAX_DIMENSION",
-    "num_attention_heads": "MAX_DIMENSION", "n_head": "MAX_DIMENSION", "num_key_value_heads": "MAX_DIMENSION",
-    "num_kv_heads": "MAX_DIMENSION", "head_dim": "MAX_DIMENSION", "num_local_experts": "MAX_DIMENSION",
-    "num_experts": "MAX_DIMENSION", "n_routed_experts": "MAX_DIMENSION", "max_position_embeddings": "MAX_SEQ_LEN",
-    "n_positions": "MAX_SEQ_LEN", "num_experts_per_tok": "MAX_DIMENSION", "moe_top_k": "MAX_DIMENSION",
-    "n_head_kv": "MAX_DIMENSION", "kv_channels": "MAX_DIMENSION", "multi_query_group_num": "MAX_DIMENSION",
-}
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
 
@@ -465,7 +445,7 @@ def check_config_bounds(config: dict, source: str) -> None:
     configs (multimodal models) are held to the same bounds."""
     nested = [(config[k], f"{source} ({k})") for k in _TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)]
     for cfg, where in [(config, source), *nested]:
-        for key, limit in _SIZE_KEYS.items():
+        for key, limit in SIZE_LIMITS.items():
             value = cfg.get(key)
             if value is None:
                 continue
