@@ -143,6 +143,12 @@ ROWS = [
     ("model-deep", ["plan", "./m"], {"m/config.json": '{"a": ' * 5000 + "1" + "}" * 5000}, 2, "nests"),
     ("model-array", ["plan", "./m"], {"m/config.json": "[1, 2]"}, 2, "object"),
     ("model-config-file-missing", ["plan", "./c/config.json"], {"c/x": ""}, 2, "config.json"),
+    # ---- plan --plot (refused before planning)
+    ("plot-pdf", ["plan", *P, "--plot", "m.pdf"], {}, 2, ".svg or .png"),
+    ("plot-no-extension", ["plan", *P, "--plot", "m"], {}, 2, ".svg or .png"),
+    ("plot-missing-dir", ["plan", *P, "--plot", "nope/m.svg"], {}, 2, "nope"),
+    ("plot-is-dir", ["plan", *P, "--plot", "d.svg"], {"d.svg/x": ""}, 2, "folder"),
+    ("plot-empty", ["plan", *P, "--plot", ""], {}, 2, "empty"),
     # ---- render
     ("render-output-empty", ["render", *P, "-o", ""], {}, 2, "empty"),
     ("render-output-missing-dir", ["render", *P, "-o", "nope/ds.json"], {}, 2, "nope"),

@@ -22,6 +22,9 @@ def add_plan_parser(sub, parents) -> None:
     p.add_argument("model", nargs="?", type=nonempty, help="HF model id, local directory with config.json, or bundled name (tiny-llama, llama-3-8b, ...)")
     p.add_argument("--trace", action="store_true", help="measure activations by tracing the model under FakeTensorMode (slower)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE", type=nonempty,
+                   help="also draw the per-GPU memory of the chosen setup beside the others and the budget "
+                        "(FILE.svg or FILE.png; needs matplotlib: pip install 'zerokit[plot]')")
     p.set_defaults(func=cmd_plan)
 
 
@@ -80,13 +83,24 @@ def build_plan(args):
 
 
 def cmd_plan(args) -> int:
+    if args.plot:  # a picture that cannot be written is refused before the planning
+        from zerokit.report.plot import check_plot_path
+
+        check_plot_path(args.plot)
     plan = build_plan(args)
+    if args.plot:  # drawn before anything is printed: a failure is one error line
+        from zerokit.report.plot import plot_memory
+
+        plot_memory(plan, args.plot)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         from zerokit.report.plan_text import format_plan
 
         print(format_plan(plan))
+    if args.plot:
+        print(f"plot      wrote {args.plot} (per-GPU memory by term, the chosen setup first)",
+              file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
 
 
