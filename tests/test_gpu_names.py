@@ -34,6 +34,21 @@ NAMES = {
     "v100-32gb": ["Tesla V100-SXM2-32GB", "V100-32GB", "v100 32gb"],
     "rtx3090": ["NVIDIA GeForce RTX 3090", "RTX 3090", "rtx-3090"],
     "rtx4090": ["NVIDIA GeForce RTX 4090", "RTX 4090", "rtx-4090", "GeForce RTX 4090"],
+    "t4": ["Tesla T4", "T4", "NVIDIA T4"],
+    "l4": ["NVIDIA L4", "L4"],
+    "a10": ["NVIDIA A10", "A10"],
+    "a40": ["NVIDIA A40", "A40"],
+    "rtx-a6000": ["NVIDIA RTX A6000", "RTX A6000", "A6000", "rtxa6000"],
+    "l40": ["NVIDIA L40", "L40"],
+    "rtx6000-ada": ["NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", "rtx6000ada"],
+    "h20": ["NVIDIA H20", "H20"],
+    # nvidia-smi names the 96 GB GH200 by its CPU's memory (480GB or 120GB LPDDR5X)
+    "gh200-96gb": ["NVIDIA GH200 480GB", "NVIDIA GH200 120GB", "GH200 96GB"],
+    "gh200-144gb": ["NVIDIA GH200 144G HBM3e", "GH200 144GB"],
+    "b200": ["NVIDIA B200", "B200"],
+    # torch.cuda.get_device_name on ROCm: the rocminfo marketing name
+    "mi250x": ["AMD Instinct MI250X", "AMD Instinct MI250X/MI250", "MI250X"],
+    "mi300x": ["AMD Instinct MI300X", "MI300X", "mi-300x"],
     "cpu": ["cpu", "CPU", " Cpu "],
 }
 CASES = [(key, name) for key, names in NAMES.items() for name in [key, *names]]
@@ -49,13 +64,14 @@ def test_names_resolve_to_the_entry(key, name):
 
 
 @pytest.mark.parametrize("name,key,others", [("A100", "a100-80gb", "a100-40gb"), ("v100", "v100-32gb", "v100-16gb"),
-                                             ("Tesla V100", "v100-32gb", "v100-16gb")])
+                                             ("Tesla V100", "v100-32gb", "v100-16gb"),
+                                             ("GH200", "gh200-144gb", "gh200-96gb")])
 def test_a_family_without_its_size_takes_the_largest_with_a_note(name, key, others):
     got, note = resolve_gpu_name(name)
     assert got == key and others in note and "\n" not in note
 
 
-@pytest.mark.parametrize("name,suggested", [("h1000", "h100-80gb"), ("a10", "a10g"), ("rtx-4080", "rtx4090"),
+@pytest.mark.parametrize("name,suggested", [("h1000", "h100-80gb"), ("a30", "a40"), ("rtx-4080", "rtx4090"),
                                             ("NVIDIA H100 NVL", None)])
 def test_unknown_names_suggest_the_closest(name, suggested):
     with pytest.raises(ZerokitError) as e:

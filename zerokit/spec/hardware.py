@@ -33,6 +33,9 @@ class Accelerator:
     cpu_adam_params_per_s: float = 0.0  # host optimizer rate per node; 0 = timing model default
     is_cpu: bool = False
     source: str = ""
+    # what nvidia-smi, rocm-smi and torch.cuda.get_device_name print for this part (first), and names its key does
+    # not spell: nvidia-smi's "NVIDIA GH200 480GB" is the 96 GB GH200 (480 GB is its CPU's memory)
+    names: tuple[str, ...] = ()
     detected: str = ""  # --gpu auto: what nvidia-smi reported ("8 x NVIDIA A100-SXM4-80GB, 81920 MiB")
 
     def supports(self, precision: str) -> bool:
@@ -55,6 +58,7 @@ def catalog() -> dict[str, Accelerator]:
             continue
         d = dict(d)
         mib = d.pop("memory_mib")
+        d["names"] = tuple(d.get("names", ()))  # frozen dataclass: hashable
         out[name] = Accelerator(name=name, memory_bytes=mib * MiB, **d)
     return out
 
@@ -87,6 +91,9 @@ def resolve_gpu_name(name: str) -> tuple[str, str | None]:
     by_compact = {_compact(k): k for k in cat}
     if compact in by_compact:
         return by_compact[compact], None
+    aliases = {_compact(n): k for k, acc in cat.items() for n in acc.names}  # gpus.json "names"
+    if compact in aliases:
+        return aliases[compact], None
     family = [k for k in cat if _compact(_SIZE_SUFFIX.sub("", k)) == compact]
     if family:
         best = max(family, key=lambda k: cat[k].memory_bytes)
