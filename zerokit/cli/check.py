@@ -17,9 +17,12 @@ def add_check_parser(sub, parents) -> None:
     p.add_argument("--activation-checkpointing", choices=("on", "off"),
                    help="override what the config says (its activation_checkpointing block)")
     p.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size",
-                   help='for "auto" configs: the per-device batch the HF Trainer will fill in (default: its default, 8)')
+                   help='for "auto" configs: judge this per-device batch (the Trainer\'s --per_device_train_batch_size; '
+                        'default: search for the largest that fits)')
     p.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps",
                    help='for "auto" configs: the accumulation the HF Trainer will fill in (default 1)')
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                   help='for "auto" precision: the Trainer\'s --bf16/--fp16 (default: the best the GPU supports)')
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
 
@@ -39,7 +42,7 @@ def cmd_check(args) -> int:
         trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
     ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
     result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
-                          trainer_values=trainer_values or None)
+                          trainer_values=trainer_values or None, precision=args.precision, answer_auto=True)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return result.exit_code

@@ -85,6 +85,11 @@ def hardware_parent() -> argparse.ArgumentParser:
     g.add_argument("--nvme-path", type=nonempty, metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
     g.add_argument("--nvme-size", type=nonempty, metavar="SIZE", help="free NVMe per node (default: free space at --nvme-path)")
     g.add_argument("--hardware-profile", type=nonempty, metavar="FILE", help="measured profile from `zerokit calibrate`")
+    from zerokit.spec.hardware import DIST_BACKENDS
+
+    g.add_argument("--dist-backend", choices=DIST_BACKENDS,
+                   help="how the ranks communicate (deepspeed.init_distributed(dist_backend=...)); default: DeepSpeed's "
+                        "for the accelerator (nccl on NVIDIA GPUs, gloo on cpu); priced in the step time")
     return p
 
 
@@ -135,7 +140,8 @@ def hardware_from_args(args):
 
     return HardwareOptions(gpu=args.gpu, gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node,
                            nodes=args.nodes, hostfile=args.hostfile, cpu_memory=args.cpu_memory,
-                           nvme_path=args.nvme_path, nvme_size=args.nvme_size, hardware_profile=args.hardware_profile)
+                           nvme_path=args.nvme_path, nvme_size=args.nvme_size, hardware_profile=args.hardware_profile,
+                           dist_backend=getattr(args, "dist_backend", None))
 
 
 def gpu_name_note(args) -> None:

@@ -15,6 +15,59 @@ from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, ZerokitError
 
+# zerokit's own bound on the search for the largest micro batch of an "auto" config: doubling to 2^16 and bisecting
+# is at most 32 evaluations (arithmetic), and 2^16 sequences per GPU is past what any catalog GPU holds of any model.
+MAX_SEARCHED_MICRO_BATCH = 2**16
+
+# What HfTrainerDeepSpeedConfig.trainer_config_finalize (transformers/integrations/deepspeed.py) fills these with
+_HIDDEN_SIZE_FILLS = {
+    "zero_optimization.reduce_bucket_size": "hidden^2",
+    "zero_optimization.stage3_prefetch_bucket_size": "int(0.9 x hidden^2)",
+    "zero_optimization.stage3_param_persistence_threshold": "10 x hidden",
+}
+
+
+@dataclass
+class MicroBatchSearch:
+    """The largest micro batch per GPU that fits, for a config whose micro batch is "auto": the HF Trainer fills it
+    from --per_device_train_batch_size, which is the user's question, not an answer."""
+
+    largest: int  # 0: not even micro batch 1 fits
+    too_big: object | None  # planner.Evaluation at largest + 1 (why it does not fit); None: the search stopped at limit
+    limit: int = MAX_SEARCHED_MICRO_BATCH
+
+    def to_dict(self) -> dict:
+        nxt = self.too_big
+        return {"largest_micro_batch_size": self.largest, "limit": self.limit,
+                "next": None if nxt is None else {"micro_batch_size": nxt.setup.micro_batch_size,
+                                                  "per_gpu_bytes": nxt.memory.per_gpu_total,
+                                                  "reasons": list(nxt.reasons)}}
+
+
+def largest_fitting_micro_batch(judge, limit: int = MAX_SEARCHED_MICRO_BATCH):
+    """(N, the evaluation at max(N, 1), the evaluation at N + 1 or None when N is the limit) for judge(micro batch)
+    -> planner.Evaluation: doubling from 1, then bisection between the last size that fits and the first that does
+    not. Memory only grows with the micro batch (activations, logits), so the first failure bounds the answer."""
+    first = judge(1)
+    if not first.fits:
+        return 0, first, first
+    lo, lo_ev, hi, hi_ev = 1, first, None, None
+    while hi is None and lo < limit:
+        m = min(2 * lo, limit)
+        ev = judge(m)
+        if ev.fits:
+            lo, lo_ev = m, ev
+        else:
+            hi, hi_ev = m, ev
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        ev = judge(mid)
+        if ev.fits:
+            lo, lo_ev = mid, ev
+        else:
+            hi, hi_ev = mid, ev
+    return lo, lo_ev, hi_ev
+
 
 @dataclass
 class CheckResult:
@@ -26,6 +79,8 @@ class CheckResult:
     cluster: object | None = None  # hardware.Cluster
     # False: DeepSpeed's config classes have not seen it yet (check_config(deepspeed_now=False)); the ranks will
     deepspeed_checked: bool = True
+    assumed: list = field(default_factory=list)  # {"key", "value", "why"}: what each "auto" was taken to be
+    search: MicroBatchSearch | None = None  # an "auto" micro batch, searched (check_config(answer_auto=True))
 
     @property
     def valid(self) -> bool:
@@ -54,14 +109,20 @@ class CheckResult:
             "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in self.findings],
             "deepspeed_error": self.deepspeed_error,
             "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
+            "assumed": list(self.assumed),
+            "micro_batch_search": None if self.search is None else self.search.to_dict(),
         }
 
 
 def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool | None = None,
                  memory_fraction: float | None = None, trainer_values: dict | None = None,
-                 deepspeed_now: bool = True) -> CheckResult:
+                 deepspeed_now: bool = True, precision: str | None = None, answer_auto: bool = False) -> CheckResult:
     """trainer_values: for an HF-profile config with "auto", what the Trainer will fill (dotted keys, e.g.
     {"train_micro_batch_size_per_gpu": 4}); the rest takes TrainingArguments' defaults, as the Trainer would.
+    precision: what the Trainer's --bf16/--fp16 make of "auto" precision; a concrete precision must agree with it.
+    answer_auto (`zerokit check`): an "auto" micro batch not in trainer_values is searched for the largest that fits,
+    and "auto" precision is the best the accelerator supports; without it (launch), TrainingArguments' defaults
+    (micro batch 8, fp32) as the Trainer would fill them unasked.
     activation_checkpointing: None = what the config says (its activation_checkpointing block).
     deepspeed_now=False leaves DeepSpeed's config classes to whoever imports DeepSpeed next (a launch's ranks) when
     the verdict is not cached; a config zerokit cannot read a setup from is still put to DeepSpeed now."""
@@ -71,33 +132,124 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
     from zerokit.plan.planner import evaluate
 
+    acc = cluster.accelerator
+    if precision is not None and not acc.supports(precision):
+        raise ZerokitError(f"--precision {precision}: {acc.name} does not support {precision}: use "
+                           f"{' or '.join(acc.precisions)}")
+    values, autos = dict(trainer_values or {}), set(ds_check.auto_keys(config))
+    chosen = precision or (acc.precisions[0] if answer_auto else None)
+    precision_keys = {"fp16.enabled", "bf16.enabled"}
+    precision_auto = bool(autos & precision_keys) and not values.keys() & precision_keys
+    if precision_auto and chosen is not None:
+        values.update({"bf16.enabled": chosen == "bf16", "fp16.enabled": chosen == "fp16"})
+        if chosen != "fp32" and chosen not in config and not (chosen == "bf16" and "bfloat16" in config):
+            # the Trainer's --bf16/--fp16 with no such block: accelerate adds it (DeepSpeedPlugin.set_mixed_precision)
+            config = {**config, chosen: {"enabled": True, **({"auto_cast": True} if chosen == "fp16" else {})}}
+    # the micro batch is the Trainer's to fill: "auto", or absent beside an "auto" train_batch_size (DeepSpeed
+    # derives it from that); a concrete train_batch_size fixes it
+    micro, total, auto = config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size"), ds_check.AUTO
+    search = (answer_auto and "train_micro_batch_size_per_gpu" not in values
+              and (micro == auto and total in (None, auto) or micro is None and total == auto))
+    if search:
+        values["train_micro_batch_size_per_gpu"] = 1  # DeepSpeed's checks at 1; the memory model searches
+
     result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster)
     hidden = model.hidden_size if model is not None else None
-    verdict = deepspeed_verdict(config, cluster.world_size, cluster.accelerator, trainer_values, hidden,
-                                run_deepspeed=deepspeed_now)
+    verdict = deepspeed_verdict(config, cluster.world_size, acc, values or None, hidden, run_deepspeed=deepspeed_now)
     result.findings = [ds_check.Finding(**f) for f in verdict["findings"]]
     result.deepspeed_error = verdict["deepspeed_error"]
     result.deepspeed_checked = verdict.get("deepspeed_checked", True)
     if not result.valid:
         return result
     concrete = verdict["concrete"]
+    result.assumed = _assumed(config, concrete, values, trainer_values or {}, searched=search,
+                              has_model=model is not None,
+                              precision=chosen if precision_auto else None, precision_given=precision is not None,
+                              accelerator=acc, hidden=hidden, seq_len=workload.seq_len, world_size=cluster.world_size)
     if model is not None:
         try:
             setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
+            comm = concrete.get("communication_data_type")  # the gradients' dtype (estimate.timing.collective_bytes)
+            setup = replace(setup, communication_data_type=comm.lower() if isinstance(comm, str) else None)
         except ZerokitError:  # setup_from_config's one line for a value it cannot read (tests/test_fuzz.py)
             if result.deepspeed_checked:
                 raise
             # a value of a type DeepSpeed would refuse: its own words, now
             return check_config(config, config_path, model, cluster, workload, activation_checkpointing,
-                                memory_fraction, trainer_values, deepspeed_now=True)
+                                memory_fraction, trainer_values, deepspeed_now=True, precision=precision,
+                                answer_auto=answer_auto)
+        if precision is not None and setup.precision != precision:
+            raise ZerokitError(f"--precision {precision} disagrees with {config_path}, which trains in "
+                               f"{setup.precision}: the HF Trainer refuses the mismatch; drop --precision or make the "
+                               "config's precision \"auto\"")
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
-        result.evaluation = evaluate(model, cluster, workload, setup, knobs, memory_fraction or DEFAULT_MEMORY_FRACTION)
+        fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
+        if search:
+            largest, result.evaluation, too_big = largest_fitting_micro_batch(
+                lambda m: evaluate(model, cluster, workload, replace(setup, micro_batch_size=m), knobs, fraction))
+            result.search = MicroBatchSearch(largest, too_big)
+        else:
+            result.evaluation = evaluate(model, cluster, workload, setup, knobs, fraction)
     return result
 
 
+def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searched: bool, has_model: bool,
+             precision: str | None, precision_given: bool, accelerator, hidden: int | None, seq_len: int,
+             world_size: int) -> list[dict]:
+    """What each "auto" in config was taken to be, and why: as the HF Trainer fills it from its arguments
+    (HfTrainerDeepSpeedConfig in transformers/integrations/deepspeed.py), or DeepSpeed's default where it does not."""
+    from zerokit.config import rules as ds_check
+    from zerokit.spec.setup import ZeroKnobs
+
+    out, autos = [], ds_check.auto_keys(config)
+
+    def add(key, value, why):
+        out.append({"key": key, "value": value, "why": why})
+
+    def arg(key, flag, default_why):
+        return f"{flag} given" if key in given else default_why
+
+    micro, accum = "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
+    if searched and not has_model:
+        add(micro, 1, "for DeepSpeed's checks; give --model to search the largest that fits")
+    elif searched:
+        add(micro, "searched", f"the largest that fits at seq {seq_len}, for the Trainer's "
+                               "--per_device_train_batch_size; --micro-batch N judges N")
+    elif micro in autos or (micro not in config and "train_batch_size" in autos):
+        add(micro, values.get(micro, ds_check.TRAINER_DEFAULTS[micro]),
+            arg(micro, "--micro-batch", "TrainingArguments' default per_device_train_batch_size"))
+    if accum in autos:
+        add(accum, values.get(accum, ds_check.TRAINER_DEFAULTS[accum]),
+            arg(accum, "--grad-accum", "TrainingArguments' default; --grad-accum N to change"))
+    if "train_batch_size" in autos:
+        add("train_batch_size", f"micro x accumulation x {world_size}", "as the Trainer computes it")
+    if precision is not None:
+        flag = "no --bf16/--fp16" if precision == "fp32" else f"--{precision}"
+        add("precision", precision, "--precision given" if precision_given else
+            f"the best the {accelerator.name} supports, as the Trainer's {flag} sets it; --precision to change")
+    defaults = ZeroKnobs()
+    for key in autos:
+        if not key.startswith("zero_optimization."):
+            continue
+        filled = ds_check._get(concrete, key)
+        if key in _HIDDEN_SIZE_FILLS and filled != ds_check.AUTO:
+            add(key, filled, f"{_HIDDEN_SIZE_FILLS[key]} from the model's hidden size {hidden}" if hidden else
+                f"DeepSpeed's default; the Trainer fills {_HIDDEN_SIZE_FILLS[key]} from the model: give --model")
+        else:
+            name = key.split(".", 1)[1]
+            value = getattr(defaults, ds_check._ZERO_FIELD_TO_ALIAS.get(name, name), "DeepSpeed's default")
+            add(key, value, "DeepSpeed's default: the HF Trainer does not fill this key")
+    rest = [k for k in autos if k in ds_check.TRAINER_FILLED_KEYS and not k.startswith("zero_optimization.")
+            and k not in (micro, accum, "train_batch_size", "fp16.enabled", "bf16.enabled")]
+    if rest:
+        groups = sorted({k.rsplit(".", 1)[0] + ".*" if "." in k else k for k in rest})
+        add(", ".join(groups), "TrainingArguments' defaults", "no effect on memory")
+    return out
+
+
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 2  # 2: deepspeed_checked
+_VERDICT_SCHEMA = 3  # 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,

@@ -77,6 +77,16 @@ _ZERO_FIELD_TO_ALIAS = {
     "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
 }
 
+# DeepSpeedZeroConfig's deprecated fields (json_schema_extra "deprecated"): DeepSpeedConfigModel's
+# _process_deprecated_field logs a warning and moves the value to new_param, or drops it where set_new_param is False
+# (None here).
+ZERO_DEPRECATED = {
+    "cpu_offload": "offload_optimizer",
+    "cpu_offload_param": "offload_param",
+    "cpu_offload_use_pin_memory": None,
+    "stage3_gather_fp16_weights_on_model_save": "gather_16bit_weights_on_model_save",
+}
+
 FP16_ONLY_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
                   "min_loss_scale", "auto_cast", "fp16_master_weights_and_grads")
 # Optimizers DeepSpeed has a CPU implementation of, used when the optimizer is offloaded
@@ -605,9 +615,17 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
         elif key in zero_keys:
             out.append(Finding("error", key, "a ZeRO setting at the top level is ignored: move it into zero_optimization"))
         else:
-            hint = _did_you_mean(key, schema.top)
-            out.append(Finding("error" if hint else "warning", key,
-                               f"DeepSpeed ignores unknown top-level keys: {hint or 'remove it if it is not for your own script'}"))
+            # A near miss is a typo (error) only where DeepSpeed could read its value under the key it resembles:
+            # "_comment" (JSON's comment convention; LLaMA-Factory's ds_z2_autotp_config.json) and LLaMA-Factory's
+            # own "sequence_parallel" block (an object; DeepSpeed's sequence_parallel_size is an integer) are other
+            # tools' keys, which DeepSpeed ignores: a warning.
+            close = next(iter(difflib.get_close_matches(key, sorted(schema.top), n=1, cutoff=0.75)), None)
+            kind = json_type(config[key])
+            typo = bool(close) and not key.startswith("_") and (
+                close not in BLOCK_TYPES or kind in BLOCK_TYPES[close]
+                or ("integer" in BLOCK_TYPES[close] and config[key] == AUTO))
+            fix = _did_you_mean(key, schema.top) if typo else "remove it if it is not for your own script or tool"
+            out.append(Finding("error" if typo else "warning", key, f"DeepSpeed ignores unknown top-level keys: {fix}"))
 
     # misplaced or unknown keys inside blocks DeepSpeed's pydantic models reject
     for block, (_, block_keys) in schema.blocks.items():
@@ -658,6 +676,15 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
                     "DeepSpeed script must pass DeepSpeedCPUAdam or DeepSpeed raises (zero_force_ds_cpu_optimizer); "
                     "add an optimizer block of type AdamW",
                 ))
+            else:
+                # false switches off the engine's check (engine._configure_basic_optimizer) and accelerate's swap
+                # (accelerator.py: only when the switch is true): the script's torch optimizer steps the CPU copy
+                out.append(Finding(
+                    "warning", "zero_force_ds_cpu_optimizer",
+                    "false with optimizer offload and no optimizer block: DeepSpeed runs your script's torch "
+                    "optimizer on the offloaded CPU states instead of DeepSpeedCPUAdam (same memory, a slower step); "
+                    "add an optimizer block of type AdamW for DeepSpeedCPUAdam",
+                ))
         elif str(opt_type).lower() not in CPU_OFFLOAD_OPTIMIZERS:
             out.append(Finding(
                 "error", "optimizer.type",
@@ -681,8 +708,13 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
         out.append(Finding("error", "optimizer.params.max_grad_norm",
                            "DeepSpeed raises on max_grad_norm as an optimizer parameter: use top-level gradient_clipping"))
 
-    if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save",
-                               zero.get("gather_16bit_weights_on_model_save")) is not True:
+    for old, new in ZERO_DEPRECATED.items():
+        if old in zero:
+            out.append(Finding("warning", f"zero_optimization.{old}",
+                               f"deprecated: DeepSpeed reads it as {new} (and logs a warning): use {new}" if new else
+                               "deprecated and ignored by DeepSpeed: set pin_memory in offload_optimizer/offload_param"))
+    if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save", zero.get(
+            "gather_16bit_weights_on_model_save", zero.get("stage3_gather_fp16_weights_on_model_save"))) is not True:
         out.append(Finding(
             "warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
             "ZeRO-3 keeps each weight partitioned: without this, save_pretrained/save_16bit_model write empty "
@@ -702,6 +734,14 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
             out.append(Finding("error", f"zero_optimization.{block}.nvme_path",
                                "NVMe offload needs nvme_path, a folder on the NVMe drive: add it"))
 
+    # DeepSpeed splits the model (engine.autotp_size) or the sequence (DeepSpeedConfig: world size /
+    # sequence_parallel_size) over these ranks; zerokit's memory and time model has neither yet.
+    for key, what in (("tensor_parallel.autotp_size", "tensor parallelism (AutoTP)"),
+                      ("sequence_parallel_size", "sequence parallelism (Ulysses)")):
+        size = _get(config, key)
+        if _is_int(size) and size > 1:
+            out.append(Finding("warning", key, f"DeepSpeed will use {what} over {size} ranks; zerokit's memory and "
+                                               "time figures assume none yet"))
     for key in auto_keys(config):
         if key not in TRAINER_FILLED_KEYS:
             out.append(Finding("warning", key,

@@ -10,6 +10,8 @@ factor a calibration measures absorbs what overlap recovers).
   stage 0/1: one gradient all-reduce (2x model) per step; stage 2: a reduce-scatter every micro
   step plus one parameter all-gather; stage 3: two parameter all-gathers (forward, backward; a third
   with recompute) and a reduce-scatter every micro step: the ZeRO paper's 1.5x of data parallelism.
+  Gradients travel in the config's communication_data_type, parameters in the training precision; the
+  bandwidth is that of the backend the ranks use (--dist-backend, link_bandwidth).
 - offload: 16-bit gradients down and parameters up over PCIe, the CPU Adam step on Ψ/nodes
   parameters per node, NVMe reads and writes of the swapped state.
 
@@ -41,6 +43,19 @@ from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element
 DEFAULT_CPU_ADAM_PARAMS_PER_S = 2.5e9
 # Sequential NVMe bandwidth per node (a single PCIe Gen4 drive), GB/s.
 DEFAULT_NVME_BW = 3.0
+# gloo on GPUs, bus bandwidth GB/s. The catalog's GPU links are NCCL's (NVLink, InfiniBand with GPUDirect); torch's
+# ProcessGroupGloo copies CUDA tensors to pinned host memory, reduces them with its CPU ring over TCP and copies them
+# back (AsyncAllreduceCUDAHostWork, described in https://github.com/pytorch/pytorch/pull/170239), so it moves at a
+# host TCP ring's pace whatever the GPU link: published 0.57-1.11 GB/s for gloo's all-reduce of 16 MB-1 GB between
+# AWS GPU instances, where NCCL reached 1.15-1.67 GB/s on the same links
+# (https://discuss.pytorch.org/t/why-gloos-performance-is-much-worse-than-nccl/194008), 1.07 GB/s for gloo's ring
+# all-reduce of 20 MB between two Xeons over 40 GbE (https://github.com/pytorch/gloo/issues/248). The higher
+# published figure, at most the catalog's; a profile that measured gloo (`zerokit calibrate`) replaces it.
+# mpi on GPUs keeps the catalog's figures: torch's ProcessGroupMPI takes CUDA tensors only from a CUDA-aware MPI,
+# which uses the same NVLink / InfiniBand paths (on 2 nodes x 1 T4, MPI's fp32 all-reduce matched or beat NCCL's:
+# https://github.com/mlbench/mlbench-benchmarks/issues/44). On `cpu` the catalog's figures are gloo's (this
+# project's machines); mpi and ccl are priced at them too, no published comparison being at hand: calibrate.
+GLOO_ON_GPU_BUSBW_GBPS = 1.1
 
 
 @dataclass
@@ -59,6 +74,7 @@ class TimeEstimate:
     optimizer_seconds: float = 0.0  # the optimizer step when nothing is offloaded (calibrated only)
     engine_seconds: float = 0.0  # the DeepSpeed engine's own cost, measured by `zerokit calibrate` (calibrated only)
     calibrated: bool = False
+    link_gbps: float = 0.0  # the bus bandwidth communication was priced at (link_bandwidth: the backend's)
 
     @property
     def tokens_per_second(self) -> float:
@@ -89,27 +105,54 @@ def flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bo
     return passes * matmul_params(model) + attention
 
 
-def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> float:
-    """Bytes each rank moves per optimizer step (ring algorithms)."""
+@dataclass(frozen=True)
+class CollectiveBytes:
+    """Bytes each rank sends per optimizer step (ring algorithms), by what travels."""
+
+    gradients: float  # the gradient all-reduce / reduce-scatter, in communication_data_type
+    parameters: float  # the parameter all-gathers, in the training precision
+
+    @property
+    def total(self) -> float:
+        return self.gradients + self.parameters
+
+
+def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> CollectiveBytes:
+    """Gradients are cast to communication_data_type before they are reduced (DeepSpeedEngine.allreduce_bucket at
+    stage 0, stage_1_and_2.py average_tensor / allreduce_bucket at 1-2, stage3.py __avg_scatter_contiguous_grads
+    at 3); parameters are gathered in their own dtype, the training precision."""
     n = cluster.world_size
     if n == 1:
-        return 0.0
+        return CollectiveBytes(0.0, 0.0)
     ring = (n - 1) / n
-    e = bytes_per_element(setup.precision)
-    model_bytes = e * model.params
+    grads = bytes_per_element(setup.gradient_comm_precision) * model.params * ring
+    params = bytes_per_element(setup.precision) * model.params * ring
     accum = setup.gradient_accumulation_steps
-    if setup.zero_stage in (0, 1):
-        return 2 * model_bytes * ring  # all-reduce = reduce-scatter + all-gather, once per step
+    if setup.zero_stage == 0:
+        return CollectiveBytes(2 * grads, 0.0)  # all-reduce = reduce-scatter + all-gather, of the gradients
+    if setup.zero_stage == 1:
+        return CollectiveBytes(grads, params)  # gradients reduced once per step, the updated partitions gathered
     if setup.zero_stage == 2:
-        return (accum + 1) * model_bytes * ring
+        return CollectiveBytes(accum * grads, params)
     gathers = 3 if setup.activation_checkpointing else 2
-    return accum * (gathers + 1) * model_bytes * ring
+    return CollectiveBytes(accum * grads, accum * gathers * params)
+
+
+def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> float:
+    """Bytes each rank moves per optimizer step (ring algorithms)."""
+    return collective_bytes(model, cluster, setup).total
 
 
 def link_bandwidth(cluster: Cluster) -> float:
-    """Bytes/s per rank for collectives: the slowest link a ring crosses."""
-    acc = cluster.accelerator
-    gbs = acc.intra_node_bw if cluster.nodes == 1 else min(acc.intra_node_bw, acc.inter_node_bw)
+    """Bytes/s per rank for collectives over the cluster's backend (cluster.comm_backend): what `zerokit calibrate`
+    measured over that backend, else the catalog's figure of the slowest link a ring crosses; gloo on GPUs at most
+    GLOO_ON_GPU_BUSBW_GBPS (host-staged)."""
+    acc, backend = cluster.accelerator, cluster.comm_backend
+    measured = cluster.profile.all_reduce_busbw_gbps(backend) if cluster.profile is not None else None
+    intra = measured or acc.intra_node_bw
+    gbs = intra if cluster.nodes == 1 else min(intra, acc.inter_node_bw)
+    if backend == "gloo" and not acc.is_cpu and not measured:
+        gbs = min(gbs, GLOO_ON_GPU_BUSBW_GBPS)
     return gbs * 1e9
 
 
@@ -243,7 +286,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     flops = flops_per_token(model, workload.seq_len, setup.activation_checkpointing) * tokens
     terms = cluster.profile.timing if cluster.profile is not None else None
     coef = terms.compute_coefficients(model.gated_mlp, setup.precision) if terms else None
-    comm = collective_bytes_per_step(model, cluster, setup) / link_bandwidth(cluster)
+    link = link_bandwidth(cluster)
+    comm = collective_bytes_per_step(model, cluster, setup) / link
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.cpu_adam_params_per_s:
         cpu_adam = terms.cpu_adam_params_per_s
@@ -286,6 +330,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         optimizer_seconds=optimizer,
         engine_seconds=engine,
         calibrated=bool(coef),
+        link_gbps=link / 1e9,
     )
 
 

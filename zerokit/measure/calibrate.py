@@ -113,7 +113,7 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
-        torch.cuda.setdevice_of(device)
+        torch.cuda.set_device(device)
     rows = []
     for nbytes in sizes:
         numel = max(1, nbytes // 4)
@@ -218,6 +218,14 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
     if compute_seconds is not None:
         out["compute_seconds"] = compute_seconds
     return out
+
+
+def collectives_by_backend(coll: dict) -> dict:
+    """measure_collectives' headline figures keyed by the backend they were measured over (the profile's
+    collectives_by_backend): a plan over that backend (--dist-backend) prices its collectives with them."""
+    if "backend" not in coll:  # {error: ...}
+        return {}
+    return {coll["backend"]: {k: coll[k] for k in ("world_size", "all_reduce_busbw_gbps", "all_gather_busbw_gbps")}}
 
 
 # -- optimizers -------------------------------------------------------------------------------------
@@ -383,7 +391,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         threads = max(1, (os.cpu_count() or 1) // world_size)
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
         notes.append(f"only {torch.cuda.device_count()} GPU(s): collectives measured over gloo between host processes, "
-                     "not GPU links; intra_node_bw is kept from the catalog")
+                     "not GPU links; intra_node_bw is kept from the catalog (plans with --dist-backend gloo use them)")
     try:
         coll = measure_collectives(world_size, sizes, iters=3 if quick else 10, compute=compute_spec, threads=threads,
                                    timeout_s=900.0)
@@ -426,6 +434,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "matmul_size": size,
         "matmul_tflops": tflops,
         "collectives": {k: v for k, v in coll.items() if k != "compute_seconds"},
+        "collectives_by_backend": collectives_by_backend(coll),
         "compute_timing": compute_fit.fit_profile(compute_jobs, coll["compute_seconds"])
         if coll.get("compute_seconds") else None,
         "compute_threads": threads,

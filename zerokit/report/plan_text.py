@@ -66,7 +66,8 @@ def format_time(t, world_size: int) -> list[str]:
         "  time",
         f"    step                                     {fmt_seconds(t.step_seconds):>12}"
         f"  (compute {fmt_seconds(t.compute_seconds)}, comm {fmt_seconds(t.communication_seconds)}, "
-        f"offload {fmt_seconds(t.offload_seconds)})",
+        f"offload {fmt_seconds(t.offload_seconds)})"
+        + (f"; comm at {t.link_gbps:.3g} GB/s" if t.communication_seconds else ""),
         f"    tokens/s (all GPUs)                      {t.tokens_per_second:>12,.0f}",
         f"    global batch                             {t.global_batch:>12}",
     ]
@@ -89,7 +90,9 @@ def format_plan(plan) -> str:
         f"({fmt_bytes(c.accelerator.memory_bytes)} each)"
         + (f", host RAM {fmt_bytes(c.cpu_memory_bytes)}/node" if c.cpu_memory_bytes else "")
         + (f", NVMe {fmt_bytes(c.nvme_bytes)}/node" if c.nvme_bytes else "")
-        + (f" [--gpu auto: {c.accelerator.detected}]" if c.accelerator.detected else ""),
+        + (f" [--gpu auto: {c.accelerator.detected}]" if c.accelerator.detected else "")
+        + (f", backend {c.comm_backend}" + (" (DeepSpeed's default)" if c.dist_backend is None else "")
+           if c.world_size > 1 else ""),
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         "",
@@ -130,11 +133,22 @@ def format_check(result) -> str:
         out.append("INVALID")
         return "\n".join(out)
     out.append("  DeepSpeed's config classes accept it")
+    for a in result.assumed:  # what each "auto" was taken to be
+        value = f"{a['value']:,}" if isinstance(a["value"], int) and not isinstance(a["value"], bool) else a["value"]
+        out.append(f"  assumed: {a['key']} = {value}: {a['why']}")
     ev = result.evaluation
     if ev is None:
         out.append("VALID (no --model given: memory not checked)")
         return "\n".join(out)
-    out.append(("FITS: " if ev.fits else "DOES NOT FIT: ") + ev.setup.label)
+    search = result.search
+    if search is None:
+        out.append(("FITS: " if ev.fits else "DOES NOT FIT: ") + ev.setup.label)
+    elif search.largest == 0:
+        out.append("DOES NOT FIT even at micro batch 1: " + ev.setup.label)
+    else:
+        why = ("the search stops there" if search.too_big is None else
+               f"{search.largest + 1} does not: {'; '.join(search.too_big.reasons)}")
+        out.append(f"FITS up to micro batch {search.largest} per GPU ({why}): {ev.setup.label}")
     for r in ev.reasons:
         out.append(f"  - {r}")
     cluster = result.cluster

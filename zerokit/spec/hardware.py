@@ -153,6 +153,62 @@ def detect_accelerator() -> tuple[Accelerator, int]:
     return replace(catalog()[key], memory_bytes=mib * MiB, detected=found), len(gpus)
 
 
+# -- the communication backend (--dist-backend) -------------------------------------------------------------
+# The torch.distributed backends DeepSpeed can be told to use (deepspeed.comm.init_distributed(dist_backend=...)).
+DIST_BACKENDS = ("nccl", "gloo", "mpi", "ccl", "hccl")
+# Per device family: (DeepSpeed's default, the backends that can carry its tensors). The default is what
+# deepspeed.comm.init_distributed(dist_backend=None) takes, get_accelerator().communication_backend_name():
+# CUDA_Accelerator 'nccl' (ROCm too: torch names RCCL nccl), CPU_Accelerator 'ccl' (Intel's oneCCL) when
+# oneccl_bindings_for_pytorch imports, else 'gloo' (deepspeed/accelerator/cpu_accelerator.py), NPU_Accelerator
+# (Ascend) and HPU_Accelerator (Gaudi) 'hccl'. What can carry what: torch.distributed's backend table (gloo: CPU,
+# and CUDA tensors staged through host memory; nccl: CUDA only; mpi: CPU, CUDA with a CUDA-aware MPI), oneCCL for
+# Intel CPUs, HCCL for Ascend and Gaudi.
+_FAMILY_BACKENDS = {
+    "cpu": ("gloo", ("gloo", "mpi", "ccl")),
+    "cuda": ("nccl", ("nccl", "gloo", "mpi")),
+    "hccl": ("hccl", ("hccl", "gloo")),
+}
+# The catalog holds NVIDIA and AMD GPUs and `cpu`; an Ascend or Gaudi entry is told by its name.
+_NAME_FAMILIES = (("ascend", "hccl"), ("gaudi", "hccl"))
+
+
+def device_family(acc: Accelerator) -> str:
+    """cpu | cuda | hccl: which DeepSpeed accelerator class runs this device (see _FAMILY_BACKENDS)."""
+    if acc.is_cpu:
+        return "cpu"
+    name = acc.name.lower()
+    return next((family for word, family in _NAME_FAMILIES if word in name), "cuda")
+
+
+@lru_cache(maxsize=1)
+def _oneccl_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None  # finds, imports nothing
+
+
+def default_dist_backend(acc: Accelerator) -> str:
+    """The backend DeepSpeed picks for this accelerator when none is given (see _FAMILY_BACKENDS)."""
+    family = device_family(acc)
+    if family == "cpu" and _oneccl_installed():
+        return "ccl"  # CPU_Accelerator: oneCCL's bindings installed
+    return _FAMILY_BACKENDS[family][0]
+
+
+def check_dist_backend(backend: str, acc: Accelerator) -> None:
+    """One line when `backend` is no backend, or cannot carry this accelerator's tensors."""
+    if backend not in DIST_BACKENDS:
+        raise ZerokitError(f"unknown communication backend {backend!r}: use one of {', '.join(DIST_BACKENDS)}")
+    family = device_family(acc)
+    if backend in _FAMILY_BACKENDS[family][1]:
+        return
+    if backend == "nccl" and family == "cpu":
+        raise ZerokitError("--dist-backend nccl needs NVIDIA GPUs: use gloo on CPU")
+    ok = ", ".join(_FAMILY_BACKENDS[family][1])
+    raise ZerokitError(f"--dist-backend {backend} cannot carry {acc.name} tensors: use one of {ok} "
+                       f"(default {default_dist_backend(acc)})")
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Where training runs: N nodes of M accelerators, host RAM per node, optional NVMe per node."""
@@ -164,6 +220,9 @@ class Cluster:
     nvme_path: str | None = None
     nvme_bytes: int = 0  # free NVMe per node
     hosts: tuple[tuple[str, int], ...] = ()  # from a hostfile: (host, slots)
+    # --dist-backend: how the ranks communicate (a property of how the job runs, not of the ZeRO setup);
+    # None = DeepSpeed's default for the accelerator (comm_backend)
+    dist_backend: str | None = None
     # what `zerokit calibrate` measured on this hardware: the time model reads its terms from here
     profile: HardwareProfile | None = field(default=None, compare=False, repr=False)
 
@@ -172,6 +231,8 @@ class Cluster:
             raise ZerokitError("GPUs per node and nodes must be at least 1")
         at_most(self.gpus_per_node, "MAX_GPUS_PER_NODE", "GPUs per node")
         at_most(self.world_size, "MAX_WORLD_SIZE", "a world size of")
+        if self.dist_backend is not None:
+            check_dist_backend(self.dist_backend, self.accelerator)
 
     @property
     def world_size(self) -> int:
@@ -181,10 +242,17 @@ class Cluster:
     def gpu_memory_bytes(self) -> int:
         return self.accelerator.memory_bytes
 
+    @property
+    def comm_backend(self) -> str:
+        """The backend the ranks communicate over: --dist-backend, else DeepSpeed's default for the accelerator."""
+        return self.dist_backend or default_dist_backend(self.accelerator)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("profile")  # its figures are already in the accelerator; accelerator.source names the file
         d["world_size"] = self.world_size
+        d["dist_backend"] = self.comm_backend  # what runs; dist_backend_default: not given, DeepSpeed's choice
+        d["dist_backend_default"] = self.dist_backend is None
         return d
 
 
@@ -198,6 +266,7 @@ def build_cluster(
     nvme_path: str | None = None,
     nvme_size: str | None = None,
     hardware_profile: str | None = None,
+    dist_backend: str | None = None,
 ) -> Cluster:
     """The Cluster from the CLI's hardware options. Explicit numbers override the catalog; --gpu auto reads the
     local GPUs (their kind, memory and, unless given, how many per node)."""
@@ -252,6 +321,7 @@ def build_cluster(
         nvme_path=nvme_path,
         nvme_bytes=nvme_bytes,
         hosts=hosts,
+        dist_backend=dist_backend,
         profile=profile,
     )
 
@@ -269,6 +339,7 @@ class HardwareOptions:
     nvme_path: str | None = None
     nvme_size: str | None = None
     hardware_profile: str | None = None
+    dist_backend: str | None = None  # --dist-backend; None: DeepSpeed's default for the accelerator
 
     def build(self) -> Cluster:
         return build_cluster(**asdict(self))

@@ -9,6 +9,9 @@ every number measured on the machine named in "device"):
   collectives: {backend, world_size, all_reduce_busbw_gbps, all_gather_busbw_gbps, by_size: [...]}
     (bus bandwidth in GB/s, the nccl-tests convention: all-reduce algbw * 2(n-1)/n, all-gather
     algbw * (n-1)/n), or {error: ...}
+  collectives_by_backend: {backend: {world_size, all_reduce_busbw_gbps, all_gather_busbw_gbps}}: the same
+    figures keyed by the torch.distributed backend they were measured over, read by the time model for a plan
+    over that backend (--dist-backend); profiles before this key: their collectives.backend's figures
   h2d_gbps, d2h_gbps: pinned host<->device copies (GPU only, else null)
   cpu_adam_params_per_s: DeepSpeedCPUAdam fp32 step rate (null if its op is not built)
   torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on the device's host
@@ -127,6 +130,16 @@ class HardwareProfile:
     @classmethod
     def from_file(cls, profile_path: str | os.PathLike) -> "HardwareProfile":
         return cls.from_dict(load_profile(profile_path), profile_path)
+
+    def all_reduce_busbw_gbps(self, backend: str) -> float | None:
+        """The all-reduce bus bandwidth (GB/s) measured over `backend`, or None where it was not measured."""
+        by_backend = self.data.get("collectives_by_backend")
+        entry = by_backend.get(backend) if isinstance(by_backend, dict) else None
+        coll = self.data.get("collectives")
+        if not isinstance(entry, dict) and isinstance(coll, dict) and coll.get("backend") == backend:
+            entry = coll  # profiles written before collectives_by_backend
+        v = entry.get("all_reduce_busbw_gbps") if isinstance(entry, dict) else None
+        return float(v) if _pos(v) else None
 
     @property
     def source(self) -> str:

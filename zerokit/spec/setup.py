@@ -35,6 +35,9 @@ class ZeroSetup:
     micro_batch_size: int = 1
     gradient_accumulation_steps: int = 1
     activation_checkpointing: bool = False
+    # the ds_config's communication_data_type (fp32 | fp16 | bf16): the dtype gradients are reduced in; None =
+    # DeepSpeed's default, the training precision (DeepSpeedEngine.communication_data_type)
+    communication_data_type: str | None = None
 
     def __post_init__(self):
         if self.zero_stage not in STAGES:
@@ -50,6 +53,13 @@ class ZeroSetup:
             raise ZerokitError("optimizer offload needs ZeRO stage 1, 2 or 3: use --stage 1 or higher")
         if self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
             raise ZerokitError("micro batch and gradient accumulation must be at least 1")
+        if self.communication_data_type not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
+            raise ZerokitError(f"communication_data_type must be fp32, fp16 or bf16, got {self.communication_data_type!r}")
+
+    @property
+    def gradient_comm_precision(self) -> str:
+        """The dtype gradients travel in: communication_data_type, else the training precision."""
+        return self.communication_data_type or self.precision
 
     @property
     def is_infinity(self) -> bool:
@@ -64,6 +74,8 @@ class ZeroSetup:
         if self.offload_param != "none":
             parts.append(f"param->{self.offload_param}")
         parts.append(self.precision)
+        if self.communication_data_type and self.communication_data_type != self.precision:
+            parts.append(f"comm={self.communication_data_type}")
         parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
         if self.activation_checkpointing:
             parts.append("ckpt")
