@@ -114,6 +114,12 @@ def build_tokenizer(corpus_lines: list[str], vocab_size: int = VOCAB_SIZE):
     return tok
 
 
+# ChatML-shaped, on the vocabulary's own BOS/EOS (the 2048 ids are all taken: no new tokens): what
+# `zerokit launch --data-format chat` renders the bundled instruction set with
+CHAT_TEMPLATE = ("{% for message in messages %}{{ bos_token }}{{ message['role'] }}\n{{ message['content'] }}"
+                 "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "zerokit" / "data"), help="zerokit/data directory")
@@ -137,6 +143,7 @@ def main(argv=None) -> int:
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg.pop("backend", None)
+    cfg["chat_template"] = CHAT_TEMPLATE  # in the config itself, so transformers 4.x reads it too
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for extra in ("special_tokens_map.json", "chat_template.jinja"):
         (tdir / extra).unlink(missing_ok=True)

@@ -24,6 +24,14 @@ EXCEPTION_NAME = re.compile(r"Traceback|\b[A-Z][A-Za-z]*(Error|Exception|Warning
 P = ["--params", "7e9"]
 CHECK = ["--params", "7e9", "--gpus-per-node", "2", "--gpu", "a100-80gb"]
 LAUNCH = ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "32", "--steps", "2"]
+# the bundled tokenizer without its chat template: chat data needs one
+NO_TEMPLATE_TOKENIZER = {
+    "tok/tokenizer.json": (REPO / "zerokit/data/tokenizer/tokenizer.json").read_text(),
+    "tok/tokenizer_config.json": json.dumps({k: v for k, v in json.loads(
+        (REPO / "zerokit/data/tokenizer/tokenizer_config.json").read_text()).items() if k != "chat_template"}),
+}
+CHAT_RECORD = json.dumps({"messages": [{"role": "user", "content": "What is 2 plus 3?"},
+                                       {"role": "assistant", "content": "2 plus 3 is 5."}]}) + "\n"
 
 
 def ds(**changes) -> str:
@@ -109,6 +117,11 @@ ROWS = [
     ("profile-missing", ["plan", *P, "--hardware-profile", "nope.json"], {}, 2, "does not exist"),
     ("profile-not-json", ["plan", *P, "--hardware-profile", "p.json"], {"p.json": "{nope"}, 2, "not valid JSON"),
     ("profile-nan", ["plan", *P, "--hardware-profile", "p.json"], {"p.json": '{"a": NaN}'}, 2, "NaN"),
+    ("dist-backend-unknown", ["plan", *P, "--dist-backend", "nccl2"], {}, 2, "invalid choice"),
+    ("dist-backend-nccl-on-cpu", ["check", "c.json", *P, "--gpu", "cpu", "--dist-backend", "nccl"], {"c.json": ds()}, 2,
+     "use gloo on CPU"),
+    ("dist-backend-ccl-on-gpu", ["render", *P, "--gpu", "a100-80gb", "--dist-backend", "ccl", "-o", "x.json"], {}, 2,
+     "cannot carry"),
     # ---- hostfiles
     ("hostfile-missing", ["plan", *P, "--hostfile", "nope"], {}, 2, "does not exist"),
     ("hostfile-directory", ["plan", *P, "--hostfile", "d"], {"d/x": ""}, 2, "not a regular file"),
@@ -196,6 +209,11 @@ ROWS = [
     ("check-fp16-key-in-bf16", ["check", "c.json", *CHECK], {"c.json": ds(bf16={"enabled": True, "loss_scale": 0})}, 2,
      "loss_scale"),
     ("check-micro-batch-zero", ["check", "c.json", *CHECK, "--micro-batch", "0"], {"c.json": ds()}, 2, "--micro-batch"),
+    ("check-precision-fp8", ["check", "c.json", *CHECK, "--precision", "fp8"], {"c.json": ds()}, 2, "--precision"),
+    ("check-precision-unsupported", ["check", "c.json", *P, "--gpu", "v100-32gb", "--precision", "bf16"],
+     {"c.json": ds(bf16={"enabled": "auto"})}, 2, "does not support bf16"),
+    ("check-precision-disagrees", ["check", "c.json", *CHECK, "--precision", "fp16"], {"c.json": ds()}, 2,
+     "disagrees"),
     ("check-model-seq-past-positions", ["check", "c.json", "--model", "tiny-llama", "--seq-len", "100000"],
      {"c.json": ds()}, 2, "maximum"),
     ("check-model-and-params", ["check", "c.json", "--model", "tiny-llama", *P], {"c.json": ds()}, 2, "not both"),
@@ -209,6 +227,20 @@ ROWS = [
     ("launch-data-bad-jsonl", [*LAUNCH, "--plan", "--data", "d.jsonl", "--output-dir", "run"],
      {"d.jsonl": '{"text": "ok"}\n{nope}\n'}, 2, "d.jsonl:2"),
     ("launch-data-csv", [*LAUNCH, "--plan", "--data", "d.csv", "--output-dir", "run"], {"d.csv": "a,b\n"}, 2, ".csv"),
+    ("launch-data-no-expected-columns", [*LAUNCH, "--plan", "--data", "d.csv", "--output-dir", "run"],
+     {"d.csv": "a,b\n1,2\n"}, 2, "has columns a, b, none of which"),
+    ("launch-data-empty-json", [*LAUNCH, "--plan", "--data", "d.json", "--output-dir", "run"], {"d.json": "[]"}, 2,
+     "no records"),
+    ("launch-data-messages-not-a-list", [*LAUNCH, "--plan", "--data", "d.jsonl", "--output-dir", "run"],
+     {"d.jsonl": '{"messages": "hello"}\n'}, 2, "not a list"),
+    ("launch-data-no-chat-template", [*LAUNCH, "--plan", "--data", "d.jsonl", "--tokenizer", "tok", "--output-dir", "run"],
+     {"d.jsonl": CHAT_RECORD, **NO_TEMPLATE_TOKENIZER}, 2, "no chat template"),
+    ("launch-data-format-not-there", [*LAUNCH, "--plan", "--data", "d.txt", "--data-format", "chat", "--output-dir", "run"],
+     {"d.txt": "plain text " * 20}, 2, "--data-format chat"),
+    ("launch-data-format-unknown", [*LAUNCH, "--plan", "--data-format", "xml"], {}, 2, "invalid choice"),
+    ("launch-packing-unknown", [*LAUNCH, "--plan", "--packing", "maybe"], {}, 2, "invalid choice"),
+    ("launch-data-split-on-files", [*LAUNCH, "--plan", "--data", "d.txt", "--data-split", "test", "--output-dir", "run"],
+     {"d.txt": "plain text " * 20}, 2, "--data-split"),
     ("launch-seq-past-positions", ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2",
                                    "--seq-len", "100000", "--plan", "--output-dir", "run"], {}, 2, "maximum"),
     ("launch-output-is-file", [*LAUNCH, "--plan", "--output-dir", "f"], {"f": "x"}, 2, "is a file"),
@@ -232,6 +264,22 @@ ROWS = [
      "--sbatch"),
     ("launch-weights-without-tokenizer", [*LAUNCH, "--model", "./m", "--plan", "--output-dir", "run"],
      {"m/config.json": json.dumps(TINY), "m/model.safetensors": b""}, 2, "tokenizer"),
+    # a backend this torch lacks (PyPI's CPU torch; tests/test_dist_backend.py asserts the build): before any rank
+    ("launch-dist-backend-mpi-missing", [*LAUNCH, "--plan", "--dist-backend", "mpi", "--output-dir", "run"], {}, 2,
+     "built without MPI"),
+    ("launch-dist-backend-ccl-missing", [*LAUNCH, "--plan", "--dist-backend", "ccl", "--output-dir", "run"], {}, 2,
+     "oneccl_bind_pt"),
+    # ---- launch with the user's own script (after `--`)
+    ("script-missing", [*LAUNCH, "--output-dir", "run", "--", "python", "train.py"], {}, 2, "does not exist"),
+    ("script-no-ds-config", [*LAUNCH, "--output-dir", "run", "--", "python", "t.py", "--lr", "1"],
+     {"t.py": "import deepspeed\n"}, 2, "{ds_config}"),
+    ("script-own-config", [*LAUNCH, "--output-dir", "run", "--", "python", "t.py", "--deepspeed", "x.json"],
+     {"t.py": "from transformers import TrainingArguments\n"}, 2, "--config"),
+    ("script-torchrun", [*LAUNCH, "--output-dir", "run", "--", "torchrun", "t.py"], {"t.py": ""}, 2, "python SCRIPT"),
+    ("script-nothing-after-dashes", [*LAUNCH, "--output-dir", "run", "--"], {}, 2, "--plan"),
+    ("script-with-data", [*LAUNCH, "--data", "d.txt", "--output-dir", "run", "--", "python", "t.py", "{ds_config}"],
+     {"t.py": ""}, 2, "--data"),
+    ("script-samples-without-script", [*LAUNCH, "--plan", "--samples", "5"], {}, 2, "--samples"),
     # ---- calibrate
     ("calibrate-output-empty", ["calibrate", "-o", ""], {}, 2, "empty"),
     ("calibrate-output-under-a-file", ["calibrate", "-o", "f/p.json"], {"f": "x"}, 2, "cannot create"),

@@ -309,7 +309,7 @@ def test_data_directory_txt_and_jsonl(tmp_path):
     (tmp_path / "a.txt").write_text("The river flows north.\nIt is cold.\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.jsonl").write_text('{"text": "Ada found a lantern."}\n\n{"text": "Bram counted owls."}\n')
-    (tmp_path / "ignored.csv").write_text("x")
+    (tmp_path / "ignored.xml").write_text("x")  # not a data file (.csv is one: tests/test_data_formats.py)
     files = zdata.resolve_data_files(str(tmp_path))
     assert [f.name for f in files] == ["a.txt", "b.jsonl"]
     docs = list(zdata.read_documents(files))
@@ -323,7 +323,7 @@ def test_data_directory_txt_and_jsonl(tmp_path):
     with pytest.raises(ZerokitError, match='c.jsonl:1: expected an object with a "text"'):
         list(zdata.read_documents([tmp_path / "c.jsonl"]))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ZerokitError, match="holds no .txt or .jsonl"):
+    with pytest.raises(ZerokitError, match=r"holds no \.txt/\.jsonl"):
         zdata.resolve_data_files(str(tmp_path / "empty"))
 
 

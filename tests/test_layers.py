@@ -1,8 +1,8 @@
 """The house rules, checked on the source (AST, nothing imported):
 
-1. One-way layers. zerokit/ is core -> spec -> estimate -> plan -> config -> report | measure -> launch -> cli:
-   a module imports only from its own layer or the layers before it (report and measure are siblings and
-   do not import each other). Every import counts, also the lazy ones inside functions.
+1. One-way layers. zerokit/ is core -> spec -> estimate -> plan -> config -> report | measure -> launch ->
+   cli | integrations: a module imports only from its own layer or the layers before it (siblings do not
+   import each other). Every import counts, also the lazy ones inside functions.
 2. No import cycles between modules, lazy imports included.
 3. Heavy libraries (torch, deepspeed, transformers, peft, bitsandbytes, datasets, matplotlib, numpy,
    accelerate, huggingface_hub, safetensors) are imported inside the functions that need them, so `--help` and a
@@ -22,7 +22,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zerokit"
 
-LAYERS = ("core", "spec", "estimate", "plan", "config", ("report", "measure"), "launch", "cli")
+# integrations: what runs inside a user's own training script (the HF Trainer callback); a sibling of cli
+LAYERS = ("core", "spec", "estimate", "plan", "config", ("report", "measure"), "launch", ("cli", "integrations"))
 HEAVY = ("torch", "deepspeed", "transformers", "peft", "bitsandbytes", "datasets", "matplotlib", "numpy",
          "accelerate", "huggingface_hub", "safetensors")
 # Modules that must import a heavy library at module level, and why. Nothing imports them at module level
@@ -30,6 +31,8 @@ HEAVY = ("torch", "deepspeed", "transformers", "peft", "bitsandbytes", "datasets
 HEAVY_AT_IMPORT = {
     # its classes subclass torch's TorchDispatchMode; imported only inside training ranks and benchmarks
     "zerokit.measure.meter",
+    # ZerokitCallback subclasses transformers' TrainerCallback; imported only by training scripts that use it
+    "zerokit.integrations.hf",
 }
 
 

@@ -40,6 +40,10 @@ def parse_rank_args(argv: list[str] | None = None):
                     help="put the ds_config to DeepSpeed's config classes first (zerokit.config.rules."
                          "validate_with_deepspeed); refused: rank 0 writes the reason to OUT/config_rejected.txt, "
                          "every rank exits 2")
+    from zerokit.spec.hardware import DIST_BACKENDS
+
+    ap.add_argument("--dist-backend", choices=DIST_BACKENDS, default=None,
+                    help="deepspeed.init_distributed(dist_backend=...) (default: DeepSpeed's for the accelerator)")
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = ap.parse_args(argv)

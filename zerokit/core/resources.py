@@ -31,6 +31,11 @@ def bundled_corpus() -> Path:
     return bundled_data("corpus") / "tiny_corpus.txt"
 
 
+def bundled_instructions() -> Path:
+    """A few hundred short chats in the messages format (arithmetic and simple facts): `--data-format chat` data."""
+    return bundled_data("corpus") / "tiny_instructions.jsonl"
+
+
 def bundled_tokenizer() -> Path:
     return bundled_data("tokenizer")
 

@@ -18,8 +18,12 @@ from zerokit.launch.prepare import LaunchPlan
 def describe_command(plan: LaunchPlan, resume: bool) -> str:
     """The exact command and environment, as shell lines (what --dry-run prints)."""
     argv, env = build_launch_command(plan.launch_spec(resume))
-    lines = [f"# {plan.setup.label} | {plan.cluster.world_size} ranks | {plan.steps} steps | seq {plan.seq_len} | "
-             f"{plan.samples} sequences ({plan.total_tokens:,} tokens)", "# environment:"]
+    if plan.uses_own_loop:
+        what = f"{plan.steps} steps | seq {plan.seq_len} | {plan.samples} sequences ({plan.total_tokens:,} tokens)"
+    else:
+        what = f"your script {plan.script.target} | seq {plan.seq_len} (planned)" + (
+            f" | {plan.steps} steps" if plan.steps else "")
+    lines = [f"# {plan.setup.label} | {plan.cluster.world_size} ranks | {what}", "# environment:"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += ["# command:", shlex.join(argv)]
     return "\n".join(lines)
@@ -32,7 +36,8 @@ def write_run_directory(plan: LaunchPlan) -> None:
 
     plan.out_abs.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.cfg_path, plan.ds_config)
-    zdata.write_tokens(plan.tokens, plan.total_tokens, plan.files, plan.tokenizer, plan.seq_len, plan.tokens_path.parent)
+    if plan.uses_own_loop:  # a user's script brings its own data
+        zdata.write_data(plan.data, plan.files, plan.tokenizer, plan.tokens_path.parent)  # tokens (labels, mask)
     if plan.multi_node and not plan.request.sbatch:  # the sbatch script exports the same variables itself
         from zerokit.spec.hostfile import write_deepspeed_env
 
@@ -60,6 +65,8 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
         "command": argv0, "env": env0, "steps": plan.steps, "save_every": plan.save_every, "seq_len": plan.seq_len,
         "model": plan.model.source, "tokenizer": plan.tokenizer, "data": [str(f) for f in plan.files],
         "setup": plan.setup.to_dict(), "prediction": plan.prediction, "max_restarts": req.max_restarts,
+        "script": None if plan.uses_own_loop else list(req.script_command),
+        "dist_backend": plan.cluster.dist_backend,  # --dist-backend given to the ranks; None: DeepSpeed's default
     })
     print(describe_command(plan, req.resume), file=sys.stderr, flush=True)
 
@@ -80,13 +87,21 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
         rep = build_report(plan.prediction, measured, result.to_dict())
         write_report(out, rep)
         print(format_report(rep))
+        if not plan.uses_own_loop and not measured.get("ranks"):
+            print(f"note: no metrics in {plan.out / 'metrics'}: add zerokit.integrations.hf.ZerokitCallback to your "
+                  "Trainer's callbacks to measure what was predicted", file=sys.stderr)
     if result.interrupted:
         print("interrupted: every rank was stopped", file=sys.stderr)
         return result.returncode
     if not result.ok:
+        again = (f"resume with --resume --output-dir {plan.out}" if plan.uses_own_loop else
+                 "rerun it: your script resumes from its own checkpoints")
         raise ZerokitError(f"training failed (launcher exit code {result.returncode}) after {result.restarts} restarts: "
-                           f"see the rank output above; resume with --resume --output-dir {plan.out}",
+                           f"see the rank output above; {again}",
                            exit_code=result.returncode if 0 < result.returncode < 128 else 1)
-    print(f"done: {plan.steps} steps, {result.restarts} restarts ({result.redone_steps} steps redone); "
-          f"weights in {plan.out / 'final'}")
+    if plan.uses_own_loop:
+        print(f"done: {plan.steps} steps, {result.restarts} restarts ({result.redone_steps} steps redone); "
+              f"weights in {plan.out / 'final'}")
+    else:
+        print(f"done: {plan.script.target} exited 0 after {result.restarts} restarts; run directory {plan.out}")
     return EXIT_OK

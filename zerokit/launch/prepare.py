@@ -19,6 +19,7 @@ from zerokit.core.quiet import verbose
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
 from zerokit.launch.checkpoints import CKPT_SUBDIR, read_latest
 from zerokit.launch.command import LaunchSpec, validate
+from zerokit.launch import user_script
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
 from zerokit.spec.hardware import Cluster, HardwareOptions
@@ -36,6 +37,10 @@ class LaunchRequest:
     hardware: HardwareOptions = HardwareOptions()
     data: str | None = None  # None: the bundled tiny corpus
     tokenizer: str | None = None  # None: the model's own (ResolvedModel.tokenizer)
+    data_format: str | None = None  # text | chat | instruction; None: from the columns (launch/data_sources.py)
+    packing: bool | None = None  # None: on for text, off for chat and instruction (launch/data.py)
+    data_split: str | None = None  # a hub or saved dataset's split; None: train
+    data_config: str | None = None  # a hub dataset's configuration
     config: str | None = None  # a ds_config.json to use (checked); None: plan one
     pins: dict = field(default_factory=dict)  # setup dimensions pinned for the planner (planner.PIN_KEYS)
     memory_fraction: float = DEFAULT_MEMORY_FRACTION
@@ -57,6 +62,10 @@ class LaunchRequest:
     time_limit: str = "04:00:00"
     partition: str | None = None
     dry_run: bool = False  # print the command, start nothing
+    # the user's own script (`zerokit launch ... -- python train.py ARGS`); empty: zerokit's own loop
+    script_command: tuple[str, ...] = ()
+    samples: int | None = None  # the script's training samples per epoch, for the total-time prediction
+    profile: str | None = None  # ds_config profile for the script: hf ("auto", the Trainer fills) | deepspeed
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,12 +78,12 @@ class LaunchPlan:
     spec: Any  # spec.model.ModelSpec
     files: list  # the data files
     tokenizer: str
-    tokens: Any  # numpy int32 [samples, seq_len]
+    tokens: Any  # numpy int32 [samples, seq_len]; None when the user's script brings its own data
     total_tokens: int
     seq_len: int
     ds_config: dict
     evaluation: Any  # plan.planner.Evaluation of the setup that runs
-    steps: int
+    steps: int | None  # None: a user's script whose length zerokit was not told (--steps / --samples)
     save_every: int
     out: Path  # as the user named it
     out_abs: Path
@@ -85,14 +94,20 @@ class LaunchPlan:
     deepspeed_bin: str
     prediction: dict
     deepspeed_checked: bool = True  # False: the ranks put ds_config to DeepSpeed's config classes first (--check-config)
+    script: Any = None  # launch.user_script.UserCommand: the user's own script instead of zerokit's loop
+    data: Any = None  # launch.data.TokenizedData: tokens and, where masked or padded, labels and attention mask
+
+    @property
+    def uses_own_loop(self) -> bool:
+        return self.script is None
 
     @property
     def setup(self):
         return self.evaluation.setup
 
     @property
-    def samples(self) -> int:
-        return int(self.tokens.shape[0])
+    def samples(self) -> int | None:
+        return self.request.samples if self.tokens is None else int(self.tokens.shape[0])
 
     @property
     def cfg_path(self) -> Path:
@@ -103,7 +118,10 @@ class LaunchPlan:
         return self.out_abs / "data" / "tokens.npy"
 
     def script_args(self, resume: bool) -> list[str]:
-        """The rank entrypoint's arguments (zerokit/cli/rank.py)."""
+        """The rank entrypoint's arguments (zerokit/cli/rank.py), or the user's script and its arguments (the same
+        on a restart: the script resumes from its own checkpoints)."""
+        if self.script is not None:
+            return self.script.runner_args(self.placeholder_values())
         a = ["--model", self.model.source, "--tokens", str(self.tokens_path), "--tokenizer", self.tokenizer,
              "--ds-config", str(self.cfg_path), "--output-dir", str(self.out_abs), "--steps", str(self.steps),
              "--save-every", str(self.save_every), "--seed", str(self.request.seed)]
@@ -111,15 +129,26 @@ class LaunchPlan:
             a.append("--gradient-checkpointing")
         if not self.deepspeed_checked:
             a.append("--check-config")
+        if self.cluster.dist_backend:  # deepspeed.init_distributed(dist_backend=...) in the ranks
+            a += ["--dist-backend", self.cluster.dist_backend]
         if resume:
             a.append("--resume")
         return a
+
+    def placeholder_values(self) -> dict:
+        """What {ds_config}, {micro_batch}, ... in the user's script arguments stand for (user_script.PLACEHOLDERS)."""
+        setup = self.setup
+        return {"ds_config": self.cfg_path, "output_dir": self.out_abs, "micro_batch": setup.micro_batch_size,
+                "grad_accum": setup.gradient_accumulation_steps, "seq_len": self.seq_len, "steps": self.steps,
+                "world_size": self.cluster.world_size}
 
     def launch_spec(self, resume: bool) -> LaunchSpec:
         """What launch/command.py turns into the deepspeed command (a fresh run, or a resume)."""
         req, cluster = self.request, self.cluster
         common = dict(num_gpus=cluster.gpus_per_node, master_port=self.port, script_args=self.script_args(resume),
                       env=self.env, deepspeed_bin=self.deepspeed_bin)
+        if self.script is not None:
+            common["module"] = user_script.MODULE
         hostfile = req.hardware.hostfile
         if self.launcher == "slurm":
             # the sbatch template replaces hostfile and master address with the allocation's
@@ -152,6 +181,40 @@ def resolve_cluster(req: LaunchRequest) -> tuple[Cluster, dict, bool]:
     return cluster, hosts, multi_node
 
 
+def check_dist_backend_installed(req: LaunchRequest, cluster: Cluster, ranks_here: bool) -> None:
+    """--dist-backend, before any rank starts: one line naming what to install when this torch cannot run it (the
+    ranks run this machine's software; on other hosts, the same is assumed). Imports torch only when --dist-backend
+    is given: DeepSpeed's own default needs no check, and a cold launch should not pay the torch import for nothing
+    (see deepspeed_check_in_ranks)."""
+    backend = cluster.dist_backend
+    if backend is None:
+        return
+    if req.script_command:
+        raise ZerokitError(f"--dist-backend {backend} is passed to zerokit's own training loop; your script chooses its "
+                           "backend itself (the HF Trainer: --ddp_backend): drop --dist-backend")
+    import importlib.util
+
+    import torch.distributed as dist
+
+    def installed(*modules: str) -> bool:
+        return any(importlib.util.find_spec(m) is not None for m in modules)  # finds, imports nothing
+
+    if backend == "nccl" and not (dist.is_nccl_available() and (cuda_devices()[0] or not ranks_here)):
+        raise ZerokitError("--dist-backend nccl needs NVIDIA GPUs (and a CUDA build of torch), which this machine lacks: "
+                           "use gloo on CPU")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise ZerokitError("--dist-backend gloo: this torch was built without gloo: install torch from PyPI")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise ZerokitError("--dist-backend mpi: PyPI's torch is built without MPI: build torch from source with MPI, "
+                           "or use gloo")
+    if backend == "ccl" and not installed("oneccl_bindings_for_pytorch"):
+        raise ZerokitError("--dist-backend ccl needs Intel's oneCCL bindings for torch: pip install oneccl_bind_pt "
+                           "(the build matching your torch), or use gloo")
+    if backend == "hccl" and not installed("torch_npu", "habana_frameworks"):
+        raise ZerokitError("--dist-backend hccl needs Ascend's torch_npu (pip install torch_npu) or Gaudi's "
+                           "habana_frameworks: install the one for your accelerator, or use gloo")
+
+
 def choose_seq_len(req: LaunchRequest, spec) -> int:
     """--seq-len, or DEFAULT_SEQ_LEN capped at the model's positions; refused past them (ModelSpec.check_seq_len)."""
     seq_len = req.seq_len or min(DEFAULT_SEQ_LEN, spec.max_positions or DEFAULT_SEQ_LEN)
@@ -160,17 +223,18 @@ def choose_seq_len(req: LaunchRequest, spec) -> int:
 
 
 def tokenize_data(req: LaunchRequest, model: ResolvedModel, config: dict, spec, seq_len: int):
-    """(files, tokenizer, token blocks, total tokens): the empty-data and vocabulary checks need the tokens."""
+    """(files, tokenizer, launch.data.TokenizedData): the empty-data and vocabulary checks need the tokens."""
     from zerokit.launch import data as zdata
 
-    files = zdata.resolve_data_files(req.data)
+    source = zdata.resolve_source(req.data, req.data_split, req.data_config)
     tokenizer = req.tokenizer or model.tokenizer
-    arr, total_tokens = zdata.tokenize_files(files, tokenizer, seq_len)
+    data = zdata.tokenize(source, tokenizer, seq_len, req.data_format, req.packing)
+    arr = data.tokens
     vocab = config.get("vocab_size") or spec.vocab_size
     if vocab and int(arr.max()) >= int(vocab):
         raise ZerokitError(f"tokenizer {tokenizer} produces token id {int(arr.max())} but the model's vocabulary has "
                            f"{vocab} entries: use the model's own tokenizer")
-    return files, tokenizer, arr, total_tokens
+    return list(source.files), tokenizer, data
 
 
 def deepspeed_check_in_ranks(req: LaunchRequest, multi_node: bool) -> bool:
@@ -181,13 +245,13 @@ def deepspeed_check_in_ranks(req: LaunchRequest, multi_node: bool) -> bool:
     refusal can end as cleanly as a refusal here: a fresh local run, whose new run directory execute.run removes
     again with the one-line reason. A dry run, an sbatch script, a resume, a multi-node launch or an existing
     --output-dir are checked here first, as is a verdict already cached (config/check.py)."""
-    return bool(req.config) and not (req.dry_run or req.sbatch or req.resume or multi_node
+    return bool(req.config) and not req.script_command and not (req.dry_run or req.sbatch or req.resume or multi_node
                                      or req.launcher not in (None, "local")
                                      or (req.output_dir is not None and Path(req.output_dir).exists()))
 
 
-def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluster, samples: int, seq_len: int,
-                 deepspeed_in_ranks: bool = False):
+def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluster, samples: int | None, seq_len: int,
+                 deepspeed_in_ranks: bool = False, profile: str = "deepspeed"):
     """(ds_config, evaluation, steps, deepspeed_checked): the user's --config checked, or the planner's choice
     rendered. A setup that does not fit prints its breakdown to stderr and raises (exit 1)."""
     from zerokit.report.plan_text import format_check, format_plan
@@ -205,7 +269,10 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
                               activation_checkpointing=bool(pins.get("activation_checkpointing")),
                               memory_fraction=req.memory_fraction,
                               # the ranks read the file itself: with "auto" in it, what was filled is checked here
-                              deepspeed_now=not deepspeed_in_ranks or bool(auto_keys(ds_config)))
+                              deepspeed_now=not deepspeed_in_ranks or bool(auto_keys(ds_config)),
+                              # a user's Trainer fills "auto" from its own arguments, unknown here: judge the largest
+                              # micro batch that fits and the best precision, as `zerokit check` answers
+                              answer_auto=bool(req.script_command))
         if not result.valid:
             if verbose():
                 print(format_check(result), file=sys.stderr)
@@ -215,9 +282,11 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
             raise ZerokitError(f"the setup in {req.config} does not fit: see the breakdown above (or try --plan)",
                                exit_code=EXIT_DOES_NOT_FIT)
         evaluation = result.evaluation
-        micro = int(ds_config.get("train_micro_batch_size_per_gpu") or evaluation.setup.micro_batch_size)
-        accum = int(ds_config.get("gradient_accumulation_steps") or evaluation.setup.gradient_accumulation_steps)
-        steps = optimizer_steps(samples, world, micro, accum, req.steps, req.epochs)
+        # "auto" (an HF-style config for a user's Trainer script): the values the check judged
+        micro, accum = (v if isinstance(v, int) and not isinstance(v, bool) else default for v, default in (
+            (ds_config.get("train_micro_batch_size_per_gpu"), evaluation.setup.micro_batch_size),
+            (ds_config.get("gradient_accumulation_steps"), evaluation.setup.gradient_accumulation_steps)))
+        steps = _steps(samples, world, micro, accum, req)
         return ds_config, evaluation, steps, result.deepspeed_checked
 
     from zerokit.config.render import render_ds_config
@@ -230,15 +299,44 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
         raise ZerokitError("no ZeRO setup fits this model on this hardware: see the breakdown above",
                            exit_code=EXIT_DOES_NOT_FIT)
     setup = plan.best.setup
-    steps = optimizer_steps(samples, world, setup.micro_batch_size, setup.gradient_accumulation_steps,
-                            req.steps, req.epochs)
+    steps = _steps(samples, world, setup.micro_batch_size, setup.gradient_accumulation_steps, req)
     lr = req.lr or (2e-5 if model.init == "weights" else 1e-3)
-    warmup = req.warmup_steps if req.warmup_steps is not None else max(1, steps // 10)
-    ds_config = render_ds_config(setup, cluster, spec, workload, lr=lr, warmup_steps=warmup, total_steps=steps)
+    warmup = req.warmup_steps if req.warmup_steps is not None else max(1, (steps or 10) // 10)
+    ds_config = render_ds_config(setup, cluster, spec, workload, profile=profile, lr=lr, warmup_steps=warmup,
+                                 total_steps=steps)
     return ds_config, plan.best, steps, True  # the templates' output is held to DeepSpeed's classes in the tests
 
 
-def output_dir(req: LaunchRequest, tokens) -> Path:
+def _steps(samples: int | None, world: int, micro: int, accum: int, req: LaunchRequest) -> int | None:
+    """Optimizer steps of the run (spec.setup.optimizer_steps); None for a user's script given neither --steps nor
+    --samples (its length is its own business: the report then predicts per step only)."""
+    if samples is None and req.steps is None:
+        return None
+    return optimizer_steps(samples or 1, world, micro, accum, req.steps, req.epochs)
+
+
+def check_user_script(req: LaunchRequest) -> "user_script.UserCommand":
+    """The user's `-- python train.py ARGS`, checked: the script exists, gets the config, and none of zerokit's
+    own-loop options were given (the script decides its data, checkpoints and learning rate)."""
+    loop_only = [name for name, value in (("--data", req.data), ("--tokenizer", req.tokenizer),
+                                          ("--save-every", req.save_every), ("--resume", req.resume or None),
+                                          ("--lr", req.lr), ("--warmup-steps", req.warmup_steps),
+                                          ("--data-format", req.data_format), ("--packing", req.packing),
+                                          ("--data-split", req.data_split), ("--data-config", req.data_config))
+                 if value is not None]
+    if loop_only:
+        raise ZerokitError(f"{', '.join(loop_only)} set zerokit's own training loop; your script decides them: drop them "
+                           "(a restart reruns the script, which resumes from its own checkpoints)")
+    cmd = user_script.parse_command(req.script_command)
+    user_script.check_config_argument(cmd)
+    unknown = {"steps": req.steps is None and req.samples is None}
+    for name, missing in unknown.items():
+        if missing and any("{" + name + "}" in a for a in cmd.args):
+            raise ZerokitError(f"{{{name}}} in the script's arguments needs --steps (or --samples) on zerokit launch")
+    return cmd
+
+
+def output_dir(req: LaunchRequest, data) -> Path:
     """The run directory, checked against --resume: a resumed run must exist with the same data."""
     out = Path(req.output_dir) if req.output_dir else Path("runs") / (
         f"{Path(req.model.rstrip('/')).name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -248,14 +346,13 @@ def output_dir(req: LaunchRequest, tokens) -> Path:
     if req.resume:
         if not read_latest(ckpt):
             raise ZerokitError(f"--resume: {out} has no complete checkpoint (checkpoints/latest): drop --resume to start fresh")
-        old_tokens = out / "data" / "tokens.npy"
-        if old_tokens.is_file():
-            from zerokit.launch.data import load_tokens
+        if (out / "data" / "tokens.npy").is_file() and data is not None:
+            from zerokit.launch.data import written_data_matches
 
-            prev = load_tokens(old_tokens)
-            if prev.shape != tokens.shape or not (prev == tokens).all():
+            if not written_data_matches(out / "data", data):  # tokens, labels and attention masks alike
                 raise ZerokitError(f"--resume: the data or --seq-len differ from the run in {out} (its data position "
-                                   "would point elsewhere): resume with the same --data and --seq-len")
+                                   "would point elsewhere): resume with the same --data, --seq-len, --data-format "
+                                   "and --packing")
     elif ckpt.is_dir() and any(ckpt.iterdir()):
         raise ZerokitError(f"--output-dir {out} already holds checkpoints: pass --resume to continue it, or choose another directory")
     return out
@@ -303,20 +400,33 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     model = resolve_model(req.model)
     config = model.read_config()
     cluster, hosts, multi_node = resolve_cluster(req)
+    check_dist_backend_installed(req, cluster, ranks_here=not (multi_node or req.sbatch))
     spec = load_model_spec(model)
     seq_len = choose_seq_len(req, spec)
-    files, tokenizer, tokens, total_tokens = tokenize_data(req, model, config, spec, seq_len)
+    script = check_user_script(req) if req.script_command else None
+    if script is None:
+        files, tokenizer, data = tokenize_data(req, model, config, spec, seq_len)
+        tokens, total_tokens = data.tokens, data.total_tokens
+        samples, profile = int(tokens.shape[0]), "deepspeed"
+    else:  # the script brings its own data; an HF Trainer script gets the "auto" profile the Trainer fills
+        files, tokenizer, tokens, total_tokens, data = [], "", None, 0, None
+        samples, profile = req.samples, req.profile or ("hf" if script.uses_hf_trainer else "deepspeed")
     ds_config, evaluation, steps, deepspeed_checked = choose_setup(
-        req, model, spec, cluster, int(tokens.shape[0]), seq_len, deepspeed_check_in_ranks(req, multi_node))
-    save_every = req.save_every if req.save_every is not None else (max(1, steps // 10) if req.max_restarts else 0)
-    out = output_dir(req, tokens)
+        req, model, spec, cluster, samples, seq_len, deepspeed_check_in_ranks(req, multi_node), profile)
+    save_every = 0 if script is not None else req.save_every if req.save_every is not None else (
+        max(1, steps // 10) if req.max_restarts else 0)
+    out = output_dir(req, data)
     launcher, multi_node = choose_launcher(req, hosts, multi_node)
+    env = rank_environment(cluster, multi_node)
+    if script is not None:
+        env["ZEROKIT_OUTPUT_DIR"] = str(out.resolve())  # where ZerokitCallback writes the metrics
     plan = LaunchPlan(
         request=req, model=model, cluster=cluster, spec=spec, files=files, tokenizer=tokenizer, tokens=tokens,
         total_tokens=total_tokens, seq_len=seq_len, ds_config=ds_config, evaluation=evaluation, steps=steps,
         save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
-        port=req.master_port or free_port(), env=rank_environment(cluster, multi_node), deepspeed_bin=deepspeed_bin(),
-        prediction=prediction_from_evaluation(evaluation, steps), deepspeed_checked=deepspeed_checked,
+        port=req.master_port or free_port(), env=env, deepspeed_bin=deepspeed_bin(),
+        prediction=prediction_from_evaluation(evaluation, steps), deepspeed_checked=deepspeed_checked, script=script,
+        data=data,
     )
     validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time
     return plan

@@ -47,6 +47,7 @@ from zerokit.launch.checkpoints import (
     write_config_rejection,
     write_latest,
 )
+from zerokit.measure.step_phases import StepPhaseMeter
 from zerokit.spec.setup import optimizer_steps
 
 
@@ -74,6 +75,7 @@ class RankOptions:
     log_every: int = 1
     local_rank: int = 0
     check_config: bool = False  # validate ds_config with DeepSpeed's config classes before anything else
+    dist_backend: str | None = None  # deepspeed.init_distributed(dist_backend=...); None: DeepSpeed's default
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,26 +167,31 @@ def reinit_deterministic(model, seed: int, zero3: bool) -> None:
 
 
 def make_dataset(args):
+    """Rows of {"input_ids", "labels", and "attention_mask" where the data was padded}: the model's arguments.
+    Labels are the input ids unless launch/data.py masked positions (prompts, padding: -100) in labels.npy."""
     import numpy as np
     import torch
 
     if args.tokens:
-        from zerokit.launch.data import load_tokens
+        from zerokit.launch.data import load_arrays
 
-        arr = load_tokens(args.tokens)
+        arrays = load_arrays(args.tokens)
     else:
-        from zerokit.launch.data import resolve_data_files, tokenize_files
+        from zerokit.launch.data import resolve_source, tokenize
         from zerokit.spec.resolve import resolve_model
 
-        files = resolve_data_files(args.data or None)
-        arr, _ = tokenize_files(files, args.tokenizer or resolve_model(args.model).tokenizer, args.seq_len or 64)
+        data = tokenize(resolve_source(args.data or None), args.tokenizer or resolve_model(args.model).tokenizer,
+                        args.seq_len or 64)
+        arrays = data.arrays()
 
     class Packed(torch.utils.data.Dataset):
         def __len__(self):
-            return int(arr.shape[0])
+            return int(arrays["input_ids"].shape[0])
 
         def __getitem__(self, i):
-            return torch.from_numpy(np.asarray(arr[i], dtype=np.int64))
+            row = {k: torch.from_numpy(np.asarray(a[i], dtype=np.int64)) for k, a in arrays.items()}
+            row.setdefault("labels", row["input_ids"])
+            return row
 
     return Packed()
 
@@ -258,85 +265,6 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class _PhaseMeter:
-    """Per-phase peaks of one optimizer step (forward, backward, step), for the metrics JSONL.
-
-    CUDA: the allocator's max_memory_allocated/reserved, reset at each phase start (one synchronize per
-    phase). CPU: zerokit.measure.meter.MemoryMeter's exact live tensor bytes; each phase opens a fresh peak
-    window (MemoryMeter.reset_peak), so the category mix recorded is the one at that phase's own peak
-    (parameters, buffers, gradients, optimizer_states as labelled by register_deepspeed_engine; other
-    tensors carry the phase that created them: "forward" = activations and logits). The run's overall
-    peak is kept here (max of the init peak and every phase peak).
-    """
-
-    def __init__(self, meter, on_cuda: bool):
-        import torch
-
-        self.torch = torch
-        self.meter = meter
-        self.on_cuda = on_cuda
-        self.active = meter is not None or on_cuda
-        self.overall = 0
-        self.reserved = 0
-        self.step_phases: dict[str, dict] = {}
-
-    def init_peak(self) -> int:
-        """Peak before the first step (model build, deepspeed.initialize)."""
-        if self.on_cuda:
-            p = int(self.torch.cuda.max_memory_allocated())
-            self.reserved = max(self.reserved, int(self.torch.cuda.max_memory_reserved()))
-        elif self.meter is not None:
-            p = int(self.meter.peak_bytes())
-        else:
-            return 0
-        self.overall = max(self.overall, p)
-        return p
-
-    def new_step(self) -> None:
-        self.step_phases = {}
-
-    def stop(self) -> None:
-        """CPU: stop metering (the live-byte figures freeze; the recorded peaks stay)."""
-        if self.meter is not None and not self.on_cuda:
-            try:
-                self.meter.stop()
-            except Exception:  # noqa: BLE001
-                pass
-            self.meter = None
-        self.active = self.on_cuda
-
-    def run(self, name: str, fn):
-        if not self.active:
-            return fn()
-        torch = self.torch
-        if self.on_cuda:
-            torch.cuda.synchronize()
-            start = int(torch.cuda.memory_allocated())
-            torch.cuda.reset_peak_memory_stats()
-            out = fn()
-            torch.cuda.synchronize()
-            peak = int(torch.cuda.max_memory_allocated())
-            reserved = int(torch.cuda.max_memory_reserved())
-            self.reserved = max(self.reserved, reserved)
-            rec = {"peak_bytes": peak, "start_bytes": start, "reserved_peak_bytes": reserved}
-        else:
-            m = self.meter
-            m.reset_peak()
-            start = int(m.current_bytes())
-            with m.phase(name):
-                out = fn()
-            live = m._live
-            with live.lock:
-                peak = int(live.peak)
-                cats = {k: int(v) for k, v in live.peak_by_category.items() if v}
-            rec = {"peak_bytes": peak, "start_bytes": start, "categories": cats}
-        self.overall = max(self.overall, peak)
-        prev = self.step_phases.get(name)
-        if prev is None or peak > prev["peak_bytes"]:  # accumulation repeats phases: keep the highest
-            self.step_phases[name] = rec
-        return out
-
-
 class _Metrics:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -398,7 +326,7 @@ def main(args: RankOptions) -> int:
     on_cuda = torch.cuda.is_available()
     if on_cuda:
         torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed()
+    deepspeed.init_distributed(dist_backend=args.dist_backend)  # None: the accelerator's communication_backend_name()
     rank, world = dist.get_rank(), dist.get_world_size()
 
     # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure.meter
@@ -441,7 +369,7 @@ def main(args: RankOptions) -> int:
         except Exception:  # noqa: BLE001 - attribution is optional
             pass
 
-    phases = _PhaseMeter(meter, on_cuda)
+    phases = StepPhaseMeter(meter, on_cuda)
     init_peak = phases.init_peak()
 
     dataset = make_dataset(args)
@@ -479,9 +407,11 @@ def main(args: RankOptions) -> int:
         "event": "start", "rank": rank, "world_size": world, "attempt": attempt, "run_id": run_id,
         "resumed_from": resumed_from,
         "total_steps": total_steps, "zero_stage": stage, "precision": "bf16" if bf16 else "fp16" if fp16 else "fp32",
-        "micro_batch": mb, "grad_accum": ga, "seq_len": int(dataset[0].numel()), "samples": len(dataset),
+        "micro_batch": mb, "grad_accum": ga, "seq_len": int(dataset[0]["input_ids"].numel()), "samples": len(dataset),
         "memory_method": mem_method, "startup_s": time.time() - t_start, "time": time.time(),
         "init_peak_bytes": init_peak, "memory_steps": args.memory_steps, "torch_threads": torch.get_num_threads(),
+        # the backend asked for (None: DeepSpeed's default) and the one the process group really runs
+        "dist_backend_requested": args.dist_backend, "dist_backend": torch.distributed.get_backend(),
     })
 
     def stream():
@@ -524,12 +454,14 @@ def main(args: RankOptions) -> int:
         loss_sum, tokens = 0.0, 0
         for _ in range(ga):
             e_cur, b_cur, batch = next(it)
-            batch = batch.to(engine.device)
-            out_ = phases.run("forward", lambda: engine(input_ids=batch, labels=batch))
+            batch = {k: v.to(engine.device) for k, v in batch.items()}
+            out_ = phases.run("forward", lambda: engine(**batch))
             phases.run("backward", lambda: engine.backward(out_.loss))
             phases.run("step", engine.step)
             loss_sum += float(out_.loss.detach().float())
-            tokens += int(batch.numel())
+            # real tokens only: padding (attention mask 0) is computed but is no data; prompt tokens count
+            mask = batch.get("attention_mask")
+            tokens += int(batch["input_ids"].numel() if mask is None else mask.sum())
         step = engine.global_steps
         step_time = time.perf_counter() - t0
         local_loss = loss_sum / ga
@@ -543,14 +475,7 @@ def main(args: RankOptions) -> int:
             "epoch": e_cur, "batch_in_epoch": b_cur, "attempt": attempt, "run_id": run_id, "lr": engine.get_lr()[0] if engine.get_lr() else None,
             "memory_method": mem_method, "time": time.time(), "metered": metered,
         }
-        if phases.step_phases:
-            # this step's own peak per phase (forward, backward, step) and, on CPU, the category mix at it
-            rec["phases"] = phases.step_phases
-            rec["step_peak_bytes"] = max(p["peak_bytes"] for p in phases.step_phases.values())
-        if phases.overall:
-            rec["peak_allocated_bytes"] = int(phases.overall)  # running peak of the run so far
-        if on_cuda:
-            rec["peak_reserved_bytes"] = int(phases.reserved)
+        rec.update(phases.step_fields())  # this step's peak per phase (forward, backward, step), the run's so far
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)
         if args.memory_steps and not on_cuda and phases.active and step >= args.memory_steps:
