@@ -8,7 +8,12 @@ from pathlib import Path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
-    """Write text to a temporary file in the same folder, fsync, then os.replace onto path.
+    """Write text (UTF-8) atomically: see atomic_write_bytes."""
+    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+    """Write data to a temporary file in the same folder, fsync, then os.replace onto path.
 
     mode: the file's permissions; default: the old file's, else what a plain open() would give
     (mkstemp alone would leave 0600). Raises OSError; nothing is left behind on failure.
@@ -25,8 +30,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

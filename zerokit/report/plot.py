@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.fsutil import atomic_write_bytes
 from zerokit.core.units import GiB, fmt_bytes
 from zerokit.plan.planner import Plan, evaluate
 from zerokit.report.plan_text import TERM_LABELS
@@ -167,28 +167,9 @@ def plot_memory(plan: Plan, path: str | os.PathLike):
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "zerokit"}):
         fig.savefig(buf, format=fmt, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
     try:
-        _write_bytes_atomic(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())
     except OSError as e:
         raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable folder for --plot") from None
     return fig
 
 
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Bytes to a temporary file in the same folder, then os.replace (zerokit.core.fsutil.atomic_write_text's
-    scheme, for binary data); the file gets the permissions a plain open() would give."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
