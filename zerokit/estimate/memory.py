@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zerokit.core.units import GiB
+from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element
@@ -62,10 +63,21 @@ class MemoryEstimate:
     phases: dict[str, int] = field(default_factory=dict)
     peak_phase: str = ""
     phase_terms: dict[str, dict[str, int]] = field(default_factory=dict)
+    # what nvidia-smi will show beyond the allocated peak (reserved.py); None on CPU. Read it as nvidia_smi.
+    reserved: ReservedEstimate | None = None
 
     @property
     def per_gpu_total(self) -> int:
         return sum(self.per_gpu.values())
+
+    @property
+    def nvidia_smi(self) -> ReservedEstimate | None:
+        """What nvidia-smi will show: a separate figure, not what the fit is judged on. Rebased on the current
+        allocated peak (a traced refinement may replace terms after estimate_memory) less the fit's own
+        cuda_context allowance (the estimate has its own context term)."""
+        if self.reserved is None:
+            return None
+        return self.reserved.rebased(self.per_gpu_total - self.per_gpu.get("cuda_context", 0))
 
     @property
     def per_node_cpu_total(self) -> int:
@@ -77,7 +89,8 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict:
         return {
-            "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu)},
+            "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu),
+                        **(self.nvidia_smi.to_dict() if self.nvidia_smi else {})},
             "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu)},
             "nvme_per_node": {"total_bytes": self.nvme_total, "terms": dict(self.nvme)},
             "phases": dict(self.phases),
@@ -519,6 +532,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est.peak_phase = max(est.phases, key=lambda k: (est.phases[k], k == "backward"))
     est.per_gpu.update(phases[est.peak_phase])
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)
+    est.reserved = reserved_estimate(est.per_gpu_total - est.per_gpu.get("cuda_context", 0), model, cluster, setup, knobs)
     if cluster.accelerator.is_cpu:
         # counted per rank above: the same RAM, once
         for k in ("optimizer_states_offloaded", "parameters_offloaded"):

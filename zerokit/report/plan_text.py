@@ -52,6 +52,7 @@ def _terms_table(title: str, terms: dict, total: int, budget: int | None) -> lis
 def format_memory(memory, budget, cluster) -> list[str]:
     where = "per rank (host RAM)" if cluster.accelerator.is_cpu else "per GPU"
     lines = _terms_table(f"memory {where}", memory.per_gpu, memory.per_gpu_total, budget.gpu_bytes)
+    lines += _nvidia_smi_lines(memory)
     if memory.per_node_cpu:
         lines += _terms_table("host RAM per node", memory.per_node_cpu, memory.per_node_cpu_total, budget.cpu_bytes)
     if memory.nvme:
@@ -59,6 +60,24 @@ def format_memory(memory, budget, cluster) -> list[str]:
     for note in memory.notes:
         lines.append(f"  note: {note}")
     return lines
+
+
+def _nvidia_smi_lines(memory) -> list[str]:
+    """The allocated peak (the fit's figure) and, apart, what nvidia-smi will show (estimate/reserved.py)."""
+    smi = getattr(memory, "nvidia_smi", None)
+    if smi is None:  # the cpu accelerator: nvidia-smi has nothing to show
+        return []
+    t = smi.terms
+    reserve = smi.allocator_reserved() - t["allocated_peak_bytes"]
+    return [
+        f"    {'allocated peak (what the fit is judged on)':<42} {fmt_bytes(memory.per_gpu_total):>10}",
+        f"    nvidia-smi will show about {fmt_bytes(smi.nvidia_smi_bytes)} (range {fmt_bytes(smi.low_bytes)} to "
+        f"{fmt_bytes(smi.high_bytes)}), derived from sources, not measured:",
+        f"      allocated {fmt_bytes(t['allocated_peak_bytes'])} (without the context allowance) + CUDA context "
+        f"{fmt_bytes(t['cuda_context_bytes'])} + NCCL buffers {fmt_bytes(t['nccl_buffers_bytes'])}",
+        f"      + allocator reserve {fmt_bytes(reserve)} (block rounding {fmt_bytes(t['allocator_rounding_bytes'])}, "
+        f"ZeRO-3 gather/release {fmt_bytes(t['zero3_churn_reserve_bytes'])})",
+    ]
 
 
 def format_time(t, world_size: int) -> list[str]:
