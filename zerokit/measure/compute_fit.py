@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.estimate.timing import COMPUTE_FEATURES, compute_features
+from zerokit.spec.profile import compute_fit_problem
 
 FAMILIES = ("gated", "plain")  # Llama-style (gated MLP) and GPT-2-style (plain MLP) blocks
 # (layers, activation checkpointing): two depths split the per-layer costs from the per-micro-step ones, the
@@ -173,6 +174,18 @@ def max_fit_error(compute_timing: dict) -> float:
     errs = [abs(p["predicted"] - p["seconds"]) / p["seconds"]
             for fam in compute_timing.values() for v in fam.values() for p in v["points"]]
     return max(errs) if errs else 0.0
+
+
+def fit_problems(compute_timing: dict, matmul_tflops: dict) -> dict[tuple[str, str], str]:
+    """{(family, precision): why its fit is degenerate} under spec.profile.SANITY (empty when all are sane)."""
+    out = {}
+    for family, by_prec in compute_timing.items():
+        for prec, v in by_prec.items():
+            why = compute_fit_problem(family, prec, v["coef"], max_fit_error({family: {prec: v}}),
+                                      matmul_tflops.get(prec))
+            if why:
+                out[(family, prec)] = why
+    return out
 
 
 def rank_main(spec: dict, device, lockstep) -> list[float]:
