@@ -245,6 +245,13 @@ ROWS = [
                                    "--seq-len", "100000", "--plan", "--output-dir", "run"], {}, 2, "maximum"),
     ("launch-output-is-file", [*LAUNCH, "--plan", "--output-dir", "f"], {"f": "x"}, 2, "is a file"),
     ("launch-resume-nothing", [*LAUNCH, "--plan", "--resume", "--output-dir", "run"], {}, 2, "--resume"),
+    # a checkpoint of 2 ranks x micro 3 x accumulation 1 (global 6) resumed on 4 ranks of micro 2: cannot be held
+    ("launch-resume-batch-not-split", [*LAUNCH, "--gpus-per-node", "4", "--config", "c.json", "--resume",
+                                       "--output-dir", "run"],
+     {"c.json": ds(train_batch_size=8), "run/checkpoints/latest": "step2",
+      "run/checkpoints/step2/zerokit.json": json.dumps({"world_size": 2, "micro_batch": 3, "grad_accum": 1,
+                                                       "zero_stage": 2, "precision": "fp32"})},
+     2, "global batch 6 cannot be split"),
     ("launch-port-70000", [*LAUNCH, "--plan", "--master-port", "70000"], {}, 2, "--master-port"),
     ("launch-steps-zero", [*LAUNCH, "--plan", "--steps", "0"], {}, 2, "--steps"),
     ("launch-epochs-inf", ["launch", "--model", "tiny-llama", "--plan", "--epochs", "inf"], {}, 2, "--epochs"),

@@ -65,7 +65,9 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
     length.add_argument("--epochs", type=positive_float, help="passes over the data (default 1)")
     p.add_argument("--save-every", type=nonneg_int, metavar="K",
                    help="checkpoint every K steps (default: 10 checkpoints when --max-restarts > 0, else only the last)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --output-dir from its latest checkpoint; on another number of GPUs it is "
+                   "converted to DeepSpeed's universal checkpoint and the global batch is held")
     p.add_argument("--max-restarts", type=nonneg_int, default=0, metavar="R",
                    help="relaunch from the latest complete checkpoint up to R times if a rank dies")
     p.add_argument("--dry-run", action="store_true", help="print the command, environment and config; run nothing")

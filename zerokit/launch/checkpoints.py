@@ -4,16 +4,25 @@ checkpoints), the runner (which restarts from them) and launch preparation (whic
     <output_dir>/checkpoints/step{N}/   engine.save_checkpoint's tag folder
     <output_dir>/checkpoints/latest     the tag of the newest COMPLETE checkpoint (written by rank 0 after a
                                         barrier, atomically)
+    <output_dir>/checkpoints/step{N}/zerokit.json       world size, micro batch, accumulation that wrote it
+    <output_dir>/checkpoints/step{N}_universal/         DeepSpeed's universal checkpoint of step{N}, converted
+                                        for a resume on another number of ranks (convert_to_universal)
     <output_dir>/config_rejected.txt    DeepSpeed's config classes refused ds_config.json in the ranks (one line,
                                         rank 0): the run ends there, no restart (launch/prepare.py: deferred check)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text
 
 CKPT_SUBDIR = "checkpoints"
@@ -86,3 +95,127 @@ def stale_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
         if s is not None and s > done:
             out.append(d)
     return sorted(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# resuming on another number of ranks (DeepSpeed's universal checkpoint)
+
+SHAPE_FILE = "zerokit.json"  # in each tag folder: the world that wrote it (rank 0, before `latest` marks it)
+UNIVERSAL_SUFFIX = "_universal"
+_ZERO_OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+@dataclass(frozen=True)
+class CheckpointShape:
+    """The batch geometry of the run that wrote a checkpoint: what a resume on another world size must hold."""
+
+    tag: str
+    step: int
+    world_size: int
+    micro_batch: int | None = None  # per rank
+    grad_accum: int | None = None
+    zero_stage: int | None = None
+    precision: str | None = None  # fp32 | bf16 | fp16
+    zero_partitions: int = 0  # zero_pp_rank_*_optim_states.pt files: 0 = ZeRO-0, whose optimizer is not partitioned
+
+    @property
+    def global_batch(self) -> int | None:
+        return self.micro_batch * self.grad_accum * self.world_size if self.micro_batch and self.grad_accum else None
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A resume whose world size differs from the checkpoint's: convert once, hold the global batch."""
+
+    old: CheckpointShape
+    new_world_size: int
+
+    @property
+    def needs_conversion(self) -> bool:
+        # ZeRO-0's optimizer state is whole in mp_rank_00_model_states.pt: any world size loads it as it is
+        # (engine._load_checkpoint); ZeRO-1/2/3 shard it per rank, which only ds_to_universal can re-cut
+        return self.old.zero_partitions > 0
+
+    @property
+    def universal_tag(self) -> str:
+        return self.old.tag + UNIVERSAL_SUFFIX
+
+
+def write_shape(tag_dir: str | os.PathLike, world_size: int, micro_batch: int, grad_accum: int, zero_stage: int,
+                precision: str) -> None:
+    atomic_write_text(Path(tag_dir) / SHAPE_FILE, json.dumps(
+        {"world_size": world_size, "micro_batch": micro_batch, "grad_accum": grad_accum, "zero_stage": zero_stage,
+         "precision": precision}) + "\n")
+
+
+def read_shape(ckpt_dir: str | os.PathLike) -> CheckpointShape | None:
+    """The latest complete checkpoint's shape, read without torch: zerokit's SHAPE_FILE, else (a checkpoint written
+    before it existed) the world size from DeepSpeed's per-rank optimizer shard files. None: no checkpoint, or a
+    ZeRO-0 checkpoint without SHAPE_FILE (one file for any world size: nothing to tell)."""
+    tag = read_latest(ckpt_dir)
+    if tag is None:
+        return None
+    tag_dir = Path(ckpt_dir) / tag
+    shards = {int(m.group(1)) for f in tag_dir.iterdir() if (m := _ZERO_OPTIM_RE.match(f.name))}
+    try:
+        d = json.loads((tag_dir / SHAPE_FILE).read_text())
+        return CheckpointShape(tag=tag, step=step_of_tag(tag) or 0, world_size=int(d["world_size"]),
+                               micro_batch=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
+                               zero_stage=d.get("zero_stage"), precision=d.get("precision"),
+                               zero_partitions=len(shards))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if not shards:
+        return None
+    return CheckpointShape(tag=tag, step=step_of_tag(tag) or 0, world_size=len(shards), zero_partitions=len(shards))
+
+
+def detect_resize(ckpt_dir: str | os.PathLike, new_world_size: int) -> Resize | None:
+    """A Resize when the latest checkpoint was written by another number of ranks; None: resume as it is."""
+    shape = read_shape(ckpt_dir)
+    if shape is None or shape.world_size == new_world_size:
+        return None
+    return Resize(old=shape, new_world_size=new_world_size)
+
+
+def held_accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Gradient accumulation that keeps `global_batch` on `world_size` ranks of `micro_batch`: one line naming the
+    global batch and the world sizes that would split it when it does not divide."""
+    per_step = micro_batch * world_size
+    if global_batch % per_step:
+        fits = [w for w in range(1, global_batch // micro_batch + 1) if global_batch % (micro_batch * w) == 0][:8]
+        raise ZerokitError(f"the checkpoint's global batch {global_batch} cannot be split into micro batch "
+                           f"{micro_batch} x {world_size} ranks: resume on {', '.join(map(str, fits))} ranks "
+                           "(--gpus-per-node/--nodes), or use a --config whose micro batch divides it")
+    return global_batch // per_step
+
+
+def convert_to_universal(ckpt_dir: str | os.PathLike, resize: Resize) -> Path:
+    """checkpoints/<tag>_universal from checkpoints/<tag>, once, with DeepSpeed's own converter
+    (deepspeed/checkpoint/ds_to_universal.py). Run in a subprocess: the launching process imports no torch, and
+    the converter's worker pools and prints stay out of it. `--inject_missing_state`: zerokit's ZeRO-1/2 engines
+    do not save UNIVERSAL_CHECKPOINT_INFO (only Megatron-style clients do); ds_to_universal refuses a ZeRO-2
+    checkpoint without it (measured: ../shared/reference/finetune-and-parallel-on-cpu.md). Written into a
+    temporary folder and renamed: a failed conversion leaves the checkpoint and no half-converted copy."""
+    ckpt_dir = Path(ckpt_dir)
+    dest = ckpt_dir / resize.universal_tag
+    if dest.is_dir():
+        return dest
+    tmp = ckpt_dir / f".{resize.universal_tag}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+           str(ckpt_dir / resize.old.tag), "--output_folder", str(tmp), "--inject_missing_state",
+           "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        n = resize.new_world_size
+        raise ZerokitError(f"cannot convert checkpoint {resize.old.tag} (written by {resize.old.world_size} ranks) to a "
+                           f"universal checkpoint for {n} rank{'s' * (n > 1)}: {lines[-1] if lines else 'no output'}; "
+                           f"resume on {resize.old.world_size} ranks instead")
+    os.replace(tmp, dest)
+    # the converter names its output folder (our temporary one) in <parent>/latest_universal, which
+    # engine.load_checkpoint(tag=None) reads under load_universal; the ranks pass the tag, but keep the file true
+    atomic_write_text(ckpt_dir / "latest_universal", resize.universal_tag, mode=0o644)
+    return dest

@@ -10,7 +10,7 @@ import sys
 
 from zerokit.core.errors import EXIT_INVALID, EXIT_OK, ZerokitError
 from zerokit.core.fsutil import atomic_write_text
-from zerokit.launch.checkpoints import config_rejection
+from zerokit.launch.checkpoints import CKPT_SUBDIR, config_rejection, convert_to_universal
 from zerokit.launch.command import build_launch_command, render_sbatch
 from zerokit.launch.prepare import LaunchPlan
 
@@ -29,11 +29,30 @@ def describe_command(plan: LaunchPlan, resume: bool) -> str:
     return "\n".join(lines)
 
 
+def convert_for_resize(plan: LaunchPlan) -> str:
+    """A --resume on another world size: DeepSpeed's universal checkpoint of the latest step (once), before
+    anything in the run directory changes, so a refused conversion leaves the run as it was. The one line saying
+    so."""
+    rs, cfg = plan.resize, plan.ds_config
+    if rs.needs_conversion:
+        convert_to_universal(plan.out_abs / CKPT_SUBDIR, rs)
+        how = f"converted to a universal checkpoint for {rs.new_world_size} rank{'s' * (rs.new_world_size > 1)}"
+    else:
+        how = f"ZeRO-0 keeps the whole optimizer state: loaded as it is on {rs.new_world_size} rank" + (
+            "s" * (rs.new_world_size > 1))
+    micro, accum = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
+    return (f"checkpoint step {rs.old.step} was written by {rs.old.world_size} rank{'s' * (rs.old.world_size > 1)}; "
+            f"{how}; global batch {micro * accum * rs.new_world_size} held: micro {micro} x accumulation {accum} x "
+            f"{rs.new_world_size} rank{'s' * (rs.new_world_size > 1)}")
+
+
 def write_run_directory(plan: LaunchPlan) -> None:
     """The config and the packed tokens every rank memory-maps (and, for pdsh, DeepSpeed's .deepspeed_env)."""
     from zerokit.config.render import write_json_atomic
     from zerokit.launch import data as zdata
 
+    if plan.resize is not None:
+        print(convert_for_resize(plan), flush=True)
     plan.out_abs.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.cfg_path, plan.ds_config)
     if plan.uses_own_loop:  # a user's script brings its own data

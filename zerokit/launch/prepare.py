@@ -17,7 +17,7 @@ from typing import Any
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
 from zerokit.core.quiet import verbose
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
-from zerokit.launch.checkpoints import CKPT_SUBDIR, read_latest
+from zerokit.launch.checkpoints import CKPT_SUBDIR, Resize, detect_resize, held_accumulation, read_latest
 from zerokit.launch.command import LaunchSpec, validate
 from zerokit.launch import user_script
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
@@ -96,6 +96,7 @@ class LaunchPlan:
     deepspeed_checked: bool = True  # False: the ranks put ds_config to DeepSpeed's config classes first (--check-config)
     script: Any = None  # launch.user_script.UserCommand: the user's own script instead of zerokit's loop
     data: Any = None  # launch.data.TokenizedData: tokens and, where masked or padded, labels and attention mask
+    resize: Resize | None = None  # --resume of a checkpoint written by another number of ranks (held_global_batch)
 
     @property
     def uses_own_loop(self) -> bool:
@@ -250,13 +251,51 @@ def deepspeed_check_in_ranks(req: LaunchRequest, multi_node: bool) -> bool:
                                      or (req.output_dir is not None and Path(req.output_dir).exists()))
 
 
+def held_global_batch(req: LaunchRequest, resize: Resize | None) -> int | None:
+    """The global batch a resume on another world size keeps: the checkpoint's (checkpoints.SHAPE_FILE, else the
+    run's launch.json), so the optimizer steps, the LR schedule and the data position mean what they meant."""
+    if resize is None:
+        return None
+    held = resize.old.global_batch
+    if held is None:  # a checkpoint written before SHAPE_FILE: the run's own record of its setup
+        import json
+
+        try:
+            setup = json.loads((Path(req.output_dir) / "launch.json").read_text())["setup"]
+            held = setup["micro_batch_size"] * setup["gradient_accumulation_steps"] * resize.old.world_size
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ZerokitError(f"--resume: checkpoint {resize.old.tag} was written by {resize.old.world_size} ranks "
+                               f"but neither it nor {req.output_dir}/launch.json gives its global batch: resume on "
+                               f"{resize.old.world_size} ranks") from None
+    if req.global_batch is not None and req.global_batch != held:
+        raise ZerokitError(f"--global-batch {req.global_batch} differs from the checkpoint's global batch {held}; a "
+                           "resume holds it: drop --global-batch")
+    return held
+
+
+def _hold_in_config(ds_config: dict, held: int, resize: Resize, world: int) -> dict:
+    """The user's micro batch stays; accumulation is re-derived for the new world size (DeepSpeed's
+    _configure_train_batch_size: train_batch_size = micro x accumulation x world)."""
+    micro = ds_config.get("train_micro_batch_size_per_gpu")
+    micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else resize.old.micro_batch
+    if not micro:
+        raise ZerokitError("--resume on another world size needs train_micro_batch_size_per_gpu in --config: set it")
+    out = dict(ds_config, train_micro_batch_size_per_gpu=micro,
+               gradient_accumulation_steps=held_accumulation(held, micro, world))
+    if "train_batch_size" in out:
+        out["train_batch_size"] = held
+    return out
+
+
 def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluster, samples: int | None, seq_len: int,
-                 deepspeed_in_ranks: bool = False, profile: str = "deepspeed"):
+                 deepspeed_in_ranks: bool = False, profile: str = "deepspeed", resize: Resize | None = None):
     """(ds_config, evaluation, steps, deepspeed_checked): the user's --config checked, or the planner's choice
-    rendered. A setup that does not fit prints its breakdown to stderr and raises (exit 1)."""
+    rendered. A setup that does not fit prints its breakdown to stderr and raises (exit 1). With `resize` the
+    checkpoint's global batch is held (held_global_batch) and the ranks load its universal checkpoint."""
     from zerokit.report.plan_text import format_check, format_plan
 
     pins, world = dict(req.pins), cluster.world_size
+    held = held_global_batch(req, resize)
     if req.config:
         if pins.keys() - {"activation_checkpointing"}:
             raise ZerokitError("--stage/--offload-*/--precision/--micro-batch/--grad-accum choose a setup for --plan; "
@@ -265,6 +304,8 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
         from zerokit.config.rules import auto_keys, load_config_file
 
         ds_config = load_config_file(req.config)
+        if held is not None:
+            ds_config = _with_universal_load(_hold_in_config(ds_config, held, resize, world), resize)
         result = check_config(ds_config, req.config, spec, cluster, Workload(seq_len=seq_len, samples=samples),
                               activation_checkpointing=bool(pins.get("activation_checkpointing")),
                               memory_fraction=req.memory_fraction,
@@ -292,7 +333,12 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     from zerokit.config.render import render_ds_config
     from zerokit.plan.planner import make_plan
 
-    workload = Workload(seq_len=seq_len, global_batch=req.global_batch, samples=samples, epochs=req.epochs or 1.0)
+    if held is not None:  # the checkpoint's stage and precision: its optimizer state only loads into the same kind
+        pins.pop("gradient_accumulation_steps", None)  # re-derived for the new world size
+        pins.update({k: v for k, v in (("zero_stage", resize.old.zero_stage), ("precision", resize.old.precision))
+                     if v is not None})
+    workload = Workload(seq_len=seq_len, global_batch=held or req.global_batch, samples=samples,
+                        epochs=req.epochs or 1.0)
     plan = make_plan(spec, cluster, workload, pins, memory_fraction=req.memory_fraction)
     if not plan.fits or plan.best is None:
         print(format_plan(plan), file=sys.stderr)
@@ -304,7 +350,17 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     warmup = req.warmup_steps if req.warmup_steps is not None else max(1, (steps or 10) // 10)
     ds_config = render_ds_config(setup, cluster, spec, workload, profile=profile, lr=lr, warmup_steps=warmup,
                                  total_steps=steps)
+    if held is not None:
+        ds_config = _with_universal_load(ds_config, resize)
     return ds_config, plan.best, steps, True  # the templates' output is held to DeepSpeed's classes in the tests
+
+
+def _with_universal_load(ds_config: dict, resize: Resize) -> dict:
+    """DeepSpeed's `checkpoint.load_universal` (runtime/config.py): the ranks load checkpoints/<tag>_universal
+    (launch/train.py picks the tag). ZeRO-0 needs no conversion: its optimizer state is not partitioned."""
+    if not resize.needs_conversion:
+        return ds_config
+    return dict(ds_config, checkpoint=dict(ds_config.get("checkpoint") or {}, load_universal=True))
 
 
 def _steps(samples: int | None, world: int, micro: int, accum: int, req: LaunchRequest) -> int | None:
@@ -411,8 +467,11 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     else:  # the script brings its own data; an HF Trainer script gets the "auto" profile the Trainer fills
         files, tokenizer, tokens, total_tokens, data = [], "", None, 0, None
         samples, profile = req.samples, req.profile or ("hf" if script.uses_hf_trainer else "deepspeed")
+    # a checkpoint written by another number of ranks: converted by execute.write_run_directory, global batch held here
+    resize = detect_resize(Path(req.output_dir) / CKPT_SUBDIR, cluster.world_size) if (
+        req.resume and req.output_dir and script is None) else None
     ds_config, evaluation, steps, deepspeed_checked = choose_setup(
-        req, model, spec, cluster, samples, seq_len, deepspeed_check_in_ranks(req, multi_node), profile)
+        req, model, spec, cluster, samples, seq_len, deepspeed_check_in_ranks(req, multi_node), profile, resize)
     save_every = 0 if script is not None else req.save_every if req.save_every is not None else (
         max(1, steps // 10) if req.max_restarts else 0)
     out = output_dir(req, data)
@@ -426,7 +485,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
         save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
         port=req.master_port or free_port(), env=env, deepspeed_bin=deepspeed_bin(),
         prediction=prediction_from_evaluation(evaluation, steps), deepspeed_checked=deepspeed_checked, script=script,
-        data=data,
+        data=data, resize=resize,
     )
     validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time
     return plan

@@ -41,11 +41,13 @@ from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
     FINAL_SUBDIR,
     METRICS_SUBDIR,
+    UNIVERSAL_SUFFIX,
     read_latest,
     stale_checkpoints,
     tag_for_step,
     write_config_rejection,
     write_latest,
+    write_shape,
 )
 from zerokit.measure.step_phases import StepPhaseMeter
 from zerokit.spec.setup import optimizer_steps
@@ -390,13 +392,33 @@ def main(args: RankOptions) -> int:
                 shutil.rmtree(d, ignore_errors=True)
         dist.barrier()
         tag = read_latest(ckpt_dir)
+        if engine.load_universal_checkpoint():
+            # the launcher converted the latest checkpoint for this world size (launch/checkpoints.py
+            # convert_to_universal); a restart within this run finds a newer one written by this world size,
+            # which DeepSpeed loads the ordinary way (engine.load_checkpoint reads only this flag)
+            if (ckpt_dir / (tag + UNIVERSAL_SUFFIX)).is_dir():
+                tag += UNIVERSAL_SUFFIX
+            else:
+                engine._config.load_universal_checkpoint = False
         load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag)
         if load_path is None:
             raise RuntimeError(f"could not load checkpoint {ckpt_dir}/{tag}")
         zk = client["zerokit"]
         epoch, batch_in_epoch = zk["epoch"], zk["batch_in_epoch"]
+        saved_world = zk.get("world_size", world)
+        if saved_world != world:
+            # the position by samples consumed: DistributedSampler deals one seeded permutation round-robin
+            # (rank r takes indices[r::world]), so the first k x world samples of the epoch are the same set
+            # whatever the world size; with the global batch held the count divides by micro x new world
+            consumed = zk.get("samples_in_epoch", batch_in_epoch * zk.get("micro_batch", mb) * saved_world)
+            if consumed % (mb * world):
+                raise RuntimeError(f"checkpoint {tag}: {consumed} samples into epoch {epoch} do not split into micro "
+                                   f"batch {mb} x {world} ranks")
+            batch_in_epoch = consumed // (mb * world)
         rngs = zk["rng"]
-        _set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
+        # rank r continues saved rank r's stream; a rank the old run did not have takes rank 0's (the streams
+        # only drive dropout and the like; none is more right than another, rank 0's always exists)
+        _set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
         resumed_from = engine.global_steps
     elif args.resume and rank == 0:
         for d in stale_checkpoints(ckpt_dir):
@@ -429,14 +451,16 @@ def main(args: RankOptions) -> int:
         dist.all_gather_object(rngs, _rng_state())
         if b >= micro_per_epoch:
             e, b = e + 1, 0
-        return {"zerokit": {"epoch": e, "batch_in_epoch": b, "rng": rngs, "seed": args.seed, "world_size": world}}
+        return {"zerokit": {"epoch": e, "batch_in_epoch": b, "rng": rngs, "seed": args.seed, "world_size": world,
+                            "micro_batch": mb, "samples_in_epoch": b * mb * world}}
 
     def save(step: int, e: int, b: int) -> None:
         tag = tag_for_step(step)
         engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state(e, b), save_latest=False)
         _crash_hook("checkpoint", step, rank)
         dist.barrier()  # every rank has finished writing its part
-        if rank == 0:
+        if rank == 0:  # what wrote it, for a resume on another world size (launch/checkpoints.py read_shape)
+            write_shape(ckpt_dir / tag, world, mb, ga, stage, "bf16" if bf16 else "fp16" if fp16 else "fp32")
             write_latest(ckpt_dir, tag)
         dist.barrier()
 

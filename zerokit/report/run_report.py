@@ -62,8 +62,24 @@ def _steady(recs: list[dict]) -> list[dict]:
     return steady or [r for _, r in sorted(by_step.items())]
 
 
+def current_world(metrics: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    """Only the records of runs with the latest run's world size: a run resumed on another number of ranks
+    (launch/checkpoints.py Resize) appends to the same metrics files, and the earlier run's ranks and steps would
+    otherwise stand next to the new prediction. The files keep everything; records without a run id (a user's
+    callback, older runs) stay."""
+    starts = [r for recs in metrics.values() for r in recs if r.get("event") == "start" and "world_size" in r]
+    if not starts:
+        return metrics
+    world = max(starts, key=lambda r: r.get("time") or 0)["world_size"]
+    world_of_run = {r.get("run_id"): r["world_size"] for r in sorted(starts, key=lambda r: r.get("time") or 0)}
+    return {rank: [r for r in recs if world_of_run.get(r.get("run_id"), world) == world]
+            for rank, recs in metrics.items() if rank < world}
+
+
 def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
-    """Per-rank peak memory, median step time, tokens/s; job-wide throughput and training time."""
+    """Per-rank peak memory, median step time, tokens/s; job-wide throughput and training time (of the runs
+    with the latest world size: current_world)."""
+    metrics = current_world(metrics)
     ranks = {}
     global_tps, step_times, train_s = [], [], []
     steps_done = 0
@@ -120,6 +136,8 @@ def prediction_from_evaluation(ev, steps: int | None) -> dict:
         "steps": steps,
         "total_seconds": float(t.step_seconds) * steps if steps else t.total_seconds,
         "efficiency": getattr(t, "efficiency", None),
+        # what torch.cuda.max_memory_reserved should show (estimate/reserved.py); None on CPU
+        "allocator_reserved_bytes": mem.nvidia_smi.allocator_reserved() if getattr(mem, "nvidia_smi", None) else None,
     }
 
 
@@ -146,6 +164,10 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
         {"name": "total wall time (incl. start-up, restarts)", "unit": "s",
          "predicted": None, "measured": run.get("wall_s")},
     ]
+    reserved = [m.get("peak_reserved_bytes") for m in measured.get("ranks", {}).values() if m.get("peak_reserved_bytes")]
+    if reserved:  # CUDA only: the allocator's reserve (nvidia-smi less the CUDA context and NCCL's buffers)
+        rows.insert(1, {"name": "allocator reserved peak (max over ranks)", "unit": "bytes",
+                        "predicted": p.get("allocator_reserved_bytes"), "measured": max(reserved)})
     for r in rows:
         r["ratio"] = _ratio(r["measured"], r["predicted"])
     efficiency_to_match = None
