@@ -23,7 +23,6 @@ import pytest
 from zerokit.core.errors import ZerokitError
 from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
-    Resize,
     convert_to_universal,
     detect_resize,
     held_accumulation,
