@@ -88,9 +88,10 @@ class MemoryEstimate:
         return sum(self.nvme.values())
 
     def to_dict(self) -> dict:
+        smi = self.nvidia_smi
         return {
             "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu),
-                        **(self.nvidia_smi.to_dict() if self.nvidia_smi else {})},
+                        **(smi.to_dict() if smi else {})},
             "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu)},
             "nvme_per_node": {"total_bytes": self.nvme_total, "terms": dict(self.nvme)},
             "phases": dict(self.phases),

@@ -21,14 +21,12 @@ forward + backward + optimizer step, without the checkpoint saves and logging th
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 
 from transformers import TrainerCallback  # this module runs inside a training script: transformers is loaded
 
-from zerokit.launch.checkpoints import METRICS_SUBDIR
+from zerokit.launch.checkpoints import MetricsLog
 
 
 def _env_int(name: str) -> int | None:
@@ -39,7 +37,7 @@ def _env_int(name: str) -> int | None:
 class ZerokitCallback(TrainerCallback):
     def __init__(self, output_dir: str | os.PathLike | None = None):
         self.output_dir = output_dir
-        self.fh = None
+        self.log = None  # MetricsLog, from on_train_begin
         self.phases = None
         self.meter_method = "none"
         self.attempt = _env_int("ZEROKIT_ATTEMPT") or 0
@@ -91,10 +89,7 @@ class ZerokitCallback(TrainerCallback):
             "none" if meter is None else "live_tensor_bytes" if meter is not self._own_meter
             else "live_tensor_bytes_from_trainer_init")
         self.phases = StepPhaseMeter(meter, on_cuda)
-        out = Path(self.output_dir or os.environ.get("ZEROKIT_OUTPUT_DIR") or args.output_dir)
-        path = out / METRICS_SUBDIR / f"rank{self._rank}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "a", buffering=1)
+        self.log = MetricsLog(self.output_dir or os.environ.get("ZEROKIT_OUTPUT_DIR") or args.output_dir, self._rank)
         ds = getattr(args, "hf_deepspeed_config", None)
         zero = (ds.config.get("zero_optimization") or {}) if ds is not None else {}
         self._write({
@@ -143,14 +138,14 @@ class ZerokitCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._flush()
-        if self.fh is None:
+        if self.log is None:
             return
         self._write({"event": "end", "rank": self._rank, "step": int(state.global_step), "attempt": self.attempt,
                      "run_id": self.run_id, "train_s": time.time() - self._train_t0,
                      "peak_allocated_bytes": int(self.phases.overall), "memory_method": self.meter_method,
                      "time": time.time()})
-        self.fh.close()
-        self.fh = None
+        self.log.close()
+        self.log = None
         if self._own_meter is not None:
             self._own_meter.stop()
 
@@ -161,6 +156,5 @@ class ZerokitCallback(TrainerCallback):
             self._pending = None
 
     def _write(self, rec: dict) -> None:
-        if self.fh is not None:
-            self.fh.write(json.dumps(rec) + "\n")
-            self.fh.flush()
+        if self.log is not None:
+            self.log.write(rec)

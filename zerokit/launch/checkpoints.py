@@ -7,6 +7,8 @@ checkpoints), the runner (which restarts from them) and launch preparation (whic
     <output_dir>/checkpoints/step{N}/zerokit.json       world size, micro batch, accumulation that wrote it
     <output_dir>/checkpoints/step{N}_universal/         DeepSpeed's universal checkpoint of step{N}, converted
                                         for a resume on another number of ranks (convert_to_universal)
+    <output_dir>/metrics/rank{R}.jsonl  one JSON record per line ("start", "step", "end"): MetricsLog writes them
+                                        (zerokit's loop and ZerokitCallback), report/run_report.read_metrics reads
     <output_dir>/config_rejected.txt    DeepSpeed's config classes refused ds_config.json in the ranks (one line,
                                         rank 0): the run ends there, no restart (launch/prepare.py: deferred check)
 """
@@ -31,6 +33,23 @@ FINAL_SUBDIR = "final"
 LATEST = "latest"
 TAG_RE = re.compile(r"^step(\d+)$")
 CONFIG_REJECTED = "config_rejected.txt"
+
+
+class MetricsLog:
+    """Appends a rank's metrics records to <output_dir>/metrics/rank{R}.jsonl, one flushed line each (a kill cuts at
+    most the last line, which read_metrics skips)."""
+
+    def __init__(self, output_dir: str | os.PathLike, rank: int):
+        path = Path(output_dir) / METRICS_SUBDIR / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "a", buffering=1)
+
+    def write(self, rec: dict) -> None:
+        self.fh.write(json.dumps(rec) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
 
 
 def config_rejection(output_dir: str | os.PathLike) -> str | None:

@@ -385,10 +385,8 @@ def check_user_script(req: LaunchRequest) -> "user_script.UserCommand":
                            "(a restart reruns the script, which resumes from its own checkpoints)")
     cmd = user_script.parse_command(req.script_command)
     user_script.check_config_argument(cmd)
-    unknown = {"steps": req.steps is None and req.samples is None}
-    for name, missing in unknown.items():
-        if missing and any("{" + name + "}" in a for a in cmd.args):
-            raise ZerokitError(f"{{{name}}} in the script's arguments needs --steps (or --samples) on zerokit launch")
+    if req.steps is None and req.samples is None and any("{steps}" in a for a in cmd.args):
+        raise ZerokitError("{steps} in the script's arguments needs --steps (or --samples) on zerokit launch")
     return cmd
 
 

@@ -40,8 +40,8 @@ from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
     FINAL_SUBDIR,
-    METRICS_SUBDIR,
     UNIVERSAL_SUFFIX,
+    MetricsLog,
     read_latest,
     stale_checkpoints,
     tag_for_step,
@@ -267,19 +267,6 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class _Metrics:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "a", buffering=1)
-
-    def write(self, rec: dict) -> None:
-        self.fh.write(json.dumps(rec) + "\n")
-        self.fh.flush()
-
-    def close(self) -> None:
-        self.fh.close()
-
-
 def _fmt_eta(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -424,7 +411,7 @@ def main(args: RankOptions) -> int:
         for d in stale_checkpoints(ckpt_dir):
             shutil.rmtree(d, ignore_errors=True)
 
-    metrics = _Metrics(out / METRICS_SUBDIR / f"rank{rank}.jsonl")
+    metrics = MetricsLog(out, rank)
     metrics.write({
         "event": "start", "rank": rank, "world_size": world, "attempt": attempt, "run_id": run_id,
         "resumed_from": resumed_from,

@@ -170,11 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     # this same module object (and its meter), not a fresh copy with none.
     sys.modules.setdefault(__spec__.name if __spec__ else "zerokit.launch.user_script", sys.modules[__name__])
     _start_meter()
+    sys.argv = [target] + lead + args
     if is_module:
-        sys.argv = [target] + lead + args
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [target] + lead + args
         # as `python train.py` does: the script's own directory first on sys.path
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")

@@ -125,6 +125,7 @@ def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
 def prediction_from_evaluation(ev, steps: int | None) -> dict:
     """The planner's Evaluation as the plain dict build_report takes."""
     mem, t = ev.memory, ev.time
+    smi = getattr(mem, "nvidia_smi", None)
     return {
         "setup": ev.setup.label,
         "fits": ev.fits,
@@ -137,7 +138,7 @@ def prediction_from_evaluation(ev, steps: int | None) -> dict:
         "total_seconds": float(t.step_seconds) * steps if steps else t.total_seconds,
         "efficiency": getattr(t, "efficiency", None),
         # what torch.cuda.max_memory_reserved should show (estimate/reserved.py); None on CPU
-        "allocator_reserved_bytes": mem.nvidia_smi.allocator_reserved() if getattr(mem, "nvidia_smi", None) else None,
+        "allocator_reserved_bytes": smi.allocator_reserved() if smi else None,
     }
 
 
