@@ -4,6 +4,7 @@
     python bench/accuracy/run.py --full --limit 200      # the whole grid (large)
     python bench/accuracy/run.py --quick --reuse         # re-predict against the runs already on disk (no jobs)
     python bench/accuracy/run.py --quick --hardware-profile prof.json   # time predicted from a calibration
+    python bench/accuracy/run.py --only fp16 --steps 3   # the fp16 rows (on CPU through bench/accuracy/fp16_on_cpu)
 
 Every job is a real 2-rank run through the CLI a user would type:
     python -m zerokit launch --model M --config <render_ds_config(setup)> [--gpu cpu] --gpus-per-node 2
@@ -120,6 +121,29 @@ QUICK = [
     J("tiny-gpt2", 2, "bf16", 2, 128, ga=2),
     J("small-llama", 0, "bf16", 2, 128, ga=2),
 ]
+# fp16 (V100/T4/RTX 20xx users' precision): DeepSpeed's fp16 paths (FP16_Optimizer at ZeRO-0, the loss scaler,
+# overflow checks) at every stage, with and without offload. On CPU they run through bench/accuracy/fp16_on_cpu
+# (DeepSpeed's accelerator check lifted, torch's slow half kernels: small shapes).
+FP16 = [J(m, stage, "fp16", 2, 64, oo, op) for m in ("tiny-llama", "tiny-gpt2")
+        for stage, oo, op in ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"), (3, "none", "none"),
+                              (1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"))]
+QUICK += FP16
+FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
+
+
+def fp16_cpu_profile(given: str | None, runs: Path) -> str:
+    """A hardware profile with fp16 for the fp16 jobs on CPU: `zerokit launch` (check) refuses fp16 on an
+    accelerator that does not support it, and a profile measured under the harness says it does (calibrate's
+    precision_supported asks DeepSpeed's accelerator). The given profile if it has fp16, else one
+    `zerokit calibrate --quick` under the harness, made once per runs directory."""
+    if given and (json.loads(Path(given).read_text()).get("matmul_tflops") or {}).get("fp16"):
+        return given
+    path = runs / "fp16_cpu_profile.json"
+    if not path.is_file():
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(FP16_HARNESS), os.environ.get("PYTHONPATH")])))
+        subprocess.run([sys.executable, "-m", "zerokit", "calibrate", "--quick", "-o", str(path)], cwd=ROOT, env=env,
+                       check=True)
+    return str(path)
 
 
 def full_grid() -> list[Job]:
@@ -170,10 +194,13 @@ def render(job: Job, cluster, steps: int) -> dict:
                             total_steps=steps)
 
 
-def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, steps: int) -> list[str]:
+def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, steps: int,
+                   profile: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "zerokit", "launch", "--model", MODELS[job.model], "--config", str(cfg)]
     if device == "cpu":
         cmd += ["--gpu", "cpu"]
+    if profile:  # fp16 on CPU: the profile that says the (harnessed) CPU trains fp16
+        cmd += ["--hardware-profile", profile]
     cmd += ["--gpus-per-node", str(ranks), "--seq-len", str(job.seq_len), "--steps", str(steps),
             "--output-dir", str(out)]
     if job.ckpt:
@@ -182,7 +209,7 @@ def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, step
 
 
 def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, memory_steps: int,
-            timeout: int) -> dict:
+            timeout: int, profile: str | None = None) -> dict:
     import shutil
 
     out = runs / job.name
@@ -191,10 +218,12 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
     out.mkdir(parents=True)
     cfg = runs / f"{job.name}.ds_config.json"
     cfg.write_text(json.dumps(render(job, cluster, steps), indent=2) + "\n")
-    cmd = launch_command(job, cfg, out, device, ranks, steps)
+    cmd = launch_command(job, cfg, out, device, ranks, steps, profile)
     env = dict(os.environ, ZEROKIT_MEMORY_STEPS=str(memory_steps) if device == "cpu" else "0")
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(rank_threads(ranks))
+    if device == "cpu" and job.precision == "fp16":  # every process of the job: launcher, deepspeed, ranks
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FP16_HARNESS), env.get("PYTHONPATH")]))
     t0 = time.perf_counter()
     with open(runs / f"{job.name}.log", "w") as log:
         try:
@@ -302,6 +331,7 @@ def main(argv=None) -> int:
     if args.limit:
         jobs = jobs[: args.limit]
     cluster = make_cluster(device, ranks, args.gpu, gpu_mib, args.hardware_profile)
+    fp16_cpu = device == "cpu" and any(j.precision == "fp16" for j in jobs)
     runs = Path(args.runs) / ("full" if args.full else "quick")
     runs.mkdir(parents=True, exist_ok=True)
     results = Path(args.results) if args.results else ROOT / "bench" / "results" / f"accuracy_{device}"
@@ -309,6 +339,11 @@ def main(argv=None) -> int:
         ap.error("--repeat must be at least 1")
     # repeat 1 in runs/, repeat r in runs/rep<r>/ (so --reuse finds runs made before --repeat existed)
     rep_dirs = [runs] + [runs / f"rep{r}" for r in range(2, args.repeat + 1)]
+    fp16_profile = fp16_cpu_profile(args.hardware_profile, runs) if fp16_cpu else None
+    fp16_cluster = make_cluster(device, ranks, args.gpu, gpu_mib, fp16_profile) if fp16_cpu else None
+
+    def cluster_of(job):
+        return fp16_cluster if fp16_cpu and job.precision == "fp16" else cluster
     t_all = time.perf_counter()
     run_of = {}
     for r, rdir in enumerate(rep_dirs, 1):
@@ -317,7 +352,8 @@ def main(argv=None) -> int:
             if not (args.reuse and have):
                 tag = f" (repeat {r}/{args.repeat})" if args.repeat > 1 else ""
                 print(f"[{i}/{len(jobs)}] {job.name}{tag} ...", file=sys.stderr, flush=True)
-                run = run_job(job, rdir, device, ranks, cluster, args.steps, args.memory_steps, args.timeout)
+                run = run_job(job, rdir, device, ranks, cluster_of(job), args.steps, args.memory_steps, args.timeout,
+                              fp16_profile if cluster_of(job) is fp16_cluster else None)
                 print(f"    rc={run['returncode']} {run['wall_s']:.1f} s", file=sys.stderr, flush=True)
                 run_of.setdefault(job.name, run)
     rows, jobs_out = [], []
@@ -325,8 +361,8 @@ def main(argv=None) -> int:
         out = runs / job.name
         run = run_of.get(job.name)
         cfg_path = runs / f"{job.name}.ds_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else render(job, cluster, args.steps)
-        pred = predict(job, cluster, cfg)
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else render(job, cluster_of(job), args.steps)
+        pred = predict(job, cluster_of(job), cfg)
         meas = measure(out, args.warmup) if (out / "metrics").is_dir() else {}
         if meas and args.repeat > 1:
             meas = fastest_of_repeats(meas, [measure(d / job.name, args.warmup) for d in rep_dirs[1:]
@@ -342,7 +378,8 @@ def main(argv=None) -> int:
                 "pred_mem": pred["per_rank_bytes"], "meas_mem": m["peak_bytes"],
                 "mem_err": rel_err(pred["per_rank_bytes"], m["peak_bytes"]), "peak_phase": m["peak_phase"],
                 "pred_time": pred["step_seconds"], "meas_time": m["step_seconds"],
-                "time_err": rel_err(pred["step_seconds"], m["step_seconds"]),
+                # fp16 on CPU runs torch's emulated half kernels: like no GPU, kept out of the time summary
+                "time_err": None if fp16_cpu and job.precision == "fp16" else rel_err(pred["step_seconds"], m["step_seconds"]),
                 "pred_groups": group_terms(pred["terms"], TERM_GROUPS),
                 "meas_groups": group_terms(m["categories"], MEASURED_GROUPS) if m["categories"] else {},
             })
@@ -378,6 +415,10 @@ def main(argv=None) -> int:
     if device == "cpu":
         header.insert(5, f"threads: OMP_NUM_THREADS={rank_threads(ranks)} per rank (cores / ranks; torch's default "
                          "oversubscribes the cores, see docs/memory-model.md \"Time\"); not run on a GPU for this table")
+    if fp16_cpu:
+        header.append(f"fp16 rows: DeepSpeed's fp16 accelerator check lifted (bench/accuracy/fp16_on_cpu), profile "
+                      f"{fp16_profile}; their step times (torch's emulated CPU half kernels) compare with no GPU "
+                      "and are left out of the time error and summary")
     if failed:
         header.append(f"FAILED jobs (no metrics): {', '.join(failed)}")
     nonzero = [j["name"] for j in jobs_out if j["run"] and j["run"]["returncode"] != 0 and j["measured"]]

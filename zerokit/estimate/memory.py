@@ -485,6 +485,14 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         step_extra = {**grads, "fp32_gradients": states["fp32_gradients"]}
         if torch_adam:
             step_extra["optimizer_step_temporaries"] = 2 * 4 * model.largest_layer_params
+        elif setup.precision == "fp16":
+            # fp16 with FusedAdam is DeepSpeed's FP16_Optimizer (engine._configure_fp16_optimizer), whose step
+            # builds the fp32 flat gradient as _flatten_dense_tensors([p.grad.to(fp32) for p in group])
+            # (runtime/fp16/fused_optimizer.py FP16_Optimizer.step): every per-tensor fp32 copy is alive
+            # while the flat one is written, next to the 16-bit gradients (freed after). Derived from the
+            # source: FusedAdam cannot run on CPU; torch AdamW there gives FP16_UnfusedOptimizer (per
+            # tensor, measured: no such copy, the bf16 terms above).
+            step_extra["fp16_flatten_copies"] = 4 * psi
     else:
         # the fp32 gradient partition (made for an fp32 model too); the 16-bit gradients are freed by
         # then (measured: not alive at the step's peak at ZeRO-1/2)

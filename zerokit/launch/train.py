@@ -308,6 +308,18 @@ def main(args: RankOptions) -> int:
     stage = int(zero.get("stage", 0) or 0)
     bf16 = bool((ds_config.get("bf16") or {}).get("enabled"))
     fp16 = bool((ds_config.get("fp16") or {}).get("enabled"))
+    if fp16 and not torch.cuda.is_available():
+        # a profile may say fp16 where this CPU's DeepSpeed does not (measured elsewhere, or under
+        # bench/accuracy/fp16_on_cpu): one line instead of every rank's "Type fp16 is not supported" traceback
+        from zerokit.measure.calibrate import precision_supported
+
+        ok, why = precision_supported("fp16", "cpu")
+        if not ok:
+            if not _env_int("RANK"):
+                write_config_rejection(out, why)  # the parent prints it after a --check-config launch; no restarts
+                if not args.check_config:
+                    print(f"error: {why}", file=sys.stderr, flush=True)
+            return EXIT_INVALID
     attempt = _env_int("ZEROKIT_ATTEMPT") or 0
     run_id = os.environ.get("ZEROKIT_RUN_ID")
 

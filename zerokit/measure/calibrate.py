@@ -55,7 +55,15 @@ def precision_supported(precision: str, device: Any = None) -> tuple[bool, str]:
         return True, ""
     if device.type == "cpu":
         if precision == "fp16":
-            return False, "fp16 is not supported on CPU (DeepSpeed: 'Type fp16 is not supported on your device')"
+            # DeepSpeed decides: DeepSpeedEngine._do_sanity_check raises "Type fp16 is not supported on your
+            # device." unless the CPU accelerator says yes (cpu_accelerator.py CPU_Accelerator.is_fp16_supported:
+            # oneDNN fp16, AVX512-FP16/AMX CPUs; bench/accuracy/fp16_on_cpu lifts it for measurement). The CPU
+            # class itself, not get_accelerator(): on a CUDA machine that is the CUDA accelerator.
+            from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: PLC0415
+
+            if not CPU_Accelerator().is_fp16_supported():
+                return False, ("fp16 is not supported on this CPU (DeepSpeed: 'Type fp16 is not supported on your "
+                               "device', it needs AVX512-FP16/AMX): use bf16 or fp32")
         return True, ""
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         return False, "this GPU has no bf16 support"
