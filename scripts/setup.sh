@@ -46,3 +46,10 @@ fi
 
 # DeepSpeed builds its CPU ops with ninja on first use (53 s + 79 s here); build them now, once.
 PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/python" scripts/warm_ops.py
+
+# The time model's figures for this machine, measured once (~50 s on 2 cores) and kept where plans find them
+# without --hardware-profile ($ZEROKIT_CACHE_DIR/hardware/profile.json): on the catalog's rough `cpu` figures the
+# demo's first report missed the step time 4x (issue 13). A busy machine fails it in one line; plans then use the
+# catalog until `zerokit calibrate` runs.
+PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/zerokit" calibrate --quick --if-missing >/dev/null \
+  || echo "setup: no hardware profile measured; plans use the catalog's figures until \`zerokit calibrate\` runs" >&2

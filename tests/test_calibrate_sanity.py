@@ -218,3 +218,40 @@ def test_slow_precision_is_recorded_as_measured(tmp_path, monkeypatch):
     assert prof["matmul_spread_cv"]["bf16"] < SANITY.max_spread_cv
     assert all(sorted(v) == ["fp32"] for v in prof["compute_timing"].values())
     assert any(n.startswith("bf16: compute benchmark skipped") for n in prof["notes"])
+
+
+def test_slow_precision_is_never_planned_unless_pinned(tmp_path):
+    """Issue 13: "never plan that precision there". Where fp32 does not fit and bf16 would, a measured bf16 wins;
+    a bf16 measured under 1/10 of fp32 (spec.profile.SLOW_PRECISION_FACTOR) is left out with a note, and a pin
+    still plans it."""
+    from zerokit.plan.planner import make_plan
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import Workload
+
+    spec, work = load_model_spec("tiny-llama"), Workload(seq_len=256)
+
+    def cluster(bf16_tflops, node_ram):  # a CPU's ranks share the node's RAM (--cpu-memory)
+        prof = json.loads(json.dumps(MEASURED))
+        prof["matmul_tflops"]["bf16"] = bf16_tflops
+        path = tmp_path / f"{bf16_tflops}.json"
+        path.write_text(json.dumps(prof))
+        return build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(path), cpu_memory=f"{node_ram}KiB")
+
+    def least_ram_kib(precision):  # bisection on the node's RAM for the pinned precision
+        lo, hi = 1, 1 << 20
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if make_plan(spec, cluster(MATMUL["bf16"], mid), work, {"precision": precision}).fits else (mid, hi)
+        return hi
+
+    fp32, bf16 = least_ram_kib("fp32"), least_ram_kib("bf16")
+    assert bf16 < fp32
+    budget = (fp32 + bf16) // 2  # bf16 fits, fp32 does not
+    measured = make_plan(spec, cluster(MATMUL["bf16"], budget), work)
+    assert measured.fits and measured.choice.precision == "bf16" and not any("left out" in n for n in measured.notes)
+    slow = make_plan(spec, cluster(3e-4, budget), work)
+    assert not slow.fits and slow.best.setup.precision == "fp32"
+    assert any(n.startswith("bf16 left out: its matmul measured 0.3 GFLOP/s") for n in slow.notes), slow.notes
+    pinned = make_plan(spec, cluster(3e-4, budget), work, {"precision": "bf16"})
+    assert pinned.fits and pinned.choice.precision == "bf16" and not any("left out" in n for n in pinned.notes)

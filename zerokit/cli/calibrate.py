@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from zerokit.cli.common import nonempty
@@ -12,15 +13,36 @@ def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile for --hardware-profile",
                        epilog="exit 3, one line and no profile written, when the machine was too busy to measure "
                               "(a degenerate fit or spread repeats still after re-measuring: zerokit.spec.profile.SANITY)")
-    p.add_argument("-o", "--output", type=nonempty, default="hardware_profile.json")
+    p.add_argument("-o", "--output", type=nonempty, default=None,
+                   help="where to write the profile (default: this machine's own, which plans here use without "
+                        "--hardware-profile: $ZEROKIT_HARDWARE_PROFILE, else $ZEROKIT_CACHE_DIR/hardware/profile.json)")
     p.add_argument("--quick", action="store_true", help="fewer and smaller points, no engine costs (35-50 s on 2 cores)")
+    p.add_argument("--if-missing", action="store_true",
+                   help="do nothing when the output already holds a profile measured on this machine (scripts/setup.sh "
+                        "measures one once)")
     p.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args) -> int:
     from zerokit.measure.calibrate import format_profile, run_calibration
 
+    from zerokit.spec.profile import local_profile_path
+
+    if args.output is None:
+        args.output = local_profile_path() or "hardware_profile.json"
+    if args.if_missing:
+        from zerokit.core.errors import ZerokitError
+        from zerokit.spec.profile import HardwareProfile, measured_here
+
+        try:
+            if os.path.isfile(args.output) and measured_here(HardwareProfile.from_file(args.output)):
+                print(f"{args.output}: already measured on this machine", file=sys.stderr)
+                return EXIT_OK
+        except ZerokitError:
+            pass  # unreadable: measure again
     profile = run_calibration(args.output, quick=args.quick, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(format_profile(profile))  # the summary; every measured point is in the file
-    print(f"wrote {args.output}", file=sys.stderr)
+    own = os.path.abspath(args.output) == os.path.abspath(local_profile_path() or "")
+    print(f"wrote {args.output}" + (" (plans on this machine use it without --hardware-profile)" if own else ""),
+          file=sys.stderr)
     return EXIT_OK

@@ -84,7 +84,9 @@ def hardware_parent() -> argparse.ArgumentParser:
     g.add_argument("--cpu-memory", type=nonempty, metavar="SIZE", help="host RAM per node (checked when given)")
     g.add_argument("--nvme-path", type=nonempty, metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
     g.add_argument("--nvme-size", type=nonempty, metavar="SIZE", help="free NVMe per node (default: free space at --nvme-path)")
-    g.add_argument("--hardware-profile", type=nonempty, metavar="FILE", help="measured profile from `zerokit calibrate`")
+    g.add_argument("--hardware-profile", type=nonempty, metavar="FILE",
+                   help="measured profile from `zerokit calibrate` (default: the one calibrate wrote on this machine, "
+                        "when it measured the --gpu planned for; none: the catalog's figures)")
     from zerokit.spec.hardware import DIST_BACKENDS
 
     g.add_argument("--dist-backend", choices=DIST_BACKENDS,

@@ -48,17 +48,17 @@ def build_plan(args):
     fraction = memory_fraction_from_args(args)
     pins = pins_from_args(args)
     plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
-    if args.hardware_profile:
+    if cluster.profile is not None:  # --hardware-profile, or this machine's own (spec.hardware.machine_profile_for)
         from zerokit.plan.refine import calibration_effect
 
         from dataclasses import replace
 
         try:  # the same plan on the catalog's figures
-            catalog_cluster = replace(hardware_from_args(args), hardware_profile=None).build()
+            catalog_cluster = replace(hardware_from_args(args), hardware_profile="none").build()
             catalog = make_plan(model, catalog_cluster, workload, pins, memory_fraction=fraction)
         except ZerokitError:
             catalog = None
-        plan.notes.append(calibration_effect(plan, catalog, args.hardware_profile))
+        plan.notes.append(calibration_effect(plan, catalog, cluster.profile.path))
     if getattr(args, "trace", False) and plan.best is not None:
         if not args.model:
             raise ZerokitError("--trace needs a model config to trace: give a model id or directory, not --params")

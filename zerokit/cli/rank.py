@@ -32,10 +32,12 @@ def parse_rank_args(argv: list[str] | None = None):
     ap.add_argument("--lr", type=float, default=1e-3, help="only when the config has no optimizer block")
     ap.add_argument("--no-export", action="store_true", help="skip writing final/ weights")
     ap.add_argument("--no-memory-meter", action="store_true", help="CPU: skip the live-tensor-byte meter")
-    memory_steps = os.environ.get("ZEROKIT_MEMORY_STEPS", "")
-    ap.add_argument("--memory-steps", type=int, default=int(memory_steps) if memory_steps.isdigit() else 0,
-                    help="CPU: stop the live-tensor-byte meter after this many optimizer steps, so later step "
-                         "times carry none of its overhead (0: meter every step; env ZEROKIT_MEMORY_STEPS)")
+    from zerokit.measure.step_phases import DEFAULT_MEMORY_STEPS, memory_steps_from_env
+
+    ap.add_argument("--memory-steps", type=int, default=memory_steps_from_env(),
+                    help="CPU: stop the live-tensor-byte meter after this many optimizer steps of this run, so later "
+                         f"step times carry none of its overhead (default {DEFAULT_MEMORY_STEPS}; 0: meter every step; "
+                         "env ZEROKIT_MEMORY_STEPS)")
     ap.add_argument("--check-config", action="store_true",
                     help="put the ds_config to DeepSpeed's config classes first (zerokit.config.rules."
                          "validate_with_deepspeed); refused: rank 0 writes the reason to OUT/config_rejected.txt, "

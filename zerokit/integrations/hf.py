@@ -27,6 +27,7 @@ import time
 from transformers import TrainerCallback  # this module runs inside a training script: transformers is loaded
 
 from zerokit.launch.checkpoints import MetricsLog
+from zerokit.measure.step_phases import memory_steps_from_env
 
 
 def _env_int(name: str) -> int | None:
@@ -42,8 +43,9 @@ class ZerokitCallback(TrainerCallback):
         self.meter_method = "none"
         self.attempt = _env_int("ZEROKIT_ATTEMPT") or 0
         self.run_id = os.environ.get("ZEROKIT_RUN_ID")
-        self.memory_steps = _env_int("ZEROKIT_MEMORY_STEPS") or 0  # as zerokit's loop: stop the CPU meter after
+        self.memory_steps = memory_steps_from_env()  # as zerokit's loop: stop the CPU meter after
         self._own_meter = None
+        self._steps_run = 0  # steps of this run (a resumed Trainer starts at its checkpoint's global_step)
         self._step_cm = None
         self._t0 = 0.0
         self._tokens0 = 0
@@ -126,7 +128,8 @@ class ZerokitCallback(TrainerCallback):
                "memory_method": self.meter_method, "time": time.time(), "metered": metered}
         rec.update(self.phases.step_fields())
         self._pending = rec  # the Trainer logs this step's loss right after on_step_end (on_log)
-        if self.memory_steps and metered and state.global_step >= self.memory_steps:
+        self._steps_run += 1
+        if self.memory_steps and metered and self._steps_run >= self.memory_steps:
             self.phases.stop()
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -482,7 +482,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
         total_tokens=total_tokens, seq_len=seq_len, ds_config=ds_config, evaluation=evaluation, steps=steps,
         save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
         port=req.master_port or free_port(), env=env, deepspeed_bin=deepspeed_bin(),
-        prediction=prediction_from_evaluation(evaluation, steps), deepspeed_checked=deepspeed_checked, script=script,
+        prediction=prediction_from_evaluation(evaluation, steps, cluster.time_source), deepspeed_checked=deepspeed_checked, script=script,
         data=data, resize=resize,
     )
     validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time

@@ -468,6 +468,7 @@ def main(args: RankOptions) -> int:
     last_saved = step if resumed_from else -1
     peak_alloc = 0
     step_times: list[float] = []
+    steps_run = 0  # optimizer steps of this run: a resumed run meters its own first steps (memory_steps)
     train_t0 = time.time()
     e_cur, b_cur = epoch, batch_in_epoch
     while step < total_steps:
@@ -501,7 +502,8 @@ def main(args: RankOptions) -> int:
         rec.update(phases.step_fields())  # this step's peak per phase (forward, backward, step), the run's so far
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)
-        if args.memory_steps and not on_cuda and phases.active and step >= args.memory_steps:
+        steps_run += 1
+        if args.memory_steps and not on_cuda and phases.active and steps_run >= args.memory_steps:
             phases.stop()
             meter = None
         if rank == 0 and (step % args.log_every == 0 or step == total_steps):

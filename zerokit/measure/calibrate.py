@@ -25,7 +25,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.spec.setup import TORCH_DTYPE_NAMES
 from zerokit.core.units import MiB
 from zerokit.measure.ranks import Lockstep, device_of, free_port, run_local_ranks, sync, tagged_json
-from zerokit.spec.profile import PRECISIONS, SANITY, SCHEMA, matmul_problem
+from zerokit.spec.profile import PRECISIONS, SANITY, SCHEMA, matmul_problem, slow_precisions
 
 __all__ = [
     "measure_matmul",
@@ -350,16 +350,9 @@ def _device_info(device) -> dict:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         pass
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"type": "cpu", "name": name, "count": 1, "memory_bytes": int(mem), "cpu_cores": os.cpu_count()}
+    from zerokit.spec.profile import cpu_model_name  # noqa: PLC0415  (what spec.profile.measured_here compares)
+
+    return {"type": "cpu", "name": cpu_model_name(), "count": 1, "memory_bytes": int(mem), "cpu_cores": os.cpu_count()}
 
 
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
@@ -423,7 +416,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
 
     sizes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
     best = max(v for v in tflops.values() if v)
-    slow = [p for p in PRECISIONS if tflops[p] and tflops[p] < best / 10]
+    slow = slow_precisions(tflops)
     for p in slow:  # recorded as measured (matmul_tflops prices it, so plans rank it last on time); its models
         # would take 10x+ longer to time (the bf16 on an AVX2 EPYC: 0.3 GFLOP/s vs 115 fp32)
         notes.append(f"{p}: compute benchmark skipped, its matmul ({tflops[p] * 1e3:.3g} GFLOP/s) is under 1/10 of "
@@ -526,7 +519,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     else:
         from zerokit.measure.engine_fit import measure_engine_overhead  # noqa: PLC0415
 
-        precs = [p for p in PRECISIONS if tflops.get(p)]
+        precs = [p for p in PRECISIONS if tflops.get(p) and p not in slow]  # slow ones are never planned
         try:
             # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
             profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,

@@ -158,7 +158,7 @@ def _families(cluster: Cluster, pins: dict) -> list[dict]:
                 continue
             if opt == "nvme" and stage != 3 and pins.get("offload_optimizer") != "nvme":
                 continue  # DeepSpeed silently treats it as CPU offload below stage 3
-            for precision in acc.precisions:
+            for precision in (pins["precision"],) if "precision" in pins else acc.plannable_precisions:
                 for ckpt in (False, True):
                     fam = dict(zero_stage=stage, offload_optimizer=opt, offload_param=param,
                                precision=precision, activation_checkpointing=ckpt)
@@ -218,6 +218,13 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
                 memory_fraction=memory_fraction)
     if chosen is None and smallest is not None:
         plan.suggestions = suggest(model, cluster, workload, smallest, knobs, memory_fraction)
+    acc = cluster.accelerator
+    left_out = [p for p in acc.precisions if p not in acc.plannable_precisions and p != pins.get("precision")]
+    if left_out:
+        fastest = max(acc.plannable_precisions, key=acc.peak_flops)
+        plan.notes.append("; ".join(
+            f"{p} left out: its matmul measured {acc.peak_flops(p) / 1e9:.3g} GFLOP/s here, under 1/10 of {fastest}'s "
+            f"{acc.peak_flops(fastest) / 1e9:.3g} (pin --precision {p} to plan it anyway)" for p in left_out))
     return plan
 
 

@@ -128,6 +128,7 @@ def format_plan(plan) -> str:
         out.append(f"  - {r}")
     out += format_memory(plan.best.memory, plan.budget, c)
     out += format_time(plan.best.time, c.world_size)
+    out.append(f"    step time priced on {c.time_source}")
     for note in plan.notes:
         out.append(f"  note: {note}")
     if plan.suggestions:

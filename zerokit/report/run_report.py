@@ -122,8 +122,9 @@ def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
     }
 
 
-def prediction_from_evaluation(ev, steps: int | None) -> dict:
-    """The planner's Evaluation as the plain dict build_report takes."""
+def prediction_from_evaluation(ev, steps: int | None, time_source: str | None = None) -> dict:
+    """The planner's Evaluation as the plain dict build_report takes; time_source: what the step time was priced on
+    (spec.hardware.Cluster.time_source: a measured profile and when, or the catalog)."""
     mem, t = ev.memory, ev.time
     smi = getattr(mem, "nvidia_smi", None)
     return {
@@ -137,6 +138,7 @@ def prediction_from_evaluation(ev, steps: int | None) -> dict:
         "steps": steps,
         "total_seconds": float(t.step_seconds) * steps if steps else t.total_seconds,
         "efficiency": getattr(t, "efficiency", None),
+        "time_source": time_source,
         # what torch.cuda.max_memory_reserved should show (estimate/reserved.py); None on CPU
         "allocator_reserved_bytes": smi.allocator_reserved() if smi else None,
     }
@@ -231,9 +233,12 @@ def format_report(report: dict) -> str:
             extra = f"  reserved {fmt_bytes(r['measured_reserved_bytes'])}" if r.get("measured_reserved_bytes") else ""
             out.append(f"    rank {r['rank']:<3} predicted {_fmt(r['predicted_bytes'], 'bytes'):>11}  "
                        f"measured {_fmt(r['measured_bytes'], 'bytes'):>11}  {ratio:>7}{extra}")
+    source = (report.get("prediction") or {}).get("time_source")
+    if source:
+        out.append(f"  step time predicted from {source}")
     if report.get("efficiency_to_match") is not None:
         out.append(f"  efficiency: predicted with {report['efficiency']:.3g}; {report['efficiency_to_match']:.3g} would have "
-                   "matched the measured step time (or run `zerokit calibrate` and plan with --hardware-profile)")
+                   "matched the measured step time (or run `zerokit calibrate` once: plans on this machine then use it)")
     out.append(f"  restarts: {report.get('restarts', 0)}, steps redone: {report.get('redone_steps', 0)}")
     if report.get("memory_method") == "live_tensor_bytes" and not (report.get("measured") or {}).get("timed_without_meter"):
         out.append("  note: CPU memory is counted per op by a dispatch-mode meter; measured step times include "

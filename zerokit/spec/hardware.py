@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -12,7 +13,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.limits import at_most
 from zerokit.core.resources import bundled_data
 from zerokit.core.units import MiB, parse_size
-from zerokit.spec.profile import HardwareProfile, apply_profile
+from zerokit.spec.profile import LOCAL_PROFILE_ENV, HardwareProfile, apply_profile, local_profile_path, measured_here
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Accelerator:
     # not spell: nvidia-smi's "NVIDIA GH200 480GB" is the 96 GB GH200 (480 GB is its CPU's memory)
     names: tuple[str, ...] = ()
     detected: str = ""  # --gpu auto: what nvidia-smi reported ("8 x NVIDIA A100-SXM4-80GB, 81920 MiB")
+    # supported but measured pathologically slow (spec.profile.slow_precisions): the planner leaves them out unless
+    # pinned, so a bf16 at 1/50 of fp32's speed never wins a plan by halving memory
+    slow_precisions: tuple[str, ...] = ()
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -47,6 +51,11 @@ class Accelerator:
     @property
     def precisions(self) -> tuple[str, ...]:
         return tuple(p for p in ("bf16", "fp16", "fp32") if self.supports(p))
+
+    @property
+    def plannable_precisions(self) -> tuple[str, ...]:
+        """What the planner tries unpinned: the supported precisions, less the measured-slow ones."""
+        return tuple(p for p in self.precisions if p not in self.slow_precisions) or self.precisions
 
 
 @lru_cache(maxsize=1)
@@ -247,13 +256,53 @@ class Cluster:
         """The backend the ranks communicate over: --dist-backend, else DeepSpeed's default for the accelerator."""
         return self.dist_backend or default_dist_backend(self.accelerator)
 
+    @property
+    def time_source(self) -> str:
+        """What the step time is priced on: a measured profile (which, and when), or the catalog's figures."""
+        if self.profile is not None:
+            return self.profile.source
+        acc = self.accelerator
+        if acc.is_cpu:
+            return "the catalog's rough figures for cpu (`zerokit calibrate` measures this machine once, ~50 s)"
+        return f"the catalog's datasheet peaks for {acc.name} x efficiency {acc.efficiency:g}"
+
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["time_source"] = self.time_source
         d.pop("profile")  # its figures are already in the accelerator; accelerator.source names the file
         d["world_size"] = self.world_size
         d["dist_backend"] = self.comm_backend  # what runs; dist_backend_default: not given, DeepSpeed's choice
         d["dist_backend_default"] = self.dist_backend is None
         return d
+
+
+def machine_profile_for(acc: Accelerator) -> HardwareProfile | None:
+    """The profile `zerokit calibrate` wrote on this machine (spec.profile.local_profile_path) when it measured what
+    a plan targets: this very CPU for --gpu cpu, the same GPU model for a GPU; else None (the catalog's figures).
+    A default profile that is unreadable is a cache miss, not an error; one named by ZEROKIT_HARDWARE_PROFILE must
+    exist."""
+    path = local_profile_path()
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        if os.environ.get(LOCAL_PROFILE_ENV, "").strip():
+            raise ZerokitError(f"{LOCAL_PROFILE_ENV}={path} does not exist: run `zerokit calibrate --output {path}`, "
+                               f"or set {LOCAL_PROFILE_ENV}=none for the catalog's figures")
+        return None
+    try:
+        profile = HardwareProfile.from_file(path)
+    except ZerokitError:
+        if os.environ.get(LOCAL_PROFILE_ENV, "").strip():
+            raise
+        return None
+    if acc.is_cpu:
+        return profile if profile.device_type == "cpu" and measured_here(profile) else None
+    if profile.device_type != "cuda":
+        return None
+    try:
+        return profile if resolve_gpu_name(profile.device_name)[0] == acc.name else None
+    except ZerokitError:  # a GPU the catalog does not know
+        return None
 
 
 def build_cluster(
@@ -275,9 +324,13 @@ def build_cluster(
         gpus_per_node = gpus_per_node if gpus_per_node is not None else (None if hostfile else found)
     else:
         acc = accelerator(gpu or "a100-80gb")
-    profile = None
-    if hardware_profile:
+    if hardware_profile is None:
+        profile = machine_profile_for(acc)
+    elif hardware_profile.strip().lower() == "none":
+        profile = None
+    else:
         profile = HardwareProfile.from_file(hardware_profile)
+    if profile is not None:
         acc = apply_profile(acc, profile)
     if gpu_memory is not None:
         mem = parse_size(gpu_memory, "--gpu-memory")

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.fsutil import parse_json_text
+from zerokit.core.fsutil import cache_dir, parse_json_text
 
 SCHEMA = 1
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -82,6 +82,19 @@ class CalibrationSanity:
 
 
 SANITY = CalibrationSanity()
+
+# A precision whose measured matmul runs under 1/SLOW_PRECISION_FACTOR of the machine's best is never planned there
+# unless pinned, and calibrate skips its model and engine benchmarks (issue 13: bf16 on an AVX2 EPYC without
+# AVX-512 ran 0.3 GFLOP/s against fp32's 115, and its benchmarks stretched calibration from ~2.5 to 12 min; this
+# machine with AVX2 kernels forced, ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: bf16 2.3 GFLOP/s, fp32 99).
+SLOW_PRECISION_FACTOR = 10.0
+
+
+def slow_precisions(matmul_tflops: dict) -> tuple[str, ...]:
+    """The precisions a profile measured at under 1/SLOW_PRECISION_FACTOR of its fastest matmul."""
+    rates = {p: v for p, v in matmul_tflops.items() if p in PRECISIONS and _pos(v)}
+    best = max(rates.values(), default=0.0)
+    return tuple(p for p in PRECISIONS if p in rates and rates[p] * SLOW_PRECISION_FACTOR < best)
 
 
 def matmul_problem(precision: str, repeats_tflops: list[float], sanity: CalibrationSanity = SANITY) -> str | None:
@@ -212,8 +225,52 @@ class HardwareProfile:
     @property
     def source(self) -> str:
         """What the plan names as the origin of the accelerator's figures."""
-        return (f"measured by zerokit calibrate{' --quick' if self.quick else ''} on {self.device_name} "
-                f"({self.created}): {self.path}")
+        return (f"a profile measured by `zerokit calibrate{' --quick' if self.quick else ''}` on {self.device_name} "
+                f"at {self.created} ({self.path})")
+
+
+# Where `zerokit calibrate` writes this machine's profile by default, and where plans look for it when no
+# --hardware-profile is given (issue 13: the demo's first report was 4x off on the catalog's rough cpu figures;
+# scripts/setup.sh measures a quick profile once). ZEROKIT_HARDWARE_PROFILE names another file, or "none" for the
+# catalog's figures (the test suite sets "none": its expectations must not depend on what this machine measured).
+LOCAL_PROFILE_ENV = "ZEROKIT_HARDWARE_PROFILE"
+
+
+def local_profile_path() -> str | None:
+    """The machine's own profile file (it may not exist yet), or None when ZEROKIT_HARDWARE_PROFILE=none."""
+    env = os.environ.get(LOCAL_PROFILE_ENV, "").strip()
+    if env.lower() == "none":
+        return None
+    if env:
+        return env
+    return os.fspath(cache_dir("hardware") / "profile.json")
+
+
+def cpu_model_name() -> str:
+    """This machine's CPU as /proc/cpuinfo names it ("AMD EPYC 9B14"): what a CPU profile was measured on."""
+    import platform  # noqa: PLC0415
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measured_here(profile: "HardwareProfile") -> bool:
+    """Whether a profile describes this machine. A CPU profile: the same CPU model and core count (the catalog's
+    one `cpu` entry stands for every CPU, so a CPU profile from another machine must not price this one; issue 13:
+    the same grid on an AVX2 EPYC without AVX-512 ran bf16 matmuls at 0.3 GFLOP/s, this machine at 411). A GPU
+    profile: written on this host."""
+    import platform  # noqa: PLC0415
+
+    dev = profile.data.get("device") or {}
+    if profile.device_type == "cuda":
+        return profile.data.get("host") == platform.node()
+    return dev.get("name") == cpu_model_name() and dev.get("cpu_cores") == os.cpu_count()
 
 
 def load_profile(profile_path: str | os.PathLike) -> dict:
@@ -268,4 +325,5 @@ def apply_profile(accelerator, profile: "HardwareProfile | str | os.PathLike"):
         if key in fields and _pos(prof.get(key)):
             changes[key] = float(prof[key])
     changes["source"] = profile.source
+    changes["slow_precisions"] = slow_precisions(mt)
     return dataclasses.replace(accelerator, **{k: v for k, v in changes.items() if k in fields})
