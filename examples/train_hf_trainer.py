@@ -33,6 +33,8 @@ class ScriptArguments:
     model: str = field(default="tiny-llama", metadata={"help": "bundled config name, local directory or hub id"})
     seq_len: int = field(default=64, metadata={"help": "tokens per training sample"})
     sft: bool = field(default=False, metadata={"help": "train with TRL's SFTTrainer"})
+    tokens: str = field(default="", metadata={"help": "train on this zerokit tokens.npy (the rows zerokit's own loop "
+                                                      "reads) instead of packing the corpus here"})
 
 
 def packed_corpus(tok, seq_len: int) -> list[dict]:
@@ -43,6 +45,18 @@ def packed_corpus(tok, seq_len: int) -> list[dict]:
     ids = [i for piece in tok(lines, add_special_tokens=False)["input_ids"] for i in piece]
     return [{"input_ids": ids[i:i + seq_len], "labels": ids[i:i + seq_len]}
             for i in range(0, len(ids) - seq_len + 1, seq_len)]
+
+
+def zerokit_rows(tokens: str) -> list[dict]:
+    """The rows zerokit's loop feeds its model (zerokit.launch.train.make_dataset): tokens.npy and, where written
+    beside it, labels.npy and attention_mask.npy (launch.data.load_arrays); labels = inputs where none were written."""
+    from zerokit.launch.data import load_arrays
+
+    arrays = load_arrays(tokens)
+    rows = [{k: a[i].tolist() for k, a in arrays.items()} for i in range(arrays["input_ids"].shape[0])]
+    for row in rows:
+        row.setdefault("labels", row["input_ids"])
+    return rows
 
 
 def main() -> None:
@@ -64,7 +78,7 @@ def main() -> None:
         deepspeed.init_distributed(dist_backend=args.ddp_backend)
     model = AutoModelForCausalLM.from_config(config)
     tok = AutoTokenizer.from_pretrained(resolved.tokenizer)
-    data = packed_corpus(tok, script_args.seq_len)
+    data = zerokit_rows(script_args.tokens) if script_args.tokens else packed_corpus(tok, script_args.seq_len)
     if script_args.sft:
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer
