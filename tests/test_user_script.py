@@ -83,6 +83,13 @@ def test_placeholders_and_the_config_argument(tmp_path):
     hf_cmd = user_script.parse_command(["python", str(hf), "--max_steps", "3"])
     user_script.check_config_argument(hf_cmd)
     assert hf_cmd.runner_args(values)[-2:] == ["--deepspeed", "/run/ds_config.json"]
+    # a setup in bf16: the Trainer matches bf16.enabled against its --bf16, False unless given (transformers'
+    # HfTrainerDeepSpeedConfig.trainer_config_process: a mismatch error), so zerokit adds it; a user's own is kept
+    assert hf_cmd.runner_args({**values, "precision": "bf16"})[-3:] == ["--deepspeed", "/run/ds_config.json", "--bf16"]
+    assert hf_cmd.runner_args({**values, "precision": "fp32"})[-1] == "/run/ds_config.json"
+    own = user_script.parse_command(["python", str(hf), "--fp16=True"])
+    assert own.runner_args({**values, "precision": "fp16"}).count("--fp16") == 0
+    assert cmd.runner_args({**values, "precision": "bf16"}) == argv  # not a Trainer script: nothing added
     # a config of its own in the arguments: ambiguous, refused with the fix
     with pytest.raises(ZerokitError, match="zerokit launch --config FILE"):
         user_script.check_config_argument(user_script.parse_command(["python", str(hf), "--deepspeed", "mine.json"]))

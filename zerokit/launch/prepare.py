@@ -141,7 +141,7 @@ class LaunchPlan:
         setup = self.setup
         return {"ds_config": self.cfg_path, "output_dir": self.out_abs, "micro_batch": setup.micro_batch_size,
                 "grad_accum": setup.gradient_accumulation_steps, "seq_len": self.seq_len, "steps": self.steps,
-                "world_size": self.cluster.world_size}
+                "world_size": self.cluster.world_size, "precision": setup.precision}
 
     def launch_spec(self, resume: bool) -> LaunchSpec:
         """What launch/command.py turns into the deepspeed command (a fresh run, or a resume)."""

@@ -65,7 +65,8 @@ class UserCommand:
 
     def runner_args(self, values: dict) -> list[str]:
         """The arguments of this module on every rank: the script (or -m module), then its arguments with the
-        placeholders filled; `--deepspeed CONFIG` appended for a Trainer script that names no {ds_config}."""
+        placeholders filled; `--deepspeed CONFIG` appended for a Trainer script that names no {ds_config}, and
+        --bf16/--fp16 for a Trainer script in that precision that gives neither."""
         def fill(a: str) -> str:
             return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if values.get(m.group(1)) is not None
                                     else m.group(0), a)
@@ -73,6 +74,12 @@ class UserCommand:
         args = [fill(a) for a in self.args]
         if not self.has_config_placeholder:
             args += ["--deepspeed", str(values["ds_config"])]
+        flag = {"bf16": "--bf16", "fp16": "--fp16"}.get(values.get("precision", ""))
+        if flag and self.uses_hf_trainer and not any(a.split("=")[0] in ("--bf16", "--fp16") for a in self.args):
+            # the Trainer matches the config's precision against its own --bf16/--fp16, False by default
+            # (HfTrainerDeepSpeedConfig.trainer_config_process, fill_match): without the flag it fills an "auto"
+            # precision with fp32 and refuses a concrete bf16.enabled=true as a mismatch
+            args.append(flag)
         return (["-m", self.target] if self.is_module else [str(Path(self.target).resolve())]) + args
 
 
