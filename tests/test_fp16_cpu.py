@@ -162,3 +162,29 @@ def test_fp16_peak_memory_within_the_grid_targets(fp16_runs):
     assert len(errors) == 4
     assert max(abs(e) for e in errors) <= MEMORY_TARGET_MAX, errors
     assert summarize(errors)["median_abs"] <= MEMORY_TARGET_MEDIAN, errors
+
+
+def _check_1221(capsys, *extra):
+    """`zerokit check` of LLaMA-Factory's own ds_z2_config (tests/data/user_configs, copied unchanged) for #1221's
+    run: LLaMA-7B, 8 x V100-32GB, per_device_train_batch_size 1, fp16, cutoff_len 1024."""
+    from zerokit.cli import main as cli_main
+
+    code = cli_main(["check", str(ROOT / "tests/data/user_configs/llamafactory_ds_z2_config.json"), "--model",
+                     "llama-2-7b", "--gpu", "v100-32gb", "--gpus-per-node", "8", "--seq-len", "1024",
+                     "--micro-batch", "1", "--precision", "fp16", "--json", *extra])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_llamafactory_1221_does_not_fit_with_its_optimizer(capsys):
+    """The config has no optimizer block, so the HF Trainer's --optim updates; in 2023 that was the unfused torch
+    AdamW, whose step ran out of memory (#1221). With --client-optimizer adamw_torch zerokit now says it does not
+    fit, by the two temporaries; with the fused kernel (the Trainer's default since torch 2.8) it fits."""
+    unfused_code, unfused = _check_1221(capsys, "--client-optimizer", "adamw_torch")
+    fused_code, fused = _check_1221(capsys, "--client-optimizer", "adamw_torch_fused")
+    assert (unfused_code, fused_code) == (1, 0)
+    temps = unfused["evaluation"]["memory"]["phase_terms"]["step"]["optimizer_step_temporaries"]
+    assert temps == 2 * 4 * load_model_spec("llama-2-7b").params // 8  # two fp32 copies of the rank's partition
+    assert "optimizer_step_temporaries" not in fused["evaluation"]["memory"]["phase_terms"]["step"]
+    assert not unfused["evaluation"]["fits"] and fused["evaluation"]["fits"]
+    assumed = {a["key"]: a for a in unfused["assumed"]}
+    assert assumed["optimizer"]["value"] == "adamw_torch" and "--client-optimizer given" in assumed["optimizer"]["why"]

@@ -23,6 +23,10 @@ def add_check_parser(sub, parents) -> None:
                    help='for "auto" configs: the accumulation the HF Trainer will fill in (default 1)')
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
                    help='for "auto" precision: the Trainer\'s --bf16/--fp16 (default: the best the GPU supports)')
+    p.add_argument("--client-optimizer", choices=("adamw_torch", "adamw_torch_fused"),
+                   help="for a config without an optimizer block: what the script updates with (the HF Trainer's "
+                        "--optim; default: its default for the torch installed here, adamw_torch_fused from torch 2.8); "
+                        "adamw_torch keeps two fp32 temporaries of the partition in the step")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
 
@@ -42,7 +46,8 @@ def cmd_check(args) -> int:
         trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
     ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
     result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
-                          trainer_values=trainer_values or None, precision=args.precision, answer_auto=True)
+                          trainer_values=trainer_values or None, precision=args.precision, answer_auto=True,
+                          client_optimizer=args.client_optimizer)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return result.exit_code

@@ -116,7 +116,8 @@ class CheckResult:
 
 def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool | None = None,
                  memory_fraction: float | None = None, trainer_values: dict | None = None,
-                 deepspeed_now: bool = True, precision: str | None = None, answer_auto: bool = False) -> CheckResult:
+                 deepspeed_now: bool = True, precision: str | None = None, answer_auto: bool = False,
+                 client_optimizer: str | None = None) -> CheckResult:
     """trainer_values: for an HF-profile config with "auto", what the Trainer will fill (dotted keys, e.g.
     {"train_micro_batch_size_per_gpu": 4}); the rest takes TrainingArguments' defaults, as the Trainer would.
     precision: what the Trainer's --bf16/--fp16 make of "auto" precision; a concrete precision must agree with it.
@@ -168,7 +169,17 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                               accelerator=acc, hidden=hidden, seq_len=workload.seq_len, world_size=cluster.world_size)
     if model is not None:
         try:
-            setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size)
+            # no optimizer block: the script's own. `check` and a user's script: the HF Trainer's default --optim for
+            # the torch installed here (unless --client-optimizer); zerokit's own loop: torch.optim.AdamW (unfused)
+            client = client_optimizer or (ds_check.trainer_default_optimizer(package_version("torch")) if answer_auto
+                                          else "adamw_torch")
+            setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size, client_optimizer=client)
+            if not isinstance(config.get("optimizer"), dict):
+                result.assumed.append({"key": "optimizer", "value": client, "why": (
+                    "no optimizer block: the script's own, " + ("--client-optimizer given" if client_optimizer else
+                    "the HF Trainer's default --optim with the torch installed here" if answer_auto else
+                    "zerokit's loop: torch.optim.AdamW") + "; adamw_torch (unfused) keeps two fp32 temporaries of the "
+                    "partition in the step, adamw_torch_fused none")})
             comm = concrete.get("communication_data_type")  # the gradients' dtype (estimate.timing.collective_bytes)
             setup = replace(setup, communication_data_type=comm.lower() if isinstance(comm, str) else None)
         except ZerokitError:  # setup_from_config's one line for a value it cannot read (tests/test_fuzz.py)
@@ -177,7 +188,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             # a value of a type DeepSpeed would refuse: its own words, now
             return check_config(config, config_path, model, cluster, workload, activation_checkpointing,
                                 memory_fraction, trainer_values, deepspeed_now=True, precision=precision,
-                                answer_auto=answer_auto)
+                                answer_auto=answer_auto, client_optimizer=client_optimizer)
         if precision is not None and setup.precision != precision:
             raise ZerokitError(f"--precision {precision} disagrees with {config_path}, which trains in "
                                f"{setup.precision}: the HF Trainer refuses the mismatch; drop --precision or make the "

@@ -16,7 +16,7 @@ import copy
 import difflib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -777,9 +777,10 @@ def _offload_device(zero: Mapping, block: str, deprecated_flag: str) -> str:
     return "cpu" if zero.get(deprecated_flag) is True else "none"
 
 
-def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_size: int | None = None
-                      ) -> tuple[ZeroSetup, ZeroKnobs]:
-    """The ZeroSetup and ZeroKnobs a ds_config implies, with DeepSpeed's defaults for missing keys.
+def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_size: int | None = None,
+                      client_optimizer: str = "adamw_torch") -> tuple[ZeroSetup, ZeroKnobs]:
+    """The ZeroSetup and ZeroKnobs a ds_config implies, with DeepSpeed's defaults for missing keys; the optimizer
+    of a config without one is client_optimizer (CLIENT_OPTIMIZERS; zerokit's own loop: torch.optim.AdamW).
 
     "auto" values are first filled as the HF Trainer would (fill_auto with auto_values and hidden_size).
     Missing batch keys are derived as DeepSpeed derives them. overlap_comm defaults to True at stage 3 only
@@ -813,7 +814,34 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
     knobs = ZeroKnobs.from_zero_config(zero)
     if zero.get("overlap_comm") in (None, AUTO):
         knobs = ZeroKnobs(**{**knobs.to_dict(), "overlap_comm": setup.zero_stage == 3})
-    return setup, knobs
+    return setup, replace(knobs, optimizer=optimizer_of(config, client_optimizer))
+
+
+# What a config without an optimizer block trains with is the script's choice (DeepSpeed wraps it:
+# engine._configure_optimizer with a client optimizer), named as the HF Trainer's --optim names it, and how the
+# memory model prices it (spec.setup.ZeroKnobs.optimizer): the unfused torch AdamW makes fp32 temporaries, the
+# fused kernel updates in place as DeepSpeed's FusedAdam does.
+CLIENT_OPTIMIZERS = {"adamw_torch": "torch_adamw", "adamw_torch_fused": "deepspeed"}
+
+
+def optimizer_of(config: dict, client_optimizer: str = "adamw_torch") -> str:
+    """ZeroKnobs.optimizer for a ds_config: the client optimizer's pricing without an optimizer block;
+    "torch_adamw" with params.torch_adam true (engine._configure_basic_optimizer builds torch.optim.AdamW); else
+    "deepspeed"."""
+    opt = config.get("optimizer")
+    if not isinstance(opt, dict):
+        return CLIENT_OPTIMIZERS[client_optimizer]
+    params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    return "torch_adamw" if params.get("torch_adam") is True else "deepspeed"
+
+
+def trainer_default_optimizer(torch_version: str) -> str:
+    """The HF Trainer's default --optim for a torch version (transformers/training_args.py: adamw_torch_fused
+    when is_torch_greater_or_equal_than_2_8, else adamw_torch); adamw_torch when the version is unknown."""
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    return "adamw_torch_fused" if m and (int(m[1]), int(m[2])) >= (2, 8) else "adamw_torch"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -473,10 +473,11 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
                                         "activations_recompute": one_layer, **held_logits, **bufs}
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
-    # torch.optim.AdamW (what render writes for CPU targets without offload) makes two fp32 temporaries
-    # of what it updates (foreach sqrt/add); DeepSpeed's FusedAdam on GPUs and DeepSpeedCPUAdam update
-    # in place.
-    torch_adam = on_cpu and setup.offload_optimizer == "none"
+    # torch.optim.AdamW (what render writes for CPU targets without offload; on GPUs a config without an
+    # optimizer block or with torch_adam: ZeroKnobs.optimizer) makes two fp32 temporaries of what it updates
+    # (measured on CPU; on GPUs LLaMA-Factory#1221's OOM, tests/test_fp16_cpu.py); DeepSpeed's FusedAdam on GPUs
+    # and DeepSpeedCPUAdam update in place.
+    torch_adam = setup.offload_optimizer == "none" and (on_cpu or knobs.optimizer == "torch_adamw")
     if setup.offload_optimizer != "none" and setup.zero_stage >= 1:
         step_extra = {}  # the host copies above are all there is
     elif setup.zero_stage == 0:
@@ -498,7 +499,10 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # then (measured: not alive at the step's peak at ZeRO-1/2)
         step_extra = {"fp32_gradients": 4 * psi // n}
         if torch_adam:
-            step_extra["optimizer_step_temporaries"] = 2 * 4 * psi // n
+            # of the flat fp32 partition it updates; ZeRO-3 steps it one sub-group at a time
+            # (stage3.py DeepSpeedZeroOptimizer_Stage3.step -> _optimizer_step(sub_group_id))
+            updated = psi // n if setup.zero_stage < 3 else min(psi // n, knobs.sub_group_size)
+            step_extra["optimizer_step_temporaries"] = 2 * 4 * updated
     phases["step"] = {**persistent, **step_extra, **held_logits}
     return phases
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 
 from zerokit.core.errors import ZerokitError
 
@@ -159,6 +160,15 @@ class ZeroKnobs:
     stage3_max_reuse_distance: int = 1_000_000_000
     stage3_param_persistence_threshold: int = 100_000
     sub_group_size: int = 1_000_000_000
+    # Not a zero_optimization key: what updates the fp32 weights on a GPU (on CPU targets render always writes
+    # torch AdamW). "deepspeed": the config's optimizer block built by DeepSpeed (FusedAdam; DeepSpeedCPUAdam with
+    # offload), in place. "torch_adamw": torch.optim.AdamW unfused, i.e. a config without an optimizer block (the
+    # script's own: the HF Trainer's --optim adamw_torch, a plain torch.optim.AdamW) or with "torch_adam": true:
+    # its step makes fp32 temporaries of what it updates (torch/optim/adamw.py _single_tensor_adamw:
+    # exp_avg_sq.sqrt() then / bias_correction2_sqrt; LLaMA-Factory#1221 ran out of memory on the second). The
+    # fused kernel (--optim adamw_torch_fused, the Trainer's default with torch >= 2.8) updates in place and is
+    # priced as "deepspeed" (config.rules.optimizer_of; `zerokit check --client-optimizer`).
+    optimizer: Literal["deepspeed", "torch_adamw"] = "deepspeed"
 
     @classmethod
     def for_hidden_size(cls, hidden_size: int | None) -> "ZeroKnobs":
@@ -178,6 +188,8 @@ class ZeroKnobs:
         d = cls()
         vals = {}
         for f in d.__dataclass_fields__:
+            if f == "optimizer":  # from the config's optimizer block (config.rules.setup_from_config)
+                continue
             v = zero.get(f, getattr(d, f))
             if v == "auto":
                 vals[f] = getattr(d, f)
