@@ -18,8 +18,8 @@ def add_calibrate_parser(sub) -> None:
                         "--hardware-profile: $ZEROKIT_HARDWARE_PROFILE, else $ZEROKIT_CACHE_DIR/hardware/profile.json)")
     p.add_argument("--quick", action="store_true", help="fewer and smaller points, no engine costs (35-50 s on 2 cores)")
     p.add_argument("--if-missing", action="store_true",
-                   help="do nothing when the output already holds a profile measured on this machine (scripts/setup.sh "
-                        "measures one once)")
+                   help="do nothing when the output already holds a profile measured on this machine (a full one, "
+                        "unless --quick; scripts/setup.sh measures one once)")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -35,7 +35,9 @@ def cmd_calibrate(args) -> int:
         from zerokit.spec.profile import HardwareProfile, measured_here
 
         try:
-            if os.path.isfile(args.output) and measured_here(HardwareProfile.from_file(args.output)):
+            prof = HardwareProfile.from_file(args.output) if os.path.isfile(args.output) else None
+            # a quick profile is kept only when a quick one is asked for (the full one adds the engine costs)
+            if prof is not None and measured_here(prof) and (args.quick or not prof.quick):
                 print(f"{args.output}: already measured on this machine", file=sys.stderr)
                 return EXIT_OK
         except ZerokitError:

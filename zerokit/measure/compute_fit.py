@@ -60,11 +60,13 @@ def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: i
             "torch_dtype": "float32"}
 
 
-def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]:
-    """Every (family, precision, shape, depth) to time, with its features from the model's exact spec."""
+def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: int | None = None) -> list[dict]:
+    """Every (family, precision, shape, depth) to time, with its features from the model's exact spec; only the
+    `smallest` shapes when given (a pathologically slow precision: measure/calibrate.SLOW_PRECISION_SHAPES)."""
     from zerokit.spec.model import load_model_spec  # noqa: PLC0415
 
     shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
+    shapes = shapes[:smallest] if smallest else shapes
     jobs, specs = [], {}
     with tempfile.TemporaryDirectory(prefix="zerokit-compute-") as tmp:
         for family in FAMILIES:
