@@ -44,6 +44,10 @@ __all__ = [
 EXIT_TOO_BUSY = 3
 MATMUL_REPEATS = 3  # matmul_tflops is their mean, matmul_spread_cv their coefficient of variation
 PROBE_SIZE = 256  # the n of the probe matmul that finds a pathologically slow precision before timing it at size
+# a precision whose matmul at the calibration's size would take longer than this (projected from the probe) is
+# timed at PROBE_SIZE only. A time, not a ratio to the other precisions: a 0.05 s probe is easily hit by another
+# tenant's burst, and a ratio rule once put this machine's fp32 under 1/10 of its bf16 (1.5-2.5x apart) in CI
+MAX_MATMUL_SECONDS = 2.0
 # a slow precision's models are timed on the smallest shapes only: all 7 CPU shapes of bf16 with AVX2 kernels forced
 # took the calibration from 128 s to 579 s; 12 points per family still determine the 7 costs
 SLOW_PRECISION_SHAPES = 4
@@ -407,21 +411,21 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
             supported.append(prec)
         else:
             notes.append(f"{prec}: skipped, {why}")
-    # a small probe first: a precision under 1/SLOW_PRECISION_FACTOR of the best is measured at the probe's size
-    # only (bf16 with AVX2 kernels forced here: each 2048^3 matmul took ~7 s and bf16's matmul alone 3.5 min)
+    # a small probe first: a precision whose matmul at `size` would take over MAX_MATMUL_SECONDS is measured at the
+    # probe's size only (bf16 with AVX2 kernels forced here: each 2048^3 matmul took ~7 s, bf16's matmul 3.5 min)
     probe = {}
     for prec in supported:
         try:
             probe[prec] = measure_matmul(prec, PROBE_SIZE, device, min_time_s=0.05)
         except Exception:  # noqa: BLE001  (the full measurement below says why)
             pass
-    slow_probe = slow_precisions(probe)
     first: dict[str, list[float]] = {}
     for prec in supported:
-        matmul_n[prec] = PROBE_SIZE if prec in slow_probe else size
-        if prec in slow_probe:
+        projected_s = 2 * size ** 3 / (probe[prec] * 1e12) if probe.get(prec) else 0.0
+        matmul_n[prec] = PROBE_SIZE if projected_s > MAX_MATMUL_SECONDS else size
+        if matmul_n[prec] == PROBE_SIZE:
             notes.append(f"{prec}: matmul measured at {PROBE_SIZE}^3 only: a probe ran it at {probe[prec] * 1e3:.3g} "
-                         f"GFLOP/s, under 1/{SLOW_PRECISION_FACTOR:g} of the best precision's")
+                         f"GFLOP/s, {projected_s:.0f} s per {size}^3 matmul")
         say(f"matmul {prec} {matmul_n[prec]}^3 ...")
         try:
             first[prec] = matmul_repeats(prec)
