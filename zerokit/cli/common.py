@@ -191,6 +191,55 @@ def load_workload(args, model=None):
                     attention=args.attention)
 
 
+def add_finetune_args(p) -> None:
+    g = p.add_argument_group("fine-tuning (what trains: gradients and optimizer states exist for it only)")
+    g.add_argument("--finetune", choices=("full", "lora", "qlora"), default="full",
+                   help="full: every weight trains (default); lora: peft LoRA adapters on a frozen base; qlora: LoRA "
+                        "on a base quantized to 4-bit NF4 by bitsandbytes")
+    g.add_argument("--lora-r", type=int, default=None, metavar="N", help="LoRA rank (default 16)")
+    g.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 8, peft's)")
+    g.add_argument("--lora-dropout", type=float, default=None, help="LoRA dropout (default 0)")
+    g.add_argument("--lora-targets", type=nonempty, default=None, metavar="all-linear|NAME,NAME",
+                   help="modules that get adapters: all-linear (peft's meaning: every Linear but the LM head; default) "
+                        "or module names such as q_proj,v_proj")
+    g.add_argument("--bnb-4bit-quant-storage", choices=("uint8", "bf16", "fp16", "fp32"), default=None,
+                   help="qlora: the dtype the packed 4-bit weights are stored in (BitsAndBytesConfig; default uint8)")
+    g.add_argument("--bnb-4bit-use-double-quant", choices=("on", "off"), default=None,
+                   help="qlora: quantize the quantization constants too (default on, as the QLoRA paper)")
+    g.add_argument("--freeze", action="append", default=None, metavar="PATTERN",
+                   help="full fine-tune with the parameters whose names contain PATTERN frozen (repeatable; e.g. "
+                        "embed_tokens, layers.0.)")
+
+
+def finetune_from_args(args):
+    from zerokit.spec.finetune import Finetune
+
+    mode = getattr(args, "finetune", None) or "full"
+    lora = {k: getattr(args, k, None) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")}
+    quant = {k: getattr(args, k, None) for k in ("bnb_4bit_quant_storage", "bnb_4bit_use_double_quant")}
+    given = [f"--{k.replace('_', '-')}" for k, v in lora.items() if v is not None]
+    if mode == "full" and given:
+        raise ZerokitError(f"{given[0]} needs --finetune lora or qlora")
+    given = [f"--{k.replace('_', '-')}" for k, v in quant.items() if v is not None]
+    if mode != "qlora" and given:
+        raise ZerokitError(f"{given[0]} needs --finetune qlora")
+    if quant["bnb_4bit_use_double_quant"] is not None:
+        quant["bnb_4bit_use_double_quant"] = quant["bnb_4bit_use_double_quant"] == "on"
+    return Finetune(mode=mode, freeze=tuple(getattr(args, "freeze", None) or ()),
+                    **{k: v for k, v in {**lora, **quant}.items() if v is not None})
+
+
+def apply_finetune(args, model, finetune):
+    """The ModelSpec as fine-tuned, counted from the model's real module shapes (spec/finetune.py)."""
+    if getattr(args, "params", None):
+        raise ZerokitError(f"--finetune {finetune.mode}/--freeze count the model's modules: give a model config, "
+                           "not --params")
+    from zerokit.spec.finetune import trainable_split, with_finetune
+    from zerokit.spec.resolve import resolve_model
+
+    return with_finetune(model, trainable_split(str(resolve_model(args.model).config_file()), finetune))
+
+
 def pins_from_args(args) -> dict:
     pins = {k: getattr(args, k, None) for k in ("zero_stage", "offload_optimizer", "offload_param", "precision",
                                                 "micro_batch_size", "gradient_accumulation_steps")}

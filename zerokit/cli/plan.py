@@ -6,6 +6,9 @@ import json
 import sys
 
 from zerokit.cli.common import (
+    add_finetune_args,
+    apply_finetune,
+    finetune_from_args,
     hardware_from_args,
     load_cluster,
     load_model,
@@ -25,6 +28,7 @@ def add_plan_parser(sub, parents) -> None:
     p.add_argument("--plot", metavar="FILE", type=nonempty,
                    help="also draw the per-GPU memory of the chosen setup beside the others and the budget "
                         "(FILE.svg or FILE.png; needs matplotlib: pip install 'zerokit[plot]')")
+    add_finetune_args(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -43,11 +47,15 @@ def build_plan(args):
     from zerokit.plan.planner import make_plan
 
     model = load_model(args)
+    finetune = finetune_from_args(args)
+    if not finetune.is_full:
+        model = apply_finetune(args, model, finetune)
     cluster = load_cluster(args)
     workload = load_workload(args, model)
     fraction = memory_fraction_from_args(args)
     pins = pins_from_args(args)
     plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
+    plan.finetune = finetune
     if cluster.profile is not None:  # --hardware-profile, or this machine's own (spec.hardware.machine_profile_for)
         from zerokit.plan.refine import calibration_effect
 

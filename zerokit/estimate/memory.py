@@ -299,23 +299,26 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
 
 
 def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
-    """Per-GPU model states for the ZeRO stage and offload choice."""
+    """Per-GPU model states for the ZeRO stage and offload choice. Every weight is held in the training dtype,
+    frozen or not; gradients, the fp32 master copy and Adam's moments exist for trainable parameters only
+    (DeepSpeed's optimizer drops requires_grad=False parameters at every stage: stage_1_and_2.py and stage3.py
+    build their flat groups from the trainable ones; measured, ../shared/reference/finetune-and-parallel-on-cpu.md)."""
     n = cluster.world_size
-    psi = model.params
+    psi, trainable = model.params, model.trainable
     bpp = model_state_bytes_per_param(setup.precision)
     stage = setup.zero_stage
     mixed = setup.precision != "fp32"
 
-    def part(nbytes: int, partitioned: bool) -> int:
-        return nbytes * psi // n if partitioned else nbytes * psi
+    def part(nbytes: int, partitioned: bool, count: int = trainable) -> int:
+        return nbytes * count // n if partitioned else nbytes * count
 
     terms = {
-        "parameters": 0 if setup.offload_param != "none" else part(bpp["parameters"], stage >= 3),
+        "parameters": 0 if setup.offload_param != "none" else part(bpp["parameters"], stage >= 3, psi),
         "gradients": part(bpp["gradients"], stage >= 2),
     }
     if stage == 0 and not mixed:
         # Plain data parallel in fp32: the torch optimizer updates the params in place.
-        terms.update(master_weights=0, optimizer_states=8 * psi, fp32_gradients=0)
+        terms.update(master_weights=0, optimizer_states=8 * trainable, fp32_gradients=0)
     else:
         opt = {k: part(bpp[k], stage >= 1) for k in ("master_weights", "optimizer_states", "fp32_gradients")}
         if setup.offload_optimizer != "none":
@@ -349,18 +352,18 @@ def buffer_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: Ze
 
 def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[dict[str, int], dict[str, int]]:
     """Host RAM per node and NVMe per node for offloaded states and model loading."""
-    psi = model.params
+    psi, trainable = model.params, model.trainable
     nodes, gpn = cluster.nodes, cluster.gpus_per_node
     bpp = model_state_bytes_per_param(setup.precision)
     cpu: dict[str, int] = {}
     nvme: dict[str, int] = {}
-    opt_bytes = (bpp["master_weights"] + bpp["optimizer_states"] + bpp["fp32_gradients"]) * psi // nodes
+    opt_bytes = (bpp["master_weights"] + bpp["optimizer_states"] + bpp["fp32_gradients"]) * trainable // nodes
     if setup.offload_optimizer == "cpu":
         cpu["optimizer_states_offloaded"] = opt_bytes
     elif setup.offload_optimizer == "nvme" and setup.zero_stage == 3:
         nvme["optimizer_states"] = opt_bytes
         # Swap-in buffers for one sub-group of fp32 state at a time, per rank.
-        cpu["optimizer_swap_buffers"] = gpn * 4 * 4 * min(psi // cluster.world_size, 1_000_000_000)
+        cpu["optimizer_swap_buffers"] = gpn * 4 * 4 * min(trainable // cluster.world_size, 1_000_000_000)
     elif setup.offload_optimizer == "nvme":
         cpu["optimizer_states_offloaded"] = opt_bytes  # stage < 3: DeepSpeed falls back to CPU
     if setup.offload_param == "cpu":
@@ -418,7 +421,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     bufs = buffer_terms(model, cluster, setup, knobs)
     acts = activation_terms(model, setup, workload, on_cpu)
     n = cluster.world_size
-    psi = model.params
+    psi, trainable = model.params, model.trainable
     tokens = setup.micro_batch_size * workload.seq_len
     logits = tokens * model.vocab_size
     persistent = {k: states[k] for k in ("parameters", "master_weights", "optimizer_states")}
@@ -446,9 +449,9 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank
         # (measured alive at ZeRO-3 throughout, at ZeRO-2 from the first reduction)
         if setup.zero_stage == 3:
-            persistent["gradients"] = e * psi // n
+            persistent["gradients"] = e * trainable // n
         else:
-            grads["gradients"] = e * psi // n
+            grads["gradients"] = e * trainable // n
     # backward start
     if setup.activation_checkpointing:
         final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
@@ -485,7 +488,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # accumulates, torch AdamW's temporaries per parameter tensor (the largest bounds them)
         step_extra = {**grads, "fp32_gradients": states["fp32_gradients"]}
         if torch_adam:
-            step_extra["optimizer_step_temporaries"] = 2 * 4 * model.largest_layer_params
+            step_extra["optimizer_step_temporaries"] = 2 * 4 * min(model.largest_layer_params, trainable)
         elif setup.precision == "fp16":
             # fp16 with FusedAdam is DeepSpeed's FP16_Optimizer (engine._configure_fp16_optimizer), whose step
             # builds the fp32 flat gradient as _flatten_dense_tensors([p.grad.to(fp32) for p in group])
@@ -493,15 +496,15 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             # while the flat one is written, next to the 16-bit gradients (freed after). Derived from the
             # source: FusedAdam cannot run on CPU; torch AdamW there gives FP16_UnfusedOptimizer (per
             # tensor, measured: no such copy, the bf16 terms above).
-            step_extra["fp16_flatten_copies"] = 4 * psi
+            step_extra["fp16_flatten_copies"] = 4 * trainable
     else:
         # the fp32 gradient partition (made for an fp32 model too); the 16-bit gradients are freed by
         # then (measured: not alive at the step's peak at ZeRO-1/2)
-        step_extra = {"fp32_gradients": 4 * psi // n}
+        step_extra = {"fp32_gradients": 4 * trainable // n}
         if torch_adam:
             # of the flat fp32 partition it updates; ZeRO-3 steps it one sub-group at a time
             # (stage3.py DeepSpeedZeroOptimizer_Stage3.step -> _optimizer_step(sub_group_id))
-            updated = psi // n if setup.zero_stage < 3 else min(psi // n, knobs.sub_group_size)
+            updated = trainable // n if setup.zero_stage < 3 else min(trainable // n, knobs.sub_group_size)
             step_extra["optimizer_step_temporaries"] = 2 * 4 * updated
     phases["step"] = {**persistent, **step_extra, **held_logits}
     return phases
@@ -523,14 +526,14 @@ def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
     """
     if setup.offload_optimizer == "none":
         return {}
-    n, psi = cluster.world_size, model.params
+    n, trainable = cluster.world_size, model.trainable  # the optimizer's flat groups hold trainable params only
     e = dtype_bytes(setup.precision)
-    out = {"optimizer_states_offloaded": 12 * psi // n, "fp32_gradients_offloaded": 4 * psi // n}
+    out = {"optimizer_states_offloaded": 12 * trainable // n, "fp32_gradients_offloaded": 4 * trainable // n}
     if setup.zero_stage in (1, 2):
-        out["offload_param_partition"] = e * psi // n
+        out["offload_param_partition"] = e * trainable // n
         # temp_grad_buffer_for_cpu_offload and _for_gpu_offload: both the training dtype, largest tensor
         # (stage_1_and_2.py __init__); on a CPU target both are in the rank
-        out["offload_grad_buffer"] = 2 * e * model.largest_layer_params
+        out["offload_grad_buffer"] = 2 * e * min(model.largest_layer_params, trainable)
     return out
 
 

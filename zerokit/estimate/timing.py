@@ -120,13 +120,15 @@ class CollectiveBytes:
 def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> CollectiveBytes:
     """Gradients are cast to communication_data_type before they are reduced (DeepSpeedEngine.allreduce_bucket at
     stage 0, stage_1_and_2.py average_tensor / allreduce_bucket at 1-2, stage3.py __avg_scatter_contiguous_grads
-    at 3); parameters are gathered in their own dtype, the training precision."""
+    at 3); parameters are gathered in their own dtype, the training precision. Only trainable parameters have
+    gradients, and ZeRO-1/2 gather only the partitions the optimizer updated (its flat groups hold trainable
+    parameters); ZeRO-3 gathers every weight, frozen or not."""
     n = cluster.world_size
     if n == 1:
         return CollectiveBytes(0.0, 0.0)
     ring = (n - 1) / n
-    grads = bytes_per_element(setup.gradient_comm_precision) * model.params * ring
-    params = bytes_per_element(setup.precision) * model.params * ring
+    grads = bytes_per_element(setup.gradient_comm_precision) * model.trainable * ring
+    params = bytes_per_element(setup.precision) * model.trainable * ring
     accum = setup.gradient_accumulation_steps
     if setup.zero_stage == 0:
         return CollectiveBytes(2 * grads, 0.0)  # all-reduce = reduce-scatter + all-gather, of the gradients
@@ -135,6 +137,7 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> Co
     if setup.zero_stage == 2:
         return CollectiveBytes(accum * grads, params)
     gathers = 3 if setup.activation_checkpointing else 2
+    params = bytes_per_element(setup.precision) * model.params * ring
     return CollectiveBytes(accum * grads, accum * gathers * params)
 
 
@@ -166,11 +169,12 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
     seconds = 0.0
     pcie = acc.pcie_bw * 1e9 if acc.pcie_bw else math.inf  # a CPU "device" copies nothing
     if setup.offload_optimizer != "none":
-        # gradients down every micro step (stage 2/3 copy the reduced partition), params up once
-        seconds += (setup.gradient_accumulation_steps + 1) * e * shard / pcie
-        seconds += (model.params / cluster.nodes) / cpu_adam_params_per_s
+        # gradients down every micro step (stage 2/3 copy the reduced partition), params up once: trainable only
+        trainable_shard = model.trainable / n
+        seconds += (setup.gradient_accumulation_steps + 1) * e * trainable_shard / pcie
+        seconds += (model.trainable / cluster.nodes) / cpu_adam_params_per_s
         if setup.offload_optimizer == "nvme" and setup.zero_stage == 3:
-            seconds += 2 * 16 * model.params / cluster.nodes / (DEFAULT_NVME_BW * 1e9)  # read + write
+            seconds += 2 * 16 * model.trainable / cluster.nodes / (DEFAULT_NVME_BW * 1e9)  # read + write
     if setup.offload_param != "none":
         passes = 3 if setup.activation_checkpointing else 2
         seconds += setup.gradient_accumulation_steps * passes * e * shard / pcie
@@ -304,7 +308,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         adamw = terms.torch_adamw_params_per_s
         if adamw and setup.offload_optimizer == "none":
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
-            share = model.params / (n if setup.zero_stage >= 1 else 1)
+            share = model.trainable / (n if setup.zero_stage >= 1 else 1)
             optimizer = share / (adamw / cluster.gpus_per_node if acc.is_cpu else adamw)
     else:
         peak = acc.peak_flops(setup.precision) * acc.efficiency

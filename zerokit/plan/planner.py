@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zerokit.core.errors import ZerokitError
+from zerokit.spec.finetune import Finetune
 from zerokit.spec.hardware import Cluster
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, estimate_memory, fit_problems
 from zerokit.spec.model import ModelSpec
@@ -79,6 +80,7 @@ class Plan:
     ds_config: dict | None = None
     notes: list[str] = field(default_factory=list)
     memory_fraction: float = DEFAULT_MEMORY_FRACTION  # the share of device memory every fit was judged on
+    finetune: Finetune = field(default_factory=Finetune)  # what model.trainable_params came from
 
     @property
     def budget(self) -> Budget:
@@ -107,7 +109,7 @@ class Plan:
         }
         if self.best:
             out["choice"] = {**self.best.setup.to_dict(), "label": self.best.setup.label,
-                             "global_batch": self.best.time.global_batch}
+                             "global_batch": self.best.time.global_batch, "finetune": self.finetune.to_dict()}
             out["memory"] = self.best.memory.to_dict()
             out["time"] = self.best.time.to_dict()
             out["reasons"] = self.best.reasons

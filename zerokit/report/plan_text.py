@@ -99,6 +99,16 @@ def format_time(t, world_size: int) -> list[str]:
     return lines
 
 
+def _finetune_lines(plan) -> list[str]:
+    f, m = plan.finetune, plan.model
+    if f.is_full:
+        return []
+    return [f"finetune  {f.label}: {m.trainable:,} trainable of {m.params:,} parameters ({m.trainable / m.params:.2%}); "
+            "gradients, master weights and optimizer states for those only",
+            "          activations and compute priced as a full fine-tune (an upper bound: frozen layers skip "
+            "their weight gradients)"]
+
+
 def format_plan(plan) -> str:
     m, c, w = plan.model, plan.cluster, plan.workload
     exact = "exact" if m.exact else "estimated from --params"
@@ -114,6 +124,7 @@ def format_plan(plan) -> str:
            if c.world_size > 1 else ""),
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
+        *_finetune_lines(plan),
         "",
     ]
     if plan.best is None:

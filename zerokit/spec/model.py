@@ -52,7 +52,7 @@ from zerokit.spec.resolve import ResolvedModel, resolve_model
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    params: int  # exact trainable parameter count, tied weights counted once
+    params: int  # exact parameter count, tied weights counted once (LoRA adapters included: with_finetune)
     largest_layer_params: int  # DeepSpeed's definition: the module with most DIRECT parameters
     hidden_size: int
     num_layers: int
@@ -84,6 +84,13 @@ class ModelSpec:
     attention_output_copy: bool = False  # o_proj reads a copy of the attention output (q reaches the kernel in (b, a, s, d) layout)
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
+    # parameters the optimizer updates; None: all (a full fine-tune). Set by with_finetune (spec/finetune.py)
+    trainable_params: int | None = None
+
+    @property
+    def trainable(self) -> int:
+        """Parameters with gradients, an fp32 master copy and Adam moments (DeepSpeed keeps them for these only)."""
+        return self.params if self.trainable_params is None else self.trainable_params
 
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse a sequence longer than the model's positions (the same rule for plan, render, check and launch)."""
@@ -104,6 +111,7 @@ class ModelSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["active_params"] = self.active_params
+        d["trainable_params"] = self.trainable
         return d
 
 

@@ -1,0 +1,201 @@
+"""Fine-tuning (issue 10, first part): what trains, counted exactly, and the model states that follow.
+
+Oracles: peft's own get_nb_trainable_parameters() on the real (materialised) models; the elements DeepSpeed's
+optimizer keeps Adam state for in a real 2-rank run (DeepSpeed drops frozen parameters from its flat groups:
+../shared/reference/finetune-and-parallel-on-cpu.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.finetune import Finetune, TrainableSplit, freeze_split, trainable_split, with_finetune
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(name: str) -> str:
+    from zerokit.spec.resolve import resolve_model
+
+    return str(resolve_model(name).config_file())
+
+
+def _real_model(name: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(_config(name)))
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj", "c_attn"], ids=lambda t: t.replace(",", "+"))
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_lora_counts_equal_peft_on_the_real_model(name, targets):
+    """zerokit counts on the meta device (no weights); peft counts the real model it wraps."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _real_model(name)
+    module_names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    wanted = [t for t in targets.split(",") if t != "all-linear"]
+    if wanted and not set(wanted) <= module_names:
+        with pytest.raises(ZerokitError, match="--lora-targets .*Linear modules are named"):
+            trainable_split(_config(name), Finetune(mode="lora", lora_targets=targets))
+        return
+    ours = trainable_split(_config(name), Finetune(mode="lora", lora_r=8, lora_targets=targets))
+    peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=wanted or "all-linear"))
+    assert (ours.trainable_params, ours.total_params) == peft_model.get_nb_trainable_parameters()
+    assert ours.adapter_params == ours.trainable_params > 0 and ours.adapted_modules > 0
+
+
+def test_lora_counts_a_large_registry_model_on_meta_without_weights():
+    """llama-3-8b: 7 Linears per layer x 32 layers, r (in + out) each (peft lora/layer.py: lora_A r x in, lora_B
+    out x r): 41,943,040 at r 16 (also what peft 0.21.2 reported for it; the 8.03B base is spec/arch_params')."""
+    from zerokit.spec.model import load_model_spec
+
+    split = trainable_split(_config("llama-3-8b"), Finetune(mode="lora"))
+    h, kv, i = 4096, 1024, 14336
+    per_layer = 16 * ((h + h) * 2 + (h + kv) * 2 + (h + i) * 3)
+    assert split.adapter_params == 32 * per_layer == 41_943_040
+    assert split.total_params == load_model_spec("llama-3-8b").params + split.adapter_params
+    assert split.adapted_modules == 7 * 32
+
+
+def test_freeze_counts_and_its_bad_input():
+    params = [("model.embed_tokens.weight", 100), ("model.layers.0.mlp.weight", 10), ("model.layers.10.mlp.weight", 10),
+              ("lm_head.weight", 100)]
+    assert freeze_split(params, ("embed_tokens",)) == TrainableSplit(220, 120)
+    assert freeze_split(params, ("layers.0.",)).trainable_params == 210  # layers.10. is not layers.0.
+    assert freeze_split(params, ("*.mlp.weight",)).trainable_params == 200  # a glob
+    with pytest.raises(ZerokitError, match="--freeze 'nope' matches no parameter"):
+        freeze_split(params, ("nope",))
+    with pytest.raises(ZerokitError, match="freezes every parameter"):
+        freeze_split(params, ("weight",))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode="lora", lora_r=0), "--lora-r must be at least 1"),
+    (dict(mode="lora", lora_dropout=1.0), "--lora-dropout"),
+    (dict(mode="lora", lora_targets=" , "), "--lora-targets is empty"),
+    (dict(mode="lora", freeze=("embed_tokens",)), "--freeze applies to --finetune full"),
+    (dict(mode="dora"), "--finetune must be one of"),
+    (dict(mode="qlora", bnb_4bit_quant_storage="int4"), "--bnb-4bit-quant-storage must be one of"),
+], ids=["r0", "dropout1", "empty-targets", "freeze-with-lora", "unknown-mode", "quant-storage"])
+def test_finetune_bad_input(kwargs, match):
+    with pytest.raises(ZerokitError, match=match):
+        Finetune(**kwargs)
+
+
+def test_model_states_count_trainable_parameters_only():
+    """Every weight in the training dtype; gradients, fp32 master and Adam moments (and the fp32 gradient partition)
+    for trainable parameters only, partitioned as before."""
+    from zerokit.estimate.memory import model_state_terms
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import ZeroSetup
+
+    base = load_model_spec("llama-3-8b")
+    lora = with_finetune(base, trainable_split(_config("llama-3-8b"), Finetune(mode="lora")))
+    cluster = build_cluster(gpu="a100-80gb", gpus_per_node=8)
+    for stage in (1, 2, 3):
+        t = model_state_terms(lora, cluster, ZeroSetup(zero_stage=stage, precision="bf16"))
+        psi, tr = lora.params, lora.trainable
+        assert t["parameters"] == (2 * psi // 8 if stage == 3 else 2 * psi)
+        assert t["optimizer_states"] == 8 * tr // 8 and t["master_weights"] == 4 * tr // 8
+        assert t["gradients"] == (2 * tr // 8 if stage >= 2 else 2 * tr)
+    assert base.trainable == base.params and lora.to_dict()["trainable_params"] == lora.trainable
+
+
+def _zerokit(*args):
+    return subprocess.run([sys.executable, "-m", "zerokit", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_plan_cli_lora_json_text_and_errors():
+    r = _zerokit("plan", "tiny-llama", "--gpu", "a100-80gb", "--seq-len", "256", "--finetune", "lora", "--lora-r", "8",
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["choice"]["finetune"] == {"mode": "lora", "lora_r": 8, "lora_alpha": 8.0, "lora_dropout": 0.0,
+                                         "lora_targets": "all-linear", "freeze": []}
+    split = trainable_split(_config("tiny-llama"), Finetune(mode="lora", lora_r=8))
+    assert out["model"]["trainable_params"] == split.trainable_params and out["model"]["params"] == split.total_params
+    assert out["memory"]["per_gpu"]["terms"]["optimizer_states"] == 8 * split.trainable_params
+    full = json.loads(_zerokit("plan", "tiny-llama", "--gpu", "a100-80gb", "--seq-len", "256", "--json").stdout)
+    assert full["choice"]["finetune"] == {"mode": "full", "freeze": []}
+    text = _zerokit("plan", "tiny-llama", "--gpu", "a100-80gb", "--seq-len", "256", "--freeze", "embed_tokens").stdout
+    assert "finetune  full, frozen embed_tokens:" in text
+    for args, msg in [(["--finetune", "lora", "--lora-r", "0"], "--lora-r must be at least 1"),
+                      (["--finetune", "lora", "--lora-targets", "nope_proj"], "--lora-targets nope_proj"),
+                      (["--lora-r", "8"], "--lora-r needs --finetune lora"),
+                      (["--freeze", "nothing_here"], "--freeze 'nothing_here' matches no parameter")]:
+        r = _zerokit("plan", "tiny-llama", "--gpu", "a100-80gb", *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and msg in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    r = _zerokit("plan", "--params", "7B", "--gpu", "a100-80gb", "--finetune", "lora")
+    assert r.returncode == 2 and "give a model config, not --params" in r.stderr
+
+
+RANK_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import torch, deepspeed
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg_path, stage, mode, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg_path))
+    if mode == "lora":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
+    else:
+        for n, p in model.named_parameters():
+            p.requires_grad_(not any(k in n for k in ("embed_tokens", "layers.0.")))
+    ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+          "zero_optimization": {"stage": stage, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6}}
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    x = torch.randint(0, model.config.vocab_size, (2, 32))
+    engine.backward(engine(input_ids=x, labels=x).loss)
+    engine.step()
+    state = [s for s in engine.optimizer.optimizer.state.values() if "exp_avg" in s]
+    with open(os.path.join(out_dir, "rank%s.json" % os.environ["RANK"]), "w") as f:
+        json.dump({"adam_elements": sum(s["exp_avg"].numel() + s["exp_avg_sq"].numel() for s in state),
+                   "requires_grad": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)}, f)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, mode", [(2, "lora"), (3, "lora"), (2, "freeze"), (3, "freeze")])
+def test_deepspeed_keeps_adam_state_for_exactly_the_trainable_elements(tmp_path, stage, mode):
+    """A real 2-rank DeepSpeed job (gloo, CPU): the Adam moments each rank holds are zerokit's optimizer_states
+    term (8 bytes x trainable / ranks), to DeepSpeed's partition padding."""
+    from zerokit.estimate.memory import model_state_terms
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import ZeroSetup
+
+    finetune = Finetune(mode="lora", lora_r=8) if mode == "lora" else Finetune(freeze=("embed_tokens", "layers.0."))
+    split = trainable_split(_config("tiny-llama"), finetune)
+    model = with_finetune(load_model_spec("tiny-llama"), split)
+    predicted = model_state_terms(model, build_cluster(gpu="cpu", gpus_per_node=2),
+                                  ZeroSetup(zero_stage=stage, precision="fp32"))["optimizer_states"]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    from zerokit.measure.ranks import free_port
+
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        str(free_port()), str(script), _config("tiny-llama"), str(stage), mode, str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert len(ranks) == 2
+    assert all(rk["requires_grad"] == split.trainable_params for rk in ranks)  # what peft / --freeze left trainable
+    for rk in ranks:
+        measured = 4 * rk["adam_elements"]  # fp32 m and v
+        assert abs(measured - predicted) <= 8 * 64, (measured, predicted)  # padding to the partition alignment
