@@ -237,7 +237,7 @@ def apply_finetune(args, model, finetune):
     from zerokit.spec.finetune import trainable_split, with_finetune
     from zerokit.spec.resolve import resolve_model
 
-    return with_finetune(model, trainable_split(str(resolve_model(args.model).config_file()), finetune))
+    return with_finetune(model, trainable_split(str(resolve_model(args.model).config_file()), finetune), finetune.mode)
 
 
 def pins_from_args(args) -> dict:

@@ -182,9 +182,9 @@ def measure_split(model, finetune: Finetune) -> TrainableSplit:
     return freeze_split(params, finetune.freeze)
 
 
-def with_finetune(model: ModelSpec, split: TrainableSplit) -> ModelSpec:
+def with_finetune(model: ModelSpec, split: TrainableSplit, mode: str = "full") -> ModelSpec:
     """The model as fine-tuned: every weight counted (adapters included), the trainable ones marked."""
-    return replace(model, params=split.total_params, trainable_params=split.trainable_params)
+    return replace(model, params=split.total_params, trainable_params=split.trainable_params, finetune_mode=mode)
 
 
 def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:

@@ -86,6 +86,8 @@ class ModelSpec:
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
     # parameters the optimizer updates; None: all (a full fine-tune). Set by with_finetune (spec/finetune.py)
     trainable_params: int | None = None
+    finetune_mode: str = "full"  # full | lora | qlora (spec/finetune.py Finetune.mode); with_finetune sets it
+    quantized_params: int = 0  # qlora: base weight elements bitsandbytes stores as 4-bit NF4 (with_finetune)
 
     @property
     def trainable(self) -> int:
