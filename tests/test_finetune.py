@@ -199,3 +199,73 @@ def test_deepspeed_keeps_adam_state_for_exactly_the_trainable_elements(tmp_path,
     for rk in ranks:
         measured = 4 * rk["adam_elements"]  # fp32 m and v
         assert abs(measured - predicted) <= 8 * 64, (measured, predicted)  # padding to the partition alignment
+
+
+def _qlora_spec(name: str = "tiny-llama"):
+    from zerokit.spec.model import load_model_spec
+
+    finetune = Finetune(mode="qlora")
+    return with_finetune(load_model_spec(name), trainable_split(_config(name), finetune), finetune.mode)
+
+
+@pytest.mark.parametrize("profile", ["deepspeed", "hf"])
+def test_qlora_zero3_renders_persistence_threshold_zero_and_deepspeed_accepts_it(profile):
+    """ZeRO-3 keeps a parameter whole when its ds_numel is under stage3_param_persistence_threshold
+    (partition_parameters.py), and a packed 4-bit weight holds half (uint8) or less of its weight's elements: QLoRA
+    renders 0, as a number even where the HF Trainer would fill "auto" with 10 h; a full fine-tune keeps the HF rule."""
+    from zerokit.config.render import render_ds_config
+    from zerokit.config.rules import fill_auto, validate_with_deepspeed
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import ZeroSetup
+
+    cluster = build_cluster(gpu="a100-80gb", gpus_per_node=2)
+    setup = ZeroSetup(zero_stage=3, precision="bf16", micro_batch_size=2)
+    cfg = render_ds_config(setup, cluster, _qlora_spec(), profile=profile)
+    assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+    full = render_ds_config(setup, cluster, load_model_spec("tiny-llama"), profile=profile)
+    assert full["zero_optimization"]["stage3_param_persistence_threshold"] == ("auto" if profile == "hf" else 10 * 128)
+    validate_with_deepspeed(fill_auto(cfg, setup, 2, 128) if profile == "hf" else cfg, 2)
+
+
+def test_check_takes_the_finetune_options(tmp_path):
+    """`check --finetune lora` judges the config with the adapters' trainable count (the Adam moments are 8 bytes per
+    trainable parameter over the 2 ranks at ZeRO-2); a QLoRA ZeRO-3 config that keeps the HF threshold is warned."""
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+           "zero_optimization": {"stage": 2}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    base = ["check", str(path), "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64",
+            "--json"]
+    r = _zerokit(*base, "--finetune", "lora", "--lora-r", "8")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    split = trainable_split(_config("tiny-llama"), Finetune(mode="lora", lora_r=8))
+    assert out["finetune"]["mode"] == "lora" and out["finetune"]["lora_r"] == 8
+    assert out["evaluation"]["memory"]["phase_terms"]["step"]["optimizer_states"] == 8 * split.trainable_params // 2
+    full = json.loads(_zerokit(*base).stdout)
+    assert full["finetune"] == {"mode": "full", "freeze": []}
+    cfg["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 1280}
+    path.write_text(json.dumps(cfg))
+    out = json.loads(_zerokit(*base, "--finetune", "qlora").stdout)
+    warned = [f for f in out["findings"] if f["key"] == "zero_optimization.stage3_param_persistence_threshold"]
+    assert warned and warned[0]["level"] == "warning" and "0 partitions them all" in warned[0]["message"]
+
+
+def test_plan_suggests_lora_when_the_full_fine_tune_does_not_fit():
+    """Llama-3-8B on 2 x RTX 4090 (24 GB) with 64 GB of host RAM: no full fine-tune fits (16 bytes of model states per
+    parameter even fully offloaded exceed the host RAM); the suggestion names LoRA, and the memory it quotes is what
+    `plan --finetune lora` gives for the same setup."""
+    args = ["llama-3-8b", "--gpu", "rtx4090", "--gpus-per-node", "2", "--seq-len", "2048", "--cpu-memory", "64GB",
+            "--json"]
+    r = _zerokit("plan", *args)
+    assert r.returncode == 1
+    full = json.loads(r.stdout)
+    lora_lines = [s for s in full["suggestions"] if "--finetune lora" in s]
+    assert lora_lines and "fits in" in lora_lines[0], full["suggestions"]
+    lora = json.loads(_zerokit("plan", *args, "--finetune", "lora").stdout)
+    assert lora["fits"] and lora["choice"]["label"] in lora_lines[0]
+    from zerokit.core.units import fmt_bytes
+
+    assert f"fits in {fmt_bytes(lora['memory']['per_gpu']['total_bytes'])} per GPU" in lora_lines[0]

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 import sys
 
-from zerokit.cli.common import load_cluster, load_model, load_workload, nonempty, positive_int
+from zerokit.cli.common import (
+    add_finetune_args,
+    apply_finetune,
+    finetune_from_args,
+    load_cluster,
+    load_model,
+    load_workload,
+    nonempty,
+    positive_int,
+)
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.core.quiet import verbose
 
@@ -28,6 +37,7 @@ def add_check_parser(sub, parents) -> None:
                         "--optim; default: its default for the torch installed here, adamw_torch_fused from torch 2.8); "
                         "adamw_torch keeps two fp32 temporaries of the partition in the step")
     p.add_argument("--json", action="store_true")
+    add_finetune_args(p)
     p.set_defaults(func=cmd_check)
 
 
@@ -38,6 +48,11 @@ def cmd_check(args) -> int:
     config = load_config_file(args.config)
     has_model = bool(getattr(args, "model", None) or getattr(args, "params", None))
     model = load_model(args) if has_model else None
+    finetune = finetune_from_args(args)
+    if not finetune.is_full:
+        if model is None:
+            raise ZerokitError(f"--finetune {finetune.mode}/--freeze count the model's modules: give --model")
+        model = apply_finetune(args, model, finetune)
     cluster = load_cluster(args)
     trainer_values = {}
     if args.micro_batch_size:
@@ -48,6 +63,7 @@ def cmd_check(args) -> int:
     result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
                           trainer_values=trainer_values or None, precision=args.precision, answer_auto=True,
                           client_optimizer=args.client_optimizer)
+    result.finetune, result.model = finetune, model
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return result.exit_code

@@ -40,6 +40,7 @@ def add_render_parser(sub, parents) -> None:
                    help="deepspeed: every value concrete; hf: 'auto' where the HF Trainer fills values; accelerate: "
                         f"the hf config and, beside it, {ACCELERATE_YAML} for `accelerate launch --config_file`")
     p.add_argument("--json", action="store_true", help="print the plan as JSON as well")
+    add_finetune_args(p)
     p.set_defaults(func=cmd_render)
 
 
@@ -56,6 +57,12 @@ def build_plan(args):
     pins = pins_from_args(args)
     plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
     plan.finetune = finetune
+    if not plan.fits and finetune.is_full and args.model:  # would LoRA or QLoRA fit where the full fine-tune does not?
+        from zerokit.plan.planner import finetune_suggestions
+        from zerokit.spec.resolve import resolve_model
+
+        plan.suggestions += finetune_suggestions(str(resolve_model(args.model).config_file()), model, cluster,
+                                                 workload, pins, memory_fraction=fraction)
     if cluster.profile is not None:  # --hardware-profile, or this machine's own (spec.hardware.machine_profile_for)
         from zerokit.plan.refine import calibration_effect
 
@@ -87,6 +94,10 @@ def build_plan(args):
         profile = getattr(args, "profile", "deepspeed")
         plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
                                           profile="hf" if profile == "accelerate" else profile)
+        if model.finetune_mode == "qlora" and plan.best.setup.zero_stage == 3:
+            plan.notes.append("ds_config: stage3_param_persistence_threshold 0 (not 10 x hidden): a packed 4-bit weight "
+                              "holds 1/2 to 1/8 of its weight's elements, and DeepSpeed keeps every parameter under the "
+                              "threshold whole on every rank (ZeroKnobs.for_model)")
     return plan
 
 

@@ -81,6 +81,8 @@ class CheckResult:
     deepspeed_checked: bool = True
     assumed: list = field(default_factory=list)  # {"key", "value", "why"}: what each "auto" was taken to be
     search: MicroBatchSearch | None = None  # an "auto" micro batch, searched (check_config(answer_auto=True))
+    finetune: object | None = None  # spec.finetune.Finetune the model was counted for (`check --finetune ...`)
+    model: object | None = None  # spec.model.ModelSpec judged (its trainable count), None without --model
 
     @property
     def valid(self) -> bool:
@@ -111,6 +113,7 @@ class CheckResult:
             "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
             "assumed": list(self.assumed),
             "micro_batch_search": None if self.search is None else self.search.to_dict(),
+            "finetune": None if self.finetune is None else self.finetune.to_dict(),
         }
 
 
@@ -195,6 +198,13 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                                "config's precision \"auto\"")
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
+        threshold = knobs.stage3_param_persistence_threshold
+        if getattr(model, "finetune_mode", "full") == "qlora" and setup.zero_stage == 3 and threshold > 0:
+            # priced as it is (whole small 4-bit weights on every rank); said, since render writes 0 (ZeroKnobs.for_model)
+            result.findings.append(ds_check.Finding(
+                "warning", "zero_optimization.stage3_param_persistence_threshold",
+                f"{threshold:,} with QLoRA: packed 4-bit weights under {threshold:,} stored elements stay whole on every "
+                "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
         fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
         if search:
             largest, result.evaluation, too_big = largest_fitting_micro_batch(

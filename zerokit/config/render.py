@@ -80,8 +80,11 @@ def render_ds_config(
     total = _total_steps(total_steps, workload, train_batch)
     context = {
         "setup": setup,
-        "knobs": knobs or ZeroKnobs.for_hidden_size(model.hidden_size if model else None),
+        "knobs": knobs or (ZeroKnobs.for_model(model) if model else ZeroKnobs()),
         "knobs_auto": knobs is None,
+        # QLoRA's threshold (ZeroKnobs.for_model) is written as a number even for the HF Trainer, which would fill
+        # "auto" with 10 h and keep small packed 4-bit weights whole on every rank
+        "persistence_auto": knobs is None and getattr(model, "finetune_mode", "full") != "qlora",
         "train_batch_size": train_batch,
         "gradient_clipping": gradient_clipping,
         "steps_per_print": steps_per_print,

@@ -280,3 +280,38 @@ def suggest(model: ModelSpec, cluster: Cluster, workload: Workload, frugal: Eval
     if mem.nvme_total > budget.nvme_bytes:
         out.append(f"provide at least {fmt_bytes(mem.nvme_total)} of NVMe per node")
     return out
+
+
+# What a user whose full fine-tune does not fit would try next, in order: LoRA keeps every weight in 16 bits but
+# drops gradients, master weights and optimizer states to the adapters'; QLoRA also stores the base in 4-bit NF4
+# (and costs dequantization every forward and backward, so it is named only when LoRA does not fit).
+FINETUNE_ALTERNATIVES = (Finetune(mode="lora"), Finetune(mode="qlora"))
+
+
+def finetune_suggestions(config_source: str, model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict,
+                         knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> list[str]:
+    """For a full fine-tune that fits nowhere: the first of LoRA and QLoRA (peft's defaults but r 16, all-linear)
+    whose plan fits, with its memory and the option that pins it; both when neither fits, with what they need.
+    The adapters are counted from the model's modules (spec.finetune.trainable_split: torch and peft, ~6 s), so this
+    runs only after the full plan failed."""
+    from zerokit.core.quiet import library_output
+    from zerokit.spec.finetune import trainable_split, with_finetune
+
+    out = []
+    for finetune in FINETUNE_ALTERNATIVES:
+        try:
+            with library_output():  # peft imports bitsandbytes, which prints about its optional CPU kernels package
+                split = trainable_split(config_source, finetune)
+            tuned = with_finetune(model, split, finetune.mode)
+            plan = make_plan(tuned, cluster, workload, pins, knobs, memory_fraction)
+        except ZerokitError:
+            continue  # peft or bitsandbytes missing, or a pin the alternative cannot honour: nothing to suggest
+        best = plan.best
+        mem = fmt_bytes(best.memory.per_gpu_total)
+        flag = f"--finetune {finetune.mode}"
+        what = f"{finetune.label}: {tuned.trainable:,} trainable parameters"
+        if plan.fits:
+            out.append(f"fine-tune with {what} ({flag}): {best.setup.label} fits in {mem} per GPU")
+            return out
+        out.append(f"{flag} does not fit either ({what}; the least, {best.setup.label}, needs {mem} per GPU)")
+    return out

@@ -99,14 +99,12 @@ def format_time(t, world_size: int) -> list[str]:
     return lines
 
 
-def _finetune_lines(plan) -> list[str]:
-    f, m = plan.finetune, plan.model
-    if f.is_full:
+def finetune_lines(f, m) -> list[str]:
+    """What trains (spec.finetune.Finetune) of the model as counted (spec.model.ModelSpec); nothing for a full fine-tune."""
+    if f is None or m is None or f.is_full:
         return []
     return [f"finetune  {f.label}: {m.trainable:,} trainable of {m.params:,} parameters ({m.trainable / m.params:.2%}); "
-            "gradients, master weights and optimizer states for those only",
-            "          activations and compute priced as a full fine-tune (an upper bound: frozen layers skip "
-            "their weight gradients)"]
+            "gradients, master weights and optimizer states for those only"]
 
 
 def format_plan(plan) -> str:
@@ -124,7 +122,7 @@ def format_plan(plan) -> str:
            if c.world_size > 1 else ""),
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
-        *_finetune_lines(plan),
+        *finetune_lines(plan.finetune, plan.model),
         "",
     ]
     if plan.best is None:
@@ -170,6 +168,9 @@ def format_check(result) -> str:
     ev = result.evaluation
     if ev is None:
         out.append("VALID (no --model given: memory not checked)")
+        return "\n".join(out)
+    if result.finetune is not None:
+        out += finetune_lines(result.finetune, result.model)
         return "\n".join(out)
     search = result.search
     if search is None:

@@ -183,6 +183,20 @@ class ZeroKnobs:
         )
 
     @classmethod
+    def for_model(cls, model) -> "ZeroKnobs":
+        """What render writes for a model (a spec.model.ModelSpec): the hidden-size buckets, and for QLoRA a
+        persistence threshold of 0. DeepSpeed keeps a parameter whole on every rank when its ds_numel is under
+        stage3_param_persistence_threshold (partition_parameters.py _convert_to_deepspeed_param: ds_persist), and a
+        packed 4-bit weight holds 1/2 (uint8 storage) to 1/8 (fp32 storage) of its weight's elements, so at the HF
+        default of 10 h whole 4-bit weights stay unpartitioned that a 16-bit model would partition (measured on CPU:
+        the tiny Llama's 4-bit weights were partitioned only at 0, ../shared/reference/finetune-and-parallel-on-cpu.md).
+        0 partitions every parameter; the norms it adds to each gather are h elements each."""
+        knobs = cls.for_hidden_size(getattr(model, "hidden_size", None))
+        if getattr(model, "finetune_mode", "full") == "qlora":
+            return replace(knobs, stage3_param_persistence_threshold=0)
+        return knobs
+
+    @classmethod
     def from_zero_config(cls, zero: dict) -> "ZeroKnobs":
         """Knobs from a ds_config's zero_optimization block; DeepSpeed's defaults for absent keys."""
         d = cls()
