@@ -247,6 +247,114 @@ def _norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
     return 2 * e * h + 2 * e
 
 
+def _is_finetune_layout(model: ModelSpec) -> bool:
+    """Whether the spec carries a fine-tune's module layout (with_finetune) that changes what autograd saves."""
+    return bool(model.lora_r or any(model.frozen_slots) or model.frozen_norms or model.frozen_final_norm
+                or model.frozen_head or model.grad_start_layer or model.grad_start_partial)
+
+
+def _frozen_norm_delta(model: ModelSpec, precision: str) -> int:
+    """What one norm no longer saves per token when its weight is frozen: RMSNorm's `weight * hidden.to(dtype)` saves
+    the normalised input only for the weight's gradient (torch's mul backward saves `other` only when `self` needs a
+    gradient: autograd codegen's should_compute_output; measured with zerokit.measure.meter, tests/test_finetune_model.py):
+    its 16-bit cast (E h), Gemma's fp32 normalised input (4 h), in fp32 the normalised input (4 h). LayerNorm's
+    native_layer_norm saves input, mean and rstd for the input's gradient anyway: nothing."""
+    if model.norm != "rmsnorm":
+        return 0
+    e = dtype_bytes(precision)
+    if precision == "fp32" or model.norm_fp32_weight:
+        return -4 * model.hidden_size
+    return -e * model.hidden_size
+
+
+def _norm_input_side(model: ModelSpec, precision: str, weight_frozen: bool) -> int:
+    """What a norm saves per token only because its INPUT needs a gradient (a layer whose input has none skips it):
+    RMSNorm's fp32 input copy (the pow's input; in fp32 the input itself) and rsqrt (4 h + 4); LayerNorm's input, mean
+    and rstd, which native_layer_norm saves whenever anything needs a gradient (its weight included)."""
+    e = dtype_bytes(precision)
+    h = model.hidden_size
+    if model.norm == "rmsnorm":
+        return 4 * h + 4
+    return e * h + 2 * e if weight_frozen else 0
+
+
+def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cpu: bool = False) -> int:
+    """Bytes per token one decoder layer saves under the fine-tune's layout (model.lora_*, frozen_*) beyond what
+    activation_bytes_per_layer counts for a full fine-tune. Measured on real modules with zerokit.measure.meter
+    (tests/test_finetune_model.py, bench/results/finetune_memory.txt):
+    - a frozen weight's matmul does not save its input: autograd saves mm/addmm's mat1 only when mat2 (the weight)
+      needs a gradient (codegen's `if (grad_fn->should_compute_output(1))`; bitsandbytes' MatMul4Bit saves only the
+      packed weight: `ctx.tensors = (None, B)`). A Linear input is then dropped unless something else keeps it: a
+      trainable base weight reading it, a LoRA adapter without dropout (lora_A saves x), the attention kernel (sdpa/flash
+      keep their output, which o_proj reads), ReLU (its backward reads its output).
+    - frozen norm weights: _frozen_norm_delta per norm.
+    - per adapted Linear (peft lora/layer.py Linear.forward: `result + lora_B(lora_A(dropout(x))) * scaling`): lora_B
+      saves lora_A's r-wide output (r E); with lora_dropout > 0 each adapter has its own dropout: its output (E x in)
+      saved by lora_A and its mask (E bytes per element on CPU, a bool on GPUs; see the dropout rule above), and x
+      itself is no longer saved by the adapter. The scaling multiply by a Python float and the add save nothing.
+    """
+    e = dtype_bytes(precision)
+    mask = e if on_cpu else 1
+    h, i = model.hidden_size, model.intermediate_size
+    experts = model.experts_per_token if model.num_experts > 1 else 1
+    widths = (h, model.num_attention_heads * model.head_dim, h, i * experts)
+    kernel_keeps_output = (attention != "eager" and not model.attention_output_copy and not model.sdpa_broadcast_kv)
+    kept_anyway = (False, kernel_keeps_output, False, model.mlp_activation == "relu")
+    adapters, frozen = model.lora_slots, model.frozen_slots
+    dropout = model.lora_dropout > 0
+    saved = [not frozen[k] or (adapters[k] > 0 and not dropout) or kept_anyway[k] for k in range(4)]
+    if model.norms_per_layer == 1:  # a parallel block's one norm output feeds attention and MLP: one tensor
+        saved[0] = saved[2] = saved[0] or saved[2]
+    delta = 0
+    for k in range(4):
+        if not saved[k] and not (k == 2 and model.norms_per_layer == 1):
+            delta -= e * widths[k]
+    if model.frozen_norms:
+        delta += model.norms_per_layer * _frozen_norm_delta(model, precision)
+    r = model.lora_r
+    for k in range(4):
+        delta += adapters[k] * r * e
+        if dropout:
+            delta += adapters[k] * widths[k] * (e + mask)
+    return delta
+
+
+def finetune_partial_layer_delta(model: ModelSpec, precision: str, attention: str, on_cpu: bool,
+                                 layer_bytes_per_token: int) -> int:
+    """Bytes per token the first trainable layer saves less when its input has no gradient (frozen embeddings,
+    model.grad_start_partial): autograd records an op only when an input needs a gradient, so its first norm keeps only
+    what its weight's gradient or a consumer needs (_norm_input_side), and when nothing in its attention or first norm
+    trains, the attention block and the second norm's input side save nothing either."""
+    e = dtype_bytes(precision)
+    mask = e if on_cpu else 1
+    delta = -_norm_input_side(model, precision, model.frozen_norms)
+    if model.lora_dropout > 0 and model.frozen_norms:
+        # the attention input's adapters drop out a tensor with no gradient: native_dropout is not recorded, so no
+        # mask is kept (lora_A still saves the dropped-out copy for its weight's gradient). Measured (meter, tiny-llama)
+        delta -= model.lora_slots[0] * model.hidden_size * mask
+    if not model.grad_start_attention:
+        norms = model.norms_per_layer * _norm_bytes_per_token(model, precision)
+        mlp = _mlp_bytes_per_token(model, precision) + (4 * model.num_experts if model.num_experts > 1 else 0)
+        drop = 2 * model.hidden_size * mask if model.hidden_dropout > 0 else 0
+        attention_part = layer_bytes_per_token - norms - mlp - drop
+        delta -= attention_part + (model.hidden_size * mask if model.hidden_dropout > 0 else 0)
+        if model.norms_per_layer > 1:
+            delta -= _norm_input_side(model, precision, model.frozen_norms)
+    return delta
+
+
+def final_norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
+    """The final norm's saved bytes per token: as a decoder norm (_norm_bytes_per_token), less its cast when its weight
+    is frozen and its output when the LM head's weight is frozen (the head's matmul saves its input only for its weight's
+    gradient: the rule of finetune_layer_delta)."""
+    b = _norm_bytes_per_token(model, precision)
+    if model.frozen_final_norm:
+        b += _frozen_norm_delta(model, precision)
+    if model.frozen_head:
+        b -= dtype_bytes(precision) * model.hidden_size
+    return b
+
+
 def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_cpu: bool = False) -> dict[str, int]:
     """Activations, logits and loss for one micro batch, per GPU.
 
@@ -269,9 +377,25 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     one_layer = max(masked_layer, unmasked_layer)  # what one recomputed layer costs at most
     all_layers = masked * masked_layer + (model.num_layers - masked) * unmasked_layer
     terms: dict[str, int] = {}
-    final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
+    final_norm = tokens * final_norm_bytes_per_token(model, setup.precision)
+    if _is_finetune_layout(model):
+        delta = tokens * finetune_layer_delta(model, setup.precision, attention, on_cpu)
+        one_layer += delta
+        if setup.activation_checkpointing:
+            pass  # enable_input_require_grads: every layer's input has a gradient (below)
+        else:
+            # layers before the first trainable parameter save nothing (no gradient flows there)
+            start = min(model.grad_start_layer, model.num_layers)
+            all_layers -= start * unmasked_layer
+            all_layers += (model.num_layers - start) * delta
+            if model.grad_start_partial and start < model.num_layers:
+                all_layers += tokens * finetune_partial_layer_delta(model, setup.precision, attention, on_cpu,
+                                                                    unmasked_layer // tokens)
     if setup.activation_checkpointing:
-        # HF gradient checkpointing keeps each layer's input, then recomputes one layer at a time.
+        # HF gradient checkpointing keeps each layer's input, then recomputes one layer at a time. With it
+        # transformers calls enable_input_require_grads() (modeling_utils.activation_checkpointing_enable, for every
+        # model whose main input is input_ids): the embedding output needs a gradient, so every layer is checkpointed
+        # and recomputed whole even when the embeddings and first layers are frozen (use_reentrant=False by default).
         terms["activations_checkpoints"] = model.num_layers * tokens * model.hidden_size * e
         terms["activations_recompute"] = one_layer + final_norm
     else:
@@ -298,6 +422,32 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     return terms
 
 
+def weight_bytes(model: ModelSpec, e: int) -> int:
+    """Bytes of every parameter tensor as held: the training dtype, except QLoRA's 4-bit base weights at their packed
+    size (spec/finetune.py packed_4bit_elements: half a byte per weight in uint8, or the same bytes in a wider
+    bnb_4bit_quant_storage). Oracle: a real bitsandbytes-quantized model (tests/test_finetune_model.py)."""
+    return e * (model.params - model.quantized_params) + model.quantized_bytes
+
+
+def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
+    """(stored elements, bytes per element or 0 for the training dtype, count) of every parameter tensor: read from the
+    module tree for a fine-tune (with_finetune), else the spec's shapes (timing.gradient_sizes_in_backward_order)."""
+    if model.param_tensors:
+        return model.param_tensors
+    from zerokit.estimate.timing import gradient_sizes_in_backward_order  # noqa: PLC0415  (timing does not import us)
+
+    return tuple((n, 0, 1) for n in gradient_sizes_in_backward_order(model))
+
+
+def stage3_persistent_bytes(model: ModelSpec, e: int, threshold: int) -> int:
+    """ZeRO-3 keeps a parameter whole on every rank once gathered when it has at most stage3_param_persistence_threshold
+    elements (parameter_offload.py mark_persistent_parameters: `param.ds_numel <= param_threshold`; ds_numel is the
+    stored numel, so a 4-bit weight counts at half its elements in uint8): gathered in the first forward, never released
+    after a module's use, partitioned before the optimizer step and gathered again after it (stage3.py step ->
+    _partition_all_parameters, _post_step -> persistent_parameters[0].all_gather)."""
+    return sum(c * n * (b or e) for n, b, c in param_tensor_sizes(model) if n <= threshold)
+
+
 def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
     """Per-GPU model states for the ZeRO stage and offload choice. Every weight is held in the training dtype,
     frozen or not; gradients, the fp32 master copy and Adam's moments exist for trainable parameters only
@@ -312,8 +462,17 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
     def part(nbytes: int, partitioned: bool, count: int = trainable) -> int:
         return nbytes * count // n if partitioned else nbytes * count
 
+    if setup.offload_param != "none":
+        params = 0
+    elif stage >= 3:
+        # ZeRO-3 partitions every parameter tensor, a 4-bit one at its stored size (partition_parameters.py
+        # _partition_param: partition_size = aligned numel / world, in param.dtype); bitsandbytes' QuantState tensors
+        # are attributes of the Params4bit, not parameters: every rank keeps all of them
+        params = weight_bytes(model, bpp["parameters"]) // n + model.quant_state_bytes
+    else:
+        params = weight_bytes(model, bpp["parameters"]) + model.quant_state_bytes
     terms = {
-        "parameters": 0 if setup.offload_param != "none" else part(bpp["parameters"], stage >= 3, psi),
+        "parameters": params,
         "gradients": part(bpp["gradients"], stage >= 2),
     }
     if stage == 0 and not mixed:
@@ -367,13 +526,23 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[di
     elif setup.offload_optimizer == "nvme":
         cpu["optimizer_states_offloaded"] = opt_bytes  # stage < 3: DeepSpeed falls back to CPU
     if setup.offload_param == "cpu":
-        cpu["parameters_offloaded"] = bpp["parameters"] * psi // nodes
+        cpu["parameters_offloaded"] = weight_bytes(model, bpp["parameters"]) // nodes
     elif setup.offload_param == "nvme":
         nvme["parameters"] = bpp["parameters"] * psi // nodes
         cpu["param_swap_buffers"] = gpn * PARAM_SWAP_BUFFER_ELEMENTS * bpp["parameters"]
     # Loading: without zero.Init every local rank builds the full fp32 model on the host; stage 3
     # builds under zero.Init, one layer at a time (DeepSpeed's estimator, zero_init=1).
-    if setup.zero_stage == 3:
+    if model.quantized_params:
+        # QLoRA: every rank's from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True)) quantizes weight
+        # by weight as it loads (integrations/bitsandbytes.py Bnb4bitQuantize), so it holds the quantized model and one
+        # checkpoint tensor at a time, counted at 4 bytes (an fp32 checkpoint; a bf16 one holds half). Measured with the
+        # meter around from_pretrained (bench/results/finetune_memory.txt): tiny-gpt2 2,142,080 B against this rule's
+        # 2,140,928; tiny-llama 2,097,280 (the rule gives 2,510,400: its peak came before the LM head was loaded).
+        # The adapters (QLoRA's trainable parameters) come after loading, with get_peft_model.
+        e = bpp["parameters"]
+        base = weight_bytes(model, e) - e * trainable + model.quant_state_bytes
+        cpu["model_loading"] = gpn * (base + 4 * model.largest_layer_params)
+    elif setup.zero_stage == 3:
         cpu["model_loading"] = 4 * model.largest_layer_params * gpn
     else:
         cpu["model_loading"] = 4 * psi * gpn
@@ -436,7 +605,15 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # stage3_max_reuse_distance (measured: the whole 16-bit model of the grid's 1-12M-parameter
         # models alive at the start of backward); DeepSpeed's estimator's 2 x largest layer otherwise.
         window = min(knobs.stage3_max_live_parameters, knobs.stage3_max_reuse_distance)
-        live["stage3_live_params"] = e * min(psi, max(window, 2 * model.largest_layer_params))
+        persistent_bytes = stage3_persistent_bytes(model, e, knobs.stage3_param_persistence_threshold)
+        # Modules no gradient reaches (frozen embeddings, layers before the first trainable one) fire no backward hook:
+        # once the trace is complete (the second step) the coordinator releases their parameters after forward, their
+        # next use being the next step (measured: LoRA and --freeze at ZeRO-3, tiny-llama, the embedding's 1 MiB fp32
+        # absent at the start of backward; bench/results/finetune_memory.txt). With checkpointing the gradient reaches
+        # the embedding output (enable_input_require_grads) and they stay (measured).
+        released = 0 if setup.activation_checkpointing else e * model.no_backward_params + model.no_backward_quantized_bytes
+        live["stage3_live_params"] = min(weight_bytes(model, e) - released,
+                                         persistent_bytes + e * max(window, 2 * model.largest_layer_params))
         if setup.offload_param != "none" and on_cpu:
             persistent["parameters_offloaded"] = e * psi // n
     if on_cpu:
@@ -454,7 +631,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             grads["gradients"] = e * trainable // n
     # backward start
     if setup.activation_checkpointing:
-        final_norm = tokens * _norm_bytes_per_token(model, setup.precision)
+        final_norm = tokens * final_norm_bytes_per_token(model, setup.precision)
         start_acts = {"activations_checkpoints": acts["activations_checkpoints"], "activations_final_norm": final_norm}
     else:
         start_acts = {"activations": acts["activations"]}
@@ -476,6 +653,9 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
                                         "activations_recompute": one_layer, **held_logits, **bufs}
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
+    if setup.zero_stage == 3 and setup.offload_param == "none":
+        # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
+        phases["backward_end"]["stage3_persistent_params"] = persistent_bytes
     # torch.optim.AdamW (what render writes for CPU targets without offload; on GPUs a config without an
     # optimizer block or with torch_adam: ZeroKnobs.optimizer) makes two fp32 temporaries of what it updates
     # (measured on CPU; on GPUs LLaMA-Factory#1221's OOM, tests/test_fp16_cpu.py); DeepSpeed's FusedAdam on GPUs
@@ -540,7 +720,7 @@ def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
 def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
                     knobs: ZeroKnobs | None = None) -> MemoryEstimate:
     """Everything a training step needs, by term: the terms live at the peak phase (phase_terms)."""
-    knobs = knobs or ZeroKnobs.for_hidden_size(model.hidden_size)
+    knobs = knobs or ZeroKnobs.for_model(model)
     est = MemoryEstimate()
     phases = phase_terms(model, cluster, setup, workload, knobs)
     est.phase_terms = phases

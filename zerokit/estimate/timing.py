@@ -98,11 +98,41 @@ def matmul_params(model: ModelSpec) -> int:
 
 
 def flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bool) -> float:
-    passes = 8 if activation_checkpointing else 6  # recompute adds a second forward (2 of 6)
-    attention = 12 * model.num_layers * seq_len * model.num_attention_heads * model.head_dim
+    """Training FLOPs per token: forward 2 per matmul weight, backward 2 for the input gradient and 2 for the weight
+    gradient, recompute another forward; attention's two matmuls 4 s a d per layer forward, 8 backward.
+
+    A fine-tune (with_finetune's counts, read from the module tree) runs fewer: a frozen weight needs no weight-gradient
+    GEMM (autograd computes mm's mat2 gradient only when the weight requires it: should_compute_output), so a frozen
+    Linear's backward is one GEMM, about its forward; layers before the first trainable parameter run no backward at
+    all (no gradient reaches them), unless checkpointing, whose enable_input_require_grads sends the gradient down to
+    the embeddings (memory.activation_terms). LoRA adapters are in the counts already: 2 r (in + out) per token per
+    adapted Linear forward, 3x that with backward."""
+    p = matmul_params(model)
+    s_ad = seq_len * model.num_attention_heads * model.head_dim
+    if model.trainable_matmul_params is None:
+        passes = 8 if activation_checkpointing else 6  # recompute adds a second forward (2 of 6)
+        attention = 12 * model.num_layers * s_ad
+        if activation_checkpointing:
+            attention = attention * 4 // 3
+        return passes * p + attention
+    active = model.active_params / max(1, model.params)  # MoE: the active share (the counts are of every expert)
+    trainable = model.trainable_matmul_params * active
+    backward_input = p if activation_checkpointing else min(p, model.backward_matmul_params * active)
+    grad_layers = model.num_layers if activation_checkpointing else model.num_layers - min(model.grad_start_layer, model.num_layers)
+    flops = 2 * p + 2 * backward_input + 2 * trainable + 4 * model.num_layers * s_ad + 8 * grad_layers * s_ad
     if activation_checkpointing:
-        attention = attention * 4 // 3
-    return passes * matmul_params(model) + attention
+        flops += 2 * p + 4 * model.num_layers * s_ad
+    return flops
+
+
+def dequantized_elements(model: ModelSpec, activation_checkpointing: bool) -> float:
+    """QLoRA: 4-bit weight elements bitsandbytes dequantizes to the compute dtype per micro step: every quantized weight
+    in forward (its gemm_4bit: dequantize_4bit then linear), again in backward for the input gradient
+    (MatMul4Bit.backward: `F.dequantize_4bit(B, ctx.state)`), and in recompute. Memory-bound element-wise work: the
+    calibrated profile prices it as activation elements (compute_features); independent of the tokens."""
+    if not model.quantized_params:
+        return 0.0
+    return model.quantized_params * (3 if activation_checkpointing else 2)
 
 
 @dataclass(frozen=True)
@@ -117,7 +147,7 @@ class CollectiveBytes:
         return self.gradients + self.parameters
 
 
-def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> CollectiveBytes:
+def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs | None = None) -> CollectiveBytes:
     """Gradients are cast to communication_data_type before they are reduced (DeepSpeedEngine.allreduce_bucket at
     stage 0, stage_1_and_2.py average_tensor / allreduce_bucket at 1-2, stage3.py __avg_scatter_contiguous_grads
     at 3); parameters are gathered in their own dtype, the training precision. Only trainable parameters have
@@ -137,13 +167,19 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> Co
     if setup.zero_stage == 2:
         return CollectiveBytes(accum * grads, params)
     gathers = 3 if setup.activation_checkpointing else 2
-    params = bytes_per_element(setup.precision) * model.params * ring
-    return CollectiveBytes(accum * grads, accum * gathers * params)
+    # ZeRO-3 gathers every weight, frozen or not, a 4-bit one at its stored size (memory.weight_bytes: DeepSpeed gathers
+    # param.ds_tensor in param.dtype, uint8 for a packed Params4bit). Persistent parameters (stage3_param_persistence_
+    # threshold) are gathered once per step rather than per pass; not subtracted here: for real models they are the
+    # norms and biases, ~1e-5 of the bytes (the ZeRO paper's 1.5x holds, tests/test_timing.py)
+    from zerokit.estimate.memory import weight_bytes  # noqa: PLC0415
+
+    gathered = weight_bytes(model, bytes_per_element(setup.precision)) * ring
+    return CollectiveBytes(accum * grads, accum * gathers * gathered)
 
 
-def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> float:
+def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs | None = None) -> float:
     """Bytes each rank moves per optimizer step (ring algorithms)."""
-    return collective_bytes(model, cluster, setup).total
+    return collective_bytes(model, cluster, setup, knobs).total
 
 
 def link_bandwidth(cluster: Cluster) -> float:
@@ -232,7 +268,7 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     step, ZeRO-3's per-layer gathers (forward, backward, recompute)."""
     if cluster.world_size == 1:
         return CollectiveCalls(0, 0)
-    knobs = knobs or ZeroKnobs.for_hidden_size(model.hidden_size)
+    knobs = knobs or ZeroKnobs.for_model(model)
     accum = setup.gradient_accumulation_steps
     if setup.zero_stage == 0:
         return CollectiveCalls(1, 0)  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
@@ -272,7 +308,8 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
     return {"micro": 1.0, "layer": float(layers), "recompute": float(layers if activation_checkpointing else 0),
             "flop": flops_per_token(model, seq_len, activation_checkpointing) * tokens,
             "score": passes * layers * micro_batch * model.num_attention_heads * seq_len * seq_len,
-            "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size),
+            "activation": (passes * layers * tokens * (model.hidden_size + model.intermediate_size)
+                           + dequantized_elements(model, activation_checkpointing)),
             "logit": float(tokens * model.vocab_size)}
 
 
@@ -291,7 +328,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     terms = cluster.profile.timing if cluster.profile is not None else None
     coef = terms.compute_coefficients(model.gated_mlp, setup.precision) if terms else None
     link = link_bandwidth(cluster)
-    comm = collective_bytes_per_step(model, cluster, setup) / link
+    comm = collective_bytes_per_step(model, cluster, setup, knobs) / link
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.cpu_adam_params_per_s:
         cpu_adam = terms.cpu_adam_params_per_s

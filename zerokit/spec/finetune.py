@@ -116,6 +116,9 @@ class TrainableSplit:
     trainable_params: int
     adapter_params: int = 0
     adapted_modules: int = 0  # modules that got a LoRA adapter
+    # what the memory and time models need beyond the counts (read from the real module tree by module_layout; the
+    # ModelSpec fields of the same names document them). None: not read (a full fine-tune needs none of it)
+    layout: dict | None = None
 
     @property
     def frozen_params(self) -> int:
@@ -126,6 +129,12 @@ def _freeze_matches(pattern: str, name: str) -> bool:
     if any(c in pattern for c in "*?["):
         return fnmatch.fnmatchcase(name, pattern)
     return pattern in name
+
+
+def is_frozen(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether --freeze PATTERN(s) freeze the parameter `name`: the one rule the plan counts with (freeze_split) and
+    the ranks freeze with (launch/train.py apply_finetune), so what is planned is what trains."""
+    return any(_freeze_matches(p, name) for p in patterns)
 
 
 def freeze_split(params: list[tuple[str, int]], freeze: tuple[str, ...]) -> TrainableSplit:
@@ -171,20 +180,220 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
     return TrainableSplit(int(total), int(trainable), int(trainable), adapted)
 
 
-def measure_split(model, finetune: Finetune) -> TrainableSplit:
-    """The counts for a built transformers model (real or on the meta device)."""
+def measure_split(model, finetune: Finetune, layout: bool = True) -> TrainableSplit:
+    """The counts for a built transformers model (real or on the meta device), and with `layout` what the memory and
+    time models read from its module tree (module_layout). QLoRA: which Linears transformers would quantize is read
+    before peft wraps them (quantized_weights)."""
+    quantized = quantized_weights(model) if finetune.mode == "qlora" else {}
     if finetune.uses_lora:
-        return lora_split(model, finetune)
-    params = [(name, p.numel()) for name, p in model.named_parameters()]  # tied weights once
-    if not finetune.freeze:
-        total = sum(n for _, n in params)
-        return TrainableSplit(total, total)
-    return freeze_split(params, finetune.freeze)
+        split = lora_split(model, finetune)  # wraps `model`'s Linears in place (get_peft_model)
+    else:
+        params = [(name, p.numel()) for name, p in model.named_parameters()]  # tied weights once
+        if not finetune.freeze:
+            total = sum(n for _, n in params)
+            return TrainableSplit(total, total)
+        split = freeze_split(params, finetune.freeze)
+        for name, p in model.named_parameters():
+            p.requires_grad_(not any(_freeze_matches(pat, name) for pat in finetune.freeze))
+    if not layout:
+        return split
+    return replace(split, layout=module_layout(model, finetune, quantized))
+
+
+# bitsandbytes' packed storage: BitsAndBytesConfig(bnb_4bit_quant_storage) -> bytes per stored element
+QUANT_STORAGE_BYTES = {"uint8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
+NF4_BLOCKSIZE = 64  # bitsandbytes quantize_4bit's default blocksize (transformers' Linear4bit passes none)
+NESTED_BLOCKSIZE = 256  # quantize_4bit(compress_statistics=True) quantizes the absmax with quantize_blockwise(blocksize=256)
+
+
+def quantized_weights(model) -> dict[int, int]:
+    """{id(weight): elements} of the Linear weights transformers' bitsandbytes 4-bit quantizer converts: every exact
+    nn.Linear or Conv1D (integrations/bitsandbytes.py replace_with_bnb_linear: `isinstance(module, Conv1D) or
+    type(module) is nn.Linear`) except the modules its get_keys_to_not_convert names (tied weights, the last parameter's
+    module, the output embedding: the LM head stays in the compute dtype) and the model's _keep_in_fp32_modules
+    (Bnb4BitHfQuantizer._process_model_before_weight_loading -> get_modules_to_not_convert with
+    llm_int8_skip_modules None), matched by should_convert_module. transformers' own functions, called on the model."""
+    import torch  # noqa: PLC0415
+    from transformers.pytorch_utils import Conv1D  # noqa: PLC0415
+    from transformers.quantizers.base import get_keys_to_not_convert  # noqa: PLC0415
+    from transformers.quantizers.quantizers_utils import should_convert_module  # noqa: PLC0415
+
+    skip = list(set(get_keys_to_not_convert(model)) | set(getattr(model, "_keep_in_fp32_modules", None) or []))
+    return {id(m.weight): m.weight.numel() for name, m in model.named_modules()
+            if should_convert_module(name, skip) and (isinstance(m, Conv1D) or type(m) is torch.nn.Linear)}
+
+
+def packed_4bit_elements(n: int, storage_bytes: int) -> int:
+    """Stored elements of a weight of n elements: quantize_4bit's out is ((n + 1) // (itemsize * 2), 1) of
+    quant_storage (bitsandbytes/_ops.py, the fake of bitsandbytes::quantize_4bit): two 4-bit values a byte."""
+    return (n + 1) // (storage_bytes * 2)
+
+
+def quant_state_bytes(n: int, double_quant: bool) -> int:
+    """The QuantState tensors of one 4-bit weight of n elements (bitsandbytes functional.quantize_4bit): an fp32 absmax
+    per block of 64 and the 16-entry fp32 NF4 code (get_4bit_type, a new tensor per weight); with double quantization
+    the absmax is quantize_blockwise'd (blocksize 256) to uint8, with its own fp32 absmax per 256 blocks, a copy of the
+    256-entry fp32 dynamic code (`code.to(A.device, copy=True)`) and the fp32 0-d offset (the absmax mean)."""
+    blocks = -(n // -NF4_BLOCKSIZE)
+    if not double_quant:
+        return 4 * blocks + 4 * 16
+    return blocks + 4 * 16 + 4 + 4 * -(blocks // -NESTED_BLOCKSIZE) + 4 * 256
+
+
+# Linear names by the input they read (module_layout): in an attention block the output projection reads the attention
+# output, every other Linear the block's input; in an MLP the down projection reads the activation's output.
+_ATTN_OUT = {"o_proj", "out_proj", "dense", "c_proj", "wo", "o"}
+_MLP_OUT = {"down_proj", "c_proj", "fc2", "w2", "dense_4h_to_h", "wo"}
+_LINEAR_TYPES = {"Linear", "Conv1D", "Linear4bit", "Linear8bitLt"}
+
+
+def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = None) -> dict:
+    """What the memory and time models read from the module tree of the model as fine-tuned (after get_peft_model or
+    the --freeze requires_grad flags): per-tensor stored sizes, the 4-bit bytes, which Linear inputs autograd still
+    saves, where the gradient starts. The fields are ModelSpec's (with_finetune copies them)."""
+    import torch  # noqa: PLC0415
+
+    quantized = quantized or {}
+    storage = QUANT_STORAGE_BYTES[finetune.bnb_4bit_quant_storage]
+    named = list(model.named_parameters())  # tied weights once
+    # the decoder layers: the shallowest ModuleList (an MoE layer's expert list sits deeper)
+    lists = [(n.count("."), n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    _, layers_name, layers = min(lists, key=lambda t: t[0]) if lists else (0, "", [])
+    prefix = layers_name + "."
+    num_layers = len(layers)
+
+    def layer_of(name: str) -> int | None:
+        if not name.startswith(prefix):
+            return None
+        return int(name[len(prefix):].split(".", 1)[0])
+
+    # Linear-like modules per layer: (relative name, adapted, base weight trainable)
+    linears: dict[int, list[tuple[str, bool, bool]]] = {}
+    linear_params: set[int] = set()
+    for name, m in model.named_modules():
+        li = layer_of(name)
+        base = getattr(m, "base_layer", None)
+        if hasattr(m, "lora_A") and base is not None:  # peft's LoRA wrapper: its lora_A/B are Linears of their own
+            for p in m.parameters():
+                linear_params.add(id(p))
+            if li is not None:
+                linears.setdefault(li, []).append((name[len(prefix):].split(".", 1)[1], True, base.weight.requires_grad))
+        elif type(m).__name__ in _LINEAR_TYPES and ".lora_" not in name and not name.endswith(".base_layer"):
+            for p in m.parameters(recurse=False):
+                linear_params.add(id(p))
+            if li is not None:
+                linears.setdefault(li, []).append((name[len(prefix):].split(".", 1)[1], False, m.weight.requires_grad))
+
+    def slot(rel: str) -> int:
+        parts = rel.split(".")
+        last = parts[-1]
+        if any("attn" in p or "attention" in p for p in parts[:-1]):
+            return 1 if last in _ATTN_OUT else 0
+        return 3 if last in _MLP_OUT else 2
+
+    def layer_slots(li: int) -> tuple[list[int], list[bool]]:
+        adapters, frozen = [0, 0, 0, 0], [True, True, True, True]
+        for rel, adapted, trainable in linears.get(li, []):
+            s = slot(rel)
+            adapters[s] += adapted
+            frozen[s] = frozen[s] and not trainable
+        return adapters, frozen
+
+    trainable_ids = {id(p) for _, p in named if p.requires_grad}
+    layer_trainable = [False] * num_layers
+    pre_trainable = False
+    seen_layer = False
+    first_norm_trainable: dict[int, bool] = {}
+    norm_trainable = {}
+    post_norm_trainable = False
+    for name, p in named:
+        li = layer_of(name)
+        if li is not None:
+            seen_layer = True
+            layer_trainable[li] |= p.requires_grad
+            if id(p) not in linear_params:  # a norm's weight or bias
+                norm_trainable.setdefault(li, False)
+                norm_trainable[li] |= p.requires_grad
+                first_norm_trainable.setdefault(li, p.requires_grad)
+        elif not seen_layer:
+            pre_trainable |= p.requires_grad  # embeddings (a tied LM head is the input embedding)
+        elif id(p) not in linear_params:
+            post_norm_trainable |= p.requires_grad
+    # the first layer with a trainable parameter; with trainable embeddings its input has a gradient too, otherwise it
+    # is the partial layer: what runs before its first trainable parameter records nothing for backward
+    grad_start = 0 if pre_trainable else next((i for i, t in enumerate(layer_trainable) if t), num_layers)
+    rep = num_layers - 1  # the layers from the first trainable one on are read off the last
+    adapters, frozen = layer_slots(rep) if num_layers else ([0] * 4, [True] * 4)
+    start_adapters, start_frozen = layer_slots(grad_start) if grad_start < num_layers else ([0] * 4, [True] * 4)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head_trainable = bool(head is not None and (any(p.requires_grad for p in head.parameters())))
+    # stored tensors for ZeRO-3's persistence rule: a 4-bit weight at its packed size in its storage dtype
+    sizes: dict[tuple[int, int], int] = {}
+    q_elems = q_bytes = q_state = 0
+    for _, p in named:
+        n = p.numel()
+        if id(p) in quantized:
+            k = (packed_4bit_elements(n, storage), storage)
+            q_elems += n
+            q_bytes += k[0] * storage
+            q_state += quant_state_bytes(n, finetune.bnb_4bit_use_double_quant)
+        else:
+            k = (n, 0)
+        sizes[k] = sizes.get(k, 0) + 1
+    # matmul weights (every Linear's, adapters' included, and a tied LM head once): the time model's FLOPs
+    tied = head is not None and id(head.weight) not in linear_params
+    matmul = [(p, layer_of(name)) for name, p in named if id(p) in linear_params]
+    if tied:
+        matmul.append((head.weight, None))
+    # parameters of modules no gradient reaches (frozen embeddings, a tied LM head excepted, and the layers before the
+    # first trainable one): under ZeRO-3 their modules fire no backward hook, so the gathered copies are released after
+    # forward (memory.phase_terms)
+    no_backward = [p for name, p in named
+                   if not pre_trainable and (layer_of(name) is None and not name.startswith(prefix) and _before_layers(name, named, prefix)
+                                             and not (head is not None and p is head.weight)
+                                             or (layer_of(name) is not None and layer_of(name) < grad_start))]
+    nb_q = sum(packed_4bit_elements(p.numel(), storage) * storage for p in no_backward if id(p) in quantized)
+    nb_params = sum(p.numel() for p in no_backward if id(p) not in quantized)
+    trainable_mm = sum(p.numel() for p, _ in matmul if p.requires_grad)
+    # input gradients run through every matmul at and after the gradient's first layer (layers before it run no backward)
+    backward_mm = sum(p.numel() for p, li in matmul if li is None or li >= grad_start)
+    return {
+        "quantized_params": q_elems, "quantized_bytes": q_bytes, "quant_state_bytes": q_state,
+        "lora_r": finetune.lora_r if finetune.uses_lora else 0,
+        "lora_dropout": finetune.lora_dropout if finetune.uses_lora else 0.0,
+        "lora_slots": tuple(adapters), "frozen_slots": tuple(frozen),
+        "frozen_norms": not norm_trainable.get(rep, True),
+        "frozen_final_norm": not post_norm_trainable,
+        "frozen_head": not head_trainable,
+        "grad_start_layer": grad_start, "grad_start_partial": not pre_trainable,
+        "grad_start_attention": bool(first_norm_trainable.get(grad_start, False) or any(start_adapters[:2])
+                                     or not all(start_frozen[:2])),
+        "param_tensors": tuple(sorted((n, b, c) for (n, b), c in sizes.items())),
+        "trainable_matmul_params": trainable_mm, "backward_matmul_params": backward_mm,
+        "no_backward_params": nb_params, "no_backward_quantized_bytes": nb_q,
+    }
+
+
+def _before_layers(name: str, named: list, prefix: str) -> bool:
+    """Whether parameter `name` comes before the decoder layers in the model's parameter order (an embedding), not
+    after them (the final norm, an untied LM head)."""
+    for n, _ in named:
+        if n == name:
+            return True
+        if n.startswith(prefix):
+            return False
+    return False
 
 
 def with_finetune(model: ModelSpec, split: TrainableSplit, mode: str = "full") -> ModelSpec:
-    """The model as fine-tuned: every weight counted (adapters included), the trainable ones marked."""
-    return replace(model, params=split.total_params, trainable_params=split.trainable_params, finetune_mode=mode)
+    """The model as fine-tuned: every weight counted (adapters included), the trainable ones marked, and what the module
+    tree said about storage, saved activations and the gradient's path (split.layout)."""
+    fields = dict(split.layout or {})
+    if mode != "qlora":  # a layout read for another mode keeps the weights in the training dtype
+        fields.update(quantized_params=0, quantized_bytes=0, quant_state_bytes=0)
+    return replace(model, params=split.total_params, trainable_params=split.trainable_params, finetune_mode=mode,
+                   **fields)
 
 
 def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:

@@ -88,6 +88,31 @@ class ModelSpec:
     trainable_params: int | None = None
     finetune_mode: str = "full"  # full | lora | qlora (spec/finetune.py Finetune.mode); with_finetune sets it
     quantized_params: int = 0  # qlora: base weight elements bitsandbytes stores as 4-bit NF4 (with_finetune)
+    # What a fine-tune changes beyond the counts, read by spec/finetune.py from the real module tree (the defaults are a
+    # full fine-tune; docs/memory-model.md "Fine-tuning"):
+    quantized_bytes: int = 0  # qlora: stored bytes of the packed 4-bit weights (bitsandbytes quantize_4bit's out tensors)
+    quant_state_bytes: int = 0  # qlora: their QuantState tensors (absmax, code, nested absmax/code/offset), never partitioned
+    lora_r: int = 0  # adapter rank (0: no adapters)
+    lora_dropout: float = 0.0
+    # per decoder layer, the adapted Linears reading each of the four Linear inputs: attention input (the first norm's
+    # output), attention output (o_proj's input), MLP input (the second norm's output), MLP middle (down_proj's input)
+    lora_slots: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # per decoder layer, whether every base Linear reading that input has a frozen weight (so autograd does not save it)
+    frozen_slots: tuple[bool, bool, bool, bool] = (False, False, False, False)
+    frozen_norms: bool = False  # the decoder layers' norm weights are frozen
+    frozen_final_norm: bool = False
+    frozen_head: bool = False  # the LM head's weight (a tied input embedding included) is frozen and not adapted
+    grad_start_layer: int = 0  # first decoder layer whose input needs a gradient (layers before it save nothing)
+    grad_start_partial: bool = False  # that layer's input has no gradient (frozen embeddings): it saves only what
+    # runs after its first trainable parameter
+    grad_start_attention: bool = True  # that layer's attention (or its first norm) has something trainable
+    # every parameter tensor as stored: (elements, bytes per element or 0 for the training dtype, how many); () = the
+    # spec's shapes (timing.gradient_sizes_in_backward_order). ZeRO-3's persistence threshold reads it.
+    param_tensors: tuple[tuple[int, int, int], ...] = ()
+    no_backward_params: int = 0  # parameters of modules no gradient reaches (training-dtype elements)
+    no_backward_quantized_bytes: int = 0  # and the packed 4-bit bytes among them
+    trainable_matmul_params: int | None = None  # matmul weights with a gradient (their weight-gradient GEMM runs)
+    backward_matmul_params: int | None = None  # matmul weights a gradient flows through (their input-gradient GEMM runs)
 
     @property
     def trainable(self) -> int:
@@ -120,7 +145,8 @@ class ModelSpec:
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
 # 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
 # 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default). 6: max_positions.
-_SCHEMA_VERSION = 6
+# 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache).
+_SCHEMA_VERSION = 7
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,6 +177,9 @@ def _cache_read(key: str, name: str) -> ModelSpec | None:
         data = entry["spec"]
         if set(data) != _SPEC_FIELDS - {"name"}:
             return None
+        for k in ("lora_slots", "frozen_slots"):  # JSON gives lists back; the spec is frozen and hashable
+            data[k] = tuple(data[k])
+        data["param_tensors"] = tuple(tuple(t) for t in data["param_tensors"])
         return ModelSpec(name=name, **data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # missing or corrupt: recount
