@@ -16,6 +16,8 @@ import json
 import sys
 
 from zerokit.cli.common import (
+    add_finetune_args,
+    finetune_from_args,
     gpu_name_note,
     hardware_from_args,
     memory_fraction_from_args,
@@ -79,6 +81,11 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=nonneg_int, default=1234)
     p.add_argument("--master-port", type=port, help="rendezvous port (default: a free one)")
     p.add_argument("--no-report", action="store_true", help="skip the predicted-vs-measured report")
+    add_finetune_args(p)  # the plan counts what trains; zerokit's loop freezes / adds peft LoRA / loads 4-bit
+    p.add_argument("--merge", action="store_true",
+                   help="--finetune lora/qlora: also write final/merged, the base with the adapter merged in (peft "
+                        "merge_and_unload; QLoRA into the dequantized 4-bit base), loadable by "
+                        "AutoModelForCausalLM.from_pretrained. final/ itself holds the adapter")
     own = p.add_argument_group(
         "your own training script",
         "After `--`: `python train.py ARGS` (or `python -m pkg.train ARGS`) runs on every rank under the deepspeed "
@@ -87,7 +94,8 @@ def add_launch_parser(subparsers, parents: list) -> argparse.ArgumentParser:
         "chose; a script built on TrainingArguments that names no {ds_config} gets `--deepspeed CONFIG` appended. "
         "--max-restarts reruns the same command after a crash: your script resumes from its own checkpoints (e.g. the "
         "Trainer's resume_from_checkpoint). Add zerokit.integrations.hf.ZerokitCallback to your Trainer for the "
-        "predicted-vs-measured report.")
+        "predicted-vs-measured report. --finetune/--lora-*/--freeze say what your script trains: they size the plan "
+        "only (your script applies peft itself); --merge is zerokit's loop's only.")
     own.add_argument("--samples", type=positive_int, metavar="N",
                      help="training samples per epoch in your script's data (for the total-time prediction)")
     own.add_argument("--profile", choices=("hf", "deepspeed"),
@@ -122,6 +130,7 @@ def request_from_args(args):
         warmup_steps=args.warmup_steps, seed=args.seed, master_port=args.master_port, launcher=args.launcher,
         master_addr=args.master_addr, sbatch=args.sbatch, time_limit=args.time_limit, partition=args.partition,
         dry_run=args.dry_run, script_command=tuple(script_command(args)), samples=args.samples, profile=args.profile,
+        finetune=finetune_from_args(args), merge=args.merge,
     )
 
 

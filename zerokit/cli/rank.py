@@ -2,12 +2,14 @@
 the deepspeed launcher on every rank) parsed into zerokit.launch.train.RankOptions.
 
     deepspeed --num_gpus 2 --module zerokit.launch.train --model DIR --tokens tokens.npy \
-        --ds-config ds_config.json --output-dir OUT --steps 20 [--save-every K] [--resume]
+        --ds-config ds_config.json --output-dir OUT --steps 20 [--save-every K] [--resume] \
+        [--finetune-json '{"mode": "lora", "lora_r": 16, ...}' [--merge]]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 
@@ -46,6 +48,11 @@ def parse_rank_args(argv: list[str] | None = None):
 
     ap.add_argument("--dist-backend", choices=DIST_BACKENDS, default=None,
                     help="deepspeed.init_distributed(dist_backend=...) (default: DeepSpeed's for the accelerator)")
+    ap.add_argument("--finetune-json", default=None, metavar="JSON",
+                    help="what trains, as spec.finetune.Finetune.to_dict() (`zerokit launch --finetune/--lora-*/"
+                         "--freeze` writes it); default: every weight")
+    ap.add_argument("--merge", action="store_true",
+                    help="LoRA/QLoRA: also write final/merged, the adapter merged into the base weights")
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = ap.parse_args(argv)
@@ -55,7 +62,17 @@ def parse_rank_args(argv: list[str] | None = None):
         ap.error("--steps must be at least 1")
     if args.epochs is not None and not args.epochs > 0:
         ap.error("--epochs must be positive")
-    return RankOptions(**vars(args))
+    from zerokit.core.errors import ZerokitError
+    from zerokit.spec.finetune import Finetune
+
+    opts = vars(args)
+    try:
+        opts["finetune"] = Finetune.from_dict(json.loads(opts.pop("finetune_json") or "{}"))
+    except (ValueError, TypeError, AttributeError, ZerokitError) as exc:  # bad JSON, not an object, or a value Finetune refuses
+        ap.error(f"--finetune-json: {exc}")
+    if args.merge and not opts["finetune"].uses_lora:
+        ap.error("--merge needs a LoRA or QLoRA --finetune-json")
+    return RankOptions(**opts)
 
 
 def main(argv: list[str] | None = None) -> int:

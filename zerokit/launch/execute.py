@@ -86,6 +86,8 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
         "setup": plan.setup.to_dict(), "prediction": plan.prediction, "max_restarts": req.max_restarts,
         "script": None if plan.uses_own_loop else list(req.script_command),
         "dist_backend": plan.cluster.dist_backend,  # --dist-backend given to the ranks; None: DeepSpeed's default
+        # what trains (a --resume must train the same: prepare.check_resume_finetune), and --merge
+        "finetune": req.finetune.to_dict(), "merge": req.merge,
     })
     print(describe_command(plan, req.resume), file=sys.stderr, flush=True)
 

@@ -7,6 +7,7 @@ Raises ZerokitError (one line) on bad input; a setup that does not fit prints it
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from zerokit.launch.command import LaunchSpec, validate
 from zerokit.launch import user_script
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
+from zerokit.spec.finetune import Finetune
 from zerokit.spec.hardware import Cluster, HardwareOptions
 from zerokit.spec.resolve import ResolvedModel, resolve_model
 from zerokit.spec.setup import Workload, optimizer_steps
@@ -66,6 +68,10 @@ class LaunchRequest:
     script_command: tuple[str, ...] = ()
     samples: int | None = None  # the script's training samples per epoch, for the total-time prediction
     profile: str | None = None  # ds_config profile for the script: hf ("auto", the Trainer fills) | deepspeed
+    # what trains (--finetune, --lora-*, --freeze): the plan and the fit count the trainable parameters; zerokit's
+    # loop applies it in the ranks; a user's script applies it itself (it only sizes the plan then)
+    finetune: Finetune = Finetune()
+    merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base weights)
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,6 +138,11 @@ class LaunchPlan:
             a.append("--check-config")
         if self.cluster.dist_backend:  # deepspeed.init_distributed(dist_backend=...) in the ranks
             a += ["--dist-backend", self.cluster.dist_backend]
+        finetune = self.request.finetune
+        if not finetune.is_full:  # the ranks freeze / wrap in peft / quantize (launch/train.py apply_finetune)
+            a += ["--finetune-json", json.dumps(finetune.to_dict(), separators=(",", ":"))]
+        if self.request.merge:
+            a.append("--merge")
         if resume:
             a.append("--resume")
         return a
@@ -214,6 +225,70 @@ def check_dist_backend_installed(req: LaunchRequest, cluster: Cluster, ranks_her
     if backend == "hccl" and not installed("torch_npu", "habana_frameworks"):
         raise ZerokitError("--dist-backend hccl needs Ascend's torch_npu (pip install torch_npu) or Gaudi's "
                            "habana_frameworks: install the one for your accelerator, or use gloo")
+
+
+def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
+    """The ModelSpec as fine-tuned (spec.finetune.trainable_split: peft's own count on the meta device), after the
+    checks that need no counting: --merge only merges LoRA adapters, and only zerokit's loop writes them; QLoRA needs
+    bitsandbytes importable. With the user's script the fine-tune only sizes the plan: the script builds its model."""
+    finetune = req.finetune
+    if req.merge and not finetune.uses_lora:
+        raise ZerokitError("--merge merges LoRA adapters into the base weights: it needs --finetune lora or qlora")
+    if req.merge and req.script_command:
+        raise ZerokitError("--merge is for zerokit's own training loop; your script saves its own model: drop --merge "
+                           "(peft: model.merge_and_unload() in your script)")
+    # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (no `kernels` package for its fused CPU gemm), peft
+    # imports it when present: noise for counting, kept out of the parent's output as other libraries' (core.quiet)
+    from zerokit.core.quiet import library_output
+
+    if finetune.mode == "qlora":
+        try:  # imported, not just found: a broken install (its native library) fails here, not in every rank
+            with library_output():
+                import bitsandbytes  # noqa: F401, PLC0415
+        except Exception as exc:  # noqa: BLE001  (ImportError, or the native library's own error)
+            why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            raise ZerokitError(f"--finetune qlora quantizes the base to 4-bit with bitsandbytes, which does not import "
+                               f"here ({why}): pip install bitsandbytes") from None
+    if finetune.is_full:
+        return spec
+    from zerokit.spec.finetune import trainable_split, with_finetune
+
+    with library_output():
+        split = trainable_split(str(model.config_file()), finetune)
+    return with_finetune(spec, split, finetune.mode)
+
+
+def check_resume_finetune(req: LaunchRequest) -> None:
+    """--resume trains what the run trained: a LoRA checkpoint holds adapters and no base (launch/train.py saves with
+    exclude_frozen_parameters), a full one every weight; DeepSpeed loads neither into the other. The run's launch.json
+    says what it was; one without the key was written before zerokit's loop could fine-tune anything but every weight."""
+    if not (req.resume and req.output_dir):
+        return
+    try:
+        was = json.loads((Path(req.output_dir) / "launch.json").read_text()).get("finetune", {"mode": "full"})
+    except (OSError, ValueError, AttributeError):
+        return  # no record (a run started by hand, an --sbatch run not yet started): nothing to judge by
+    if isinstance(was, dict) and "mode" in was:
+        try:
+            before = Finetune.from_dict(was)
+        except (ZerokitError, TypeError):
+            return
+        if before != req.finetune:
+            a, b = before.to_dict(), req.finetune.to_dict()
+            changed = ", ".join(f"{k} {b.get(k)} (the run's: {a.get(k)})" for k in sorted(a.keys() | b.keys())
+                                if a.get(k) != b.get(k))
+            raise ZerokitError(f"--resume: the run in {req.output_dir} trained {before.label}; this launch asks for "
+                               f"{changed}: resume with the run's --finetune, --lora-* and --freeze options")
+
+
+def check_quant_storage(finetune: Finetune, precision: str) -> None:
+    """QLoRA's packed 4-bit weights stored in a floating dtype other than the run's would be cast by DeepSpeed (engine.
+    _cast_module_mixed_precision casts every float parameter to bf16/fp16, bytes and all), corrupting them."""
+    storage = finetune.bnb_4bit_quant_storage
+    if finetune.mode == "qlora" and storage != "uint8" and precision in ("bf16", "fp16") and storage != precision:
+        raise ZerokitError(f"--bnb-4bit-quant-storage {storage} in a {precision} run: DeepSpeed casts every "
+                           f"floating-point parameter to {precision}, which would corrupt the packed 4-bit weights: "
+                           f"use --bnb-4bit-quant-storage uint8 or {precision}")
 
 
 def choose_seq_len(req: LaunchRequest, spec) -> int:
@@ -458,6 +533,8 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     spec = load_model_spec(model)
     seq_len = choose_seq_len(req, spec)
     script = check_user_script(req) if req.script_command else None
+    spec = check_finetune(req, model, spec)
+    check_resume_finetune(req)
     if script is None:
         files, tokenizer, data = tokenize_data(req, model, config, spec, seq_len)
         tokens, total_tokens = data.tokens, data.total_tokens
@@ -470,6 +547,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
         req.resume and req.output_dir and script is None) else None
     ds_config, evaluation, steps, deepspeed_checked = choose_setup(
         req, model, spec, cluster, samples, seq_len, deepspeed_check_in_ranks(req, multi_node), profile, resize)
+    check_quant_storage(req.finetune, evaluation.setup.precision)
     save_every = 0 if script is not None else req.save_every if req.save_every is not None else (
         max(1, steps // 10) if req.max_restarts else 0)
     out = output_dir(req, data)

@@ -15,7 +15,16 @@ Outputs under --output-dir:
   checkpoints/step{N}/    engine.save_checkpoint; checkpoints/latest names the newest COMPLETE one
                           (written by rank 0 after a barrier, atomically: tmp + os.replace)
   final/                  consolidated weights: save_pretrained (16-bit if the run was bf16), or for
-                          ZeRO-3 the fp32 weights from zero_to_fp32; with config.json and the tokenizer
+                          ZeRO-3 the fp32 weights from zero_to_fp32; with config.json and the tokenizer.
+                          LoRA/QLoRA: the adapter (peft save_pretrained: adapter_config.json +
+                          adapter_model.safetensors) and the tokenizer; with --merge also final/merged/,
+                          the base with the adapter merged in (loadable by AutoModelForCausalLM)
+  base/                   LoRA/QLoRA of a random-init (config-only) model: the base weights the adapter
+                          belongs to (its adapter_config.json names this directory)
+
+Fine-tuning (--finetune-json, spec.finetune.Finetune): --freeze patterns set requires_grad False; LoRA wraps
+the model in peft's get_peft_model; QLoRA loads the base 4-bit NF4 through transformers' BitsAndBytesConfig
+first. DeepSpeed's optimizer then holds state for the trainable parameters only.
 
 Test hooks (environment; only act on attempt ZEROKIT_ATTEMPT == ZEROKIT_TEST_CRASH_ATTEMPT, default 0):
   ZEROKIT_TEST_CRASH_AT_STEP=N [ZEROKIT_TEST_CRASH_RANK=R]   SIGKILL rank R after step N
@@ -50,7 +59,11 @@ from zerokit.launch.checkpoints import (
     write_shape,
 )
 from zerokit.measure.step_phases import StepPhaseMeter
+from zerokit.spec.finetune import Finetune, is_frozen
 from zerokit.spec.setup import optimizer_steps
+
+BASE_SUBDIR = "base"  # LoRA/QLoRA of a random-init model: the base weights its adapter belongs to
+MERGED_SUBDIR = "merged"  # final/merged: --merge's base + adapter in one set of weights
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,8 @@ class RankOptions:
     local_rank: int = 0
     check_config: bool = False  # validate ds_config with DeepSpeed's config classes before anything else
     dist_backend: str | None = None  # deepspeed.init_distributed(dist_backend=...); None: DeepSpeed's default
+    finetune: Finetune = Finetune()  # what trains: full, --freeze patterns, LoRA or QLoRA
+    merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,6 +177,114 @@ def reinit_deterministic(model, seed: int, zero3: bool) -> None:
                 with torch.random.fork_rng(devices=[]), torch.no_grad():
                     torch.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
                     owner._init_weights(mod)
+
+
+# ----------------------------------------------------------------------------------------------
+# fine-tuning: --freeze, LoRA, QLoRA
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def bnb_config(finetune: Finetune, compute_dtype):
+    """transformers' BitsAndBytesConfig for QLoRA: NF4 (the QLoRA paper's 4-bit type; bitsandbytes' default is fp4),
+    double quantization and the storage dtype as the user chose (spec.finetune.Finetune), and the run's precision as
+    the compute dtype: bnb.nn.Linear4bit.forward dequantizes to it and multiplies in it."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_use_double_quant=finetune.bnb_4bit_use_double_quant,
+                              bnb_4bit_quant_storage=_torch_dtype(finetune.bnb_4bit_quant_storage),
+                              bnb_4bit_compute_dtype=compute_dtype)
+
+
+def base_source(args: RankOptions, out: Path, rank: int) -> str:
+    """What a LoRA/QLoRA adapter is trained on: the pretrained weights as given, or, for a random-init (config-only)
+    model, its deterministic init (build_model) saved once by rank 0 to OUT/base behind a barrier.
+
+    Why save it: transformers quantizes to 4-bit only while loading weights (from_pretrained with a
+    quantization_config; from_config cannot), and a random-init base exists nowhere else, so an adapter without it
+    could never be used again; peft's save_pretrained records this directory as the adapter's
+    base_model_name_or_path. A restart or --resume finds it and loads the same base."""
+    from deepspeed import comm as dist
+
+    from zerokit.spec.resolve import resolve_model
+
+    resolved = resolve_model(args.model)
+    if resolved.init == "weights":
+        return resolved.source
+    base = out / BASE_SUBDIR
+    if rank == 0 and not (base / "config.json").is_file():
+        import torch
+
+        tmp = out / f".{BASE_SUBDIR}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+        # build_model reseeds torch's global generator: rank 0 alone must not leave with another RNG stream
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(args.model, {}, args.seed)  # fp32; the same weights as a full run's at any stage
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        del model
+        _copy_tokenizer(args, tmp)
+        os.replace(tmp, base)  # atomic: a crash mid-write leaves no half base for a restart to load
+    dist.barrier()
+    return str(base)
+
+
+def build_quantized(src: str, finetune: Finetune, compute_dtype, local_rank: int):
+    """The base loaded 4-bit NF4 by transformers' from_pretrained(quantization_config=BitsAndBytesConfig(...)), the
+    way measured to work on CPU (../shared/reference/finetune-and-parallel-on-cpu.md): every Linear but the LM head
+    becomes bnb.nn.Linear4bit, its weight packed uint8 [N/2, 1] (Params4bit). The other weights (embeddings, norms,
+    LM head) load in fp32, which is what peft's prepare_model_for_kbit_training would upcast them to; DeepSpeed
+    casts them to bf16 for a bf16 run (engine._cast_module_mixed_precision skips the integer 4-bit storage).
+
+    Not under deepspeed.zero.Init: transformers does not build a quantized model under ZeRO-3 (modeling_utils
+    checks `is_deepspeed_zero3_enabled() and not is_quantized`); deepspeed.initialize partitions it afterwards."""
+    import torch
+    from transformers import AutoConfig
+
+    cls = _causal_lm_class(AutoConfig.from_pretrained(src))
+    device_map = {"": local_rank} if torch.cuda.is_available() else "cpu"
+    return cls.from_pretrained(src, quantization_config=bnb_config(finetune, compute_dtype), device_map=device_map,
+                               dtype=torch.float32)
+
+
+def apply_finetune(model, finetune: Finetune, seed: int):
+    """--freeze: requires_grad False for the parameters the patterns match (spec.finetune.is_frozen, the rule the
+    plan counted with). LoRA/QLoRA: peft's get_peft_model(model, LoraConfig(...)), which freezes every base weight
+    and adds lora_A/lora_B to the target modules (bnb Linear4bit gets peft's bnb LoRA layer)."""
+    import torch
+
+    if finetune.freeze:
+        for name, p in model.named_parameters():
+            if is_frozen(name, finetune.freeze):
+                p.requires_grad_(False)
+        return model
+    if not finetune.uses_lora:
+        return model
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    names = finetune.target_names
+    cfg = LoraConfig(r=finetune.lora_r, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
+                     target_modules=list(names) if names else finetune.lora_targets)
+    # lora_A is drawn from torch's global generator (peft LoraLayer.reset_lora_parameters: kaiming_uniform_): seed it
+    # the same on every rank and whatever the ZeRO stage consumed before (ZeRO-3 would otherwise partition different
+    # adapters per rank), and leave the training stream (dropout) as it was
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's notes (fan_in_fan_out on Conv1D, ...): the user cannot act on them
+        torch.manual_seed(seed)
+        return get_peft_model(model, cfg)
+
+
+def trainable_count(module) -> int:
+    """Trainable elements as the rank holds them (a ZeRO-3 parameter's full size is ds_numel; peft's
+    get_nb_trainable_parameters counts the same way)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters() if p.requires_grad)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,16 +467,26 @@ def main(args: RankOptions) -> int:
             meter = None
 
     _seed_all(args.seed)
+    finetune = args.finetune
+    base_src = base_source(args, out, rank) if finetune.uses_lora else None
     keep_alive = []
-    if stage == 3:  # transformers builds the model under deepspeed.zero.Init while this object lives
-        from transformers.integrations import HfDeepSpeedConfig
+    if finetune.mode == "qlora":
+        model = build_quantized(base_src, finetune, torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32,
+                                local_rank)
+    else:
+        if stage == 3:  # transformers builds the model under deepspeed.zero.Init while this object lives
+            from transformers.integrations import HfDeepSpeedConfig
 
-        keep_alive.append(HfDeepSpeedConfig(ds_config))
-    model = build_model(args.model, ds_config, args.seed)
+            keep_alive.append(HfDeepSpeedConfig(ds_config))
+        model = build_model(base_src or args.model, ds_config, args.seed)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # use_reentrant=False: reentrant checkpointing gives no gradient to parameters inside a block whose inputs do
+        # not require grad, the case of adapters over a frozen base (transformers' _activation_checkpointing_enable
+        # also calls enable_input_require_grads for input_ids models)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(model, "config"):
         model.config.use_cache = False
+    model = apply_finetune(model, finetune, args.seed)
 
     optimizer = None
     if "optimizer" not in ds_config:
@@ -370,6 +503,12 @@ def main(args: RankOptions) -> int:
         except Exception:  # noqa: BLE001 - attribution is optional
             pass
 
+    # training mode: transformers' from_pretrained returns the model in eval mode (modeling_utils: "model.eval() # Set
+    # model in evaluation mode to deactivate Dropout modules by default") and deepspeed.initialize leaves the mode as
+    # it is; a model loaded from weights (a pretrained model, a LoRA/QLoRA base) would train without dropout (LoRA's
+    # included), and bnb's Linear4bit.forward takes its inference path (a bf16 CPU kernel) in eval mode.
+    # DeepSpeedEngine.train() sets module.train(True), as the HF Trainer does each epoch
+    engine.train()
     phases = StepPhaseMeter(meter, on_cuda)
     init_peak = phases.init_peak()
 
@@ -399,7 +538,10 @@ def main(args: RankOptions) -> int:
                 tag += UNIVERSAL_SUFFIX
             else:
                 engine._config.load_universal_checkpoint = False
-        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        # a LoRA checkpoint holds no base weights (save below): the module loads non-strictly, as the HF Trainer loads
+        # a peft model's (transformers integrations.deepspeed_load_checkpoint, load_module_strict=not peft); the
+        # adapters come back from the module state and, at ZeRO-1/2/3, from the optimizer's fp32 partitions
+        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag, load_module_strict=not finetune.uses_lora)
         if load_path is None:
             raise RuntimeError(f"could not load checkpoint {ckpt_dir}/{tag}")
         zk = client["zerokit"]
@@ -433,6 +575,7 @@ def main(args: RankOptions) -> int:
         "init_peak_bytes": init_peak, "memory_steps": args.memory_steps, "torch_threads": torch.get_num_threads(),
         # the backend asked for (None: DeepSpeed's default) and the one the process group really runs
         "dist_backend_requested": args.dist_backend, "dist_backend": torch.distributed.get_backend(),
+        "finetune": finetune.to_dict(), "trainable_params": trainable_count(engine.module),
     })
 
     def stream():
@@ -455,7 +598,12 @@ def main(args: RankOptions) -> int:
 
     def save(step: int, e: int, b: int) -> None:
         tag = tag_for_step(step)
-        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state(e, b), save_latest=False)
+        # LoRA: the frozen base is rebuilt from its source on resume, so checkpoints leave it out, as the HF Trainer
+        # saves a peft model's (Trainer._save_checkpoint: save_checkpoint(exclude_frozen_parameters=True)); else
+        # each would hold the whole base, twice at ZeRO-2/3 (module state + DeepSpeed's frozen_param_fragments).
+        # A --freeze run keeps them: its final weights are the whole model (ZeRO-3's zero_to_fp32 reads them).
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state(e, b), save_latest=False,
+                               exclude_frozen_parameters=finetune.uses_lora)
         _crash_hook("checkpoint", step, rank)
         dist.barrier()  # every rank has finished writing its part
         if rank == 0:  # what wrote it, for a resume on another world size (launch/checkpoints.py read_shape)
@@ -522,7 +670,10 @@ def main(args: RankOptions) -> int:
     final_tag = tag_for_step(step)
 
     if not args.no_export:
-        export_final(engine, out, ckpt_dir, final_tag, stage, bf16, rank, args)
+        if finetune.uses_lora:
+            export_adapter(engine, out, stage, bf16, rank, args, base_src)
+        else:
+            export_final(engine, out, ckpt_dir, final_tag, stage, bf16, rank, args)
     dist.barrier()
     end = {"event": "end", "rank": rank, "step": step, "attempt": attempt, "run_id": run_id, "train_s": train_time,
            "total_s": time.time() - t_start, "peak_allocated_bytes": peak_alloc, "memory_method": mem_method,
@@ -578,18 +729,97 @@ def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: 
     elif rank == 0:
         module.save_pretrained(str(tmp), safe_serialization=True)  # bf16 run: the bf16 module weights
     if rank == 0:
-        try:
-            from zerokit.spec.resolve import resolve_model
-
-            src = args.tokenizer or resolve_model(args.model).tokenizer
-            from transformers import AutoTokenizer
-
-            AutoTokenizer.from_pretrained(src).save_pretrained(str(tmp))
-        except Exception as e:  # noqa: BLE001 - weights matter more than the tokenizer copy
-            print(f"warning: tokenizer not copied to final/: {e}", file=sys.stderr)
+        _copy_tokenizer(args, tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+
+
+def _copy_tokenizer(args, dest: Path) -> None:
+    try:
+        from zerokit.spec.resolve import resolve_model
+
+        src = args.tokenizer or resolve_model(args.model).tokenizer
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(src).save_pretrained(str(dest))
+    except Exception as e:  # noqa: BLE001 - weights matter more than the tokenizer copy
+        print(f"warning: tokenizer not copied to {dest.name}/: {e}", file=sys.stderr)
+
+
+def _adapter_state(module, stage: int, rank: int) -> dict:
+    """The trainable (adapter) parameters by their module names, whole, as CPU tensors on rank 0 ({} elsewhere).
+    ZeRO-3 partitions them (or keeps them whole below stage3_param_persistence_threshold, still as ZeRO
+    parameters): every rank enters deepspeed.zero.GatheredParameters (a collective); modifier_rank=None gathers
+    read-only, as peft's own warning for ZeRO-3 saves asks (peft utils/save_and_load.py). Adapters are small by
+    design, so all are gathered at once."""
+    from contextlib import nullcontext
+
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    ctx = nullcontext()
+    if stage == 3:
+        import deepspeed
+
+        ctx = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
+    with ctx:
+        return {n: p.detach().to("cpu", copy=True) for n, p in named} if rank == 0 else {}
+
+
+def export_adapter(engine, out: Path, stage: int, bf16: bool, rank: int, args, base_src: str) -> None:
+    """Rank 0 writes out/final atomically: peft's PeftModel.save_pretrained with the gathered adapter state (it keeps
+    the lora_ keys and drops the adapter name: get_peft_model_state_dict), the tokenizer, and with --merge
+    final/merged. The adapter is in the module's dtype (bf16 for a bf16 run, as export_final's 16-bit weights)."""
+    from deepspeed import comm as dist
+
+    final, tmp = out / FINAL_SUBDIR, out / f".{FINAL_SUBDIR}.tmp"
+    state = _adapter_state(engine.module, stage, rank)
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        engine.module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        _copy_tokenizer(args, tmp)
+        if args.merge:
+            # the ZeRO-3 run's HfDeepSpeedConfig (main's keep_alive) would make from_pretrained build the merge's base
+            # under deepspeed.zero.Init, a collective that rank 0 alone enters: it hangs. The engine needs it no more
+            # (transformers is_deepspeed_zero3_enabled reads the weak reference this clears)
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            merge_adapter(base_src, tmp, tmp / MERGED_SUBDIR, args.finetune, bf16)
+            _copy_tokenizer(args, tmp / MERGED_SUBDIR)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    dist.barrier()
+
+
+def merge_adapter(base_src: str, adapter_dir: Path, dest: Path, finetune: Finetune, bf16: bool) -> None:
+    """--merge, on rank 0 alone: the base rebuilt in fp32, the saved adapter loaded over it (peft
+    PeftModel.from_pretrained) and folded in (merge_and_unload: W + (alpha/r) B A), saved with save_pretrained.
+
+    QLoRA: the adapter was trained against the 4-bit weights, so it is merged into those weights dequantized (the
+    base loaded 4-bit exactly as in training, then transformers' dequantize(), integrations.bitsandbytes
+    dequantize_and_replace: Linear4bit -> Linear holding bnb's dequantize_4bit output), not into a requantized base
+    (peft's Linear4bit.merge requantizes: lossy) nor into the original weights (not what was trained). The merged
+    model then computes what base + adapter computed in training (fp32 compute: to rounding). Saved in bf16 for a
+    bf16 run, as export_final saves its weights."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig
+
+    cls = _causal_lm_class(AutoConfig.from_pretrained(base_src))
+    if finetune.mode == "qlora":
+        # on the CPU even beside a GPU: the dequantized fp32 base is 8x the 4-bit one that trained there, and
+        # bitsandbytes (>= 0.45) dequantizes on the CPU as well
+        base = cls.from_pretrained(base_src, quantization_config=bnb_config(finetune, torch.float32), device_map="cpu",
+                                   dtype=torch.float32)
+        base = base.dequantize(dtype=torch.float32)
+    else:
+        base = cls.from_pretrained(base_src, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    if bf16:
+        merged = merged.to(torch.bfloat16)
+    merged.save_pretrained(str(dest), safe_serialization=True)
 
 
 if __name__ == "__main__":  # `python -m zerokit.launch.train`: the command line is the CLI layer's
