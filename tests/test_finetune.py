@@ -269,3 +269,48 @@ def test_plan_suggests_lora_when_the_full_fine_tune_does_not_fit():
     from zerokit.core.units import fmt_bytes
 
     assert f"fits in {fmt_bytes(lora['memory']['per_gpu']['total_bytes'])} per GPU" in lora_lines[0]
+
+
+def test_every_memory_term_is_split_into_trainable_frozen_and_other():
+    """JSON memory.per_gpu.trainable_split: the weights split by the exact counts (adapters in the training dtype),
+    the optimizer's terms wholly trainable, activations and logits belong to neither; a full fine-tune freezes
+    nothing. Each term's three parts add up to the term."""
+    r = _zerokit("plan", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64", "--stage", "2",
+                 "--precision", "fp32", "--finetune", "lora", "--json")
+    out = json.loads(r.stdout)
+    mem, trainable = out["memory"]["per_gpu"], out["model"]["trainable_params"]
+    split = mem["trainable_split"]
+    assert set(split) == set(mem["terms"])
+    for name, parts in split.items():
+        assert sum(parts.values()) == mem["terms"][name], name
+    assert split["parameters"]["trainable"] == 4 * trainable  # fp32 adapters, whole at ZeRO-2
+    assert split["parameters"]["frozen"] == mem["terms"]["parameters"] - 4 * trainable > 0
+    assert split["optimizer_states"] == {"trainable": mem["terms"]["optimizer_states"], "frozen": 0, "other": 0}
+    assert split["activations"]["other"] == mem["terms"]["activations"]
+    full = json.loads(_zerokit("plan", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64",
+                               "--json").stdout)
+    assert all(p["frozen"] == 0 for p in full["memory"]["per_gpu"]["trainable_split"].values())
+
+
+def test_lora_time_terms_read_the_module_tree():
+    """The time model's LoRA inputs come from peft's real module tree: the trainable tensors DeepSpeed reduces (in
+    backward order: fewer buckets than the full model's gradients) and the modules peft adds to each decoder layer,
+    which ZeRO-3 hooks one by one (tiny-llama all-linear: a LlamaDecoderLayer's 13 modules become 83; counted on the
+    real model here)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from zerokit.estimate.timing import collective_calls_per_step
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import ZeroSetup
+
+    base = load_model_spec("tiny-llama")
+    lora = with_finetune(base, trainable_split(_config("tiny-llama"), Finetune(mode="lora")), "lora")
+    peft_model = get_peft_model(_real_model("tiny-llama"), LoraConfig(r=16, target_modules="all-linear"))
+    layer = next(m for m in peft_model.modules() if isinstance(m, torch.nn.ModuleList))[0]
+    assert lora.extra_modules_per_layer == len(list(layer.modules())) - 13 == 70
+    assert sorted(lora.trainable_tensors) == sorted(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    cluster = build_cluster(gpu="cpu", gpus_per_node=2)
+    setup = ZeroSetup(zero_stage=2, precision="fp32")
+    assert collective_calls_per_step(lora, cluster, setup).reduces < collective_calls_per_step(base, cluster, setup).reduces

@@ -65,6 +65,25 @@ class MemoryEstimate:
     phase_terms: dict[str, dict[str, int]] = field(default_factory=dict)
     # what nvidia-smi will show beyond the allocated peak (reserved.py); None on CPU. Read it as nvidia_smi.
     reserved: ReservedEstimate | None = None
+    # share of the parameter-shaped terms that belongs to trainable weights (0..1; trainable_split)
+    trainable_fraction: dict[str, float] = field(default_factory=dict)
+
+    def trainable_split(self, terms: dict[str, int]) -> dict[str, dict[str, int]]:
+        """Every term as {"trainable", "frozen", "other"} bytes: what belongs to trainable weights (their gradients,
+        master copy, optimizer states and step temporaries, their share of the weights), to frozen weights (the
+        rest of the weights), and to neither (activations, logits, buffers, context). A full fine-tune has nothing
+        frozen."""
+        out = {}
+        for name, nbytes in terms.items():
+            share = self.trainable_fraction.get(name)
+            if name in TRAINABLE_ONLY_TERMS:
+                share = 1.0
+            if share is None:
+                out[name] = {"trainable": 0, "frozen": 0, "other": nbytes}
+            else:
+                t = round(nbytes * share)
+                out[name] = {"trainable": t, "frozen": nbytes - t, "other": 0}
+        return out
 
     @property
     def per_gpu_total(self) -> int:
@@ -91,8 +110,10 @@ class MemoryEstimate:
         smi = self.nvidia_smi
         return {
             "per_gpu": {"total_bytes": self.per_gpu_total, "terms": dict(self.per_gpu),
+                        "trainable_split": self.trainable_split(self.per_gpu),
                         **(smi.to_dict() if smi else {})},
-            "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu)},
+            "per_node_cpu": {"total_bytes": self.per_node_cpu_total, "terms": dict(self.per_node_cpu),
+                             "trainable_split": self.trainable_split(self.per_node_cpu)},
             "nvme_per_node": {"total_bytes": self.nvme_total, "terms": dict(self.nvme)},
             "phases": dict(self.phases),
             "phase_terms": {k: dict(v) for k, v in self.phase_terms.items()},
@@ -100,6 +121,13 @@ class MemoryEstimate:
             "notes": list(self.notes),
         }
 
+
+# Terms that exist for trainable parameters only (DeepSpeed's optimizer holds no state for frozen ones): the whole of
+# each is "trainable" in MemoryEstimate.trainable_split.
+TRAINABLE_ONLY_TERMS = frozenset({
+    "gradients", "master_weights", "optimizer_states", "fp32_gradients", "optimizer_step_temporaries",
+    "fp16_flatten_copies", "optimizer_states_offloaded", "fp32_gradients_offloaded", "offload_param_partition",
+    "offload_grad_buffer", "optimizer_swap_buffers"})
 
 # The per-GPU terms that DeepSpeed's estimator calls "model states".
 MODEL_STATE_TERMS = ("parameters", "gradients", "master_weights", "optimizer_states", "fp32_gradients",
@@ -728,6 +756,13 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est.peak_phase = max(est.phases, key=lambda k: (est.phases[k], k == "backward"))
     est.per_gpu.update(phases[est.peak_phase])
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)
+    # weights: the trainable ones are held in the training dtype (adapters, or what --freeze leaves), the rest as
+    # weight_bytes holds them (4-bit for QLoRA); the weight-shaped terms split in that proportion
+    held = weight_bytes(model, dtype_bytes(setup.precision)) + model.quant_state_bytes
+    share = min(1.0, dtype_bytes(setup.precision) * model.trainable / held) if held else 1.0
+    est.trainable_fraction = dict.fromkeys(("parameters", "stage3_gathered_params", "stage3_live_params",
+                                            "stage3_persistent_params", "stage3_prefetch", "parameters_offloaded",
+                                            "model_loading"), share)
     est.reserved = reserved_estimate(est.per_gpu_total - est.per_gpu.get("cuda_context", 0), model, cluster, setup, knobs)
     if cluster.accelerator.is_cpu:
         # counted per rank above: the same RAM, once

@@ -272,7 +272,9 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     accum = setup.gradient_accumulation_steps
     if setup.zero_stage == 0:
         return CollectiveCalls(1, 0)  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
-    reduces = reduce_bucket_calls(gradient_sizes_in_backward_order(model), max(1, knobs.reduce_bucket_size))
+    # only trainable parameters have gradients to reduce (a LoRA model's few adapter tensors fill a handful of buckets)
+    sizes = model.trainable_tensors or gradient_sizes_in_backward_order(model)
+    reduces = reduce_bucket_calls(list(sizes), max(1, knobs.reduce_bucket_size))
     if setup.zero_stage in (1, 2):
         # bucketed reduces every micro step at ZeRO-2, only at the accumulation boundary at ZeRO-1
         # (stage_1_and_2.py reduce_ready_partitions_and_remove_grads: `partition_gradients or
@@ -301,11 +303,20 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
 # forward + backward: the scores and activation elements count 4/3 under checkpointing, as the FLOPs do.
 
 
+# Submodules of the decoder layer engine_fit.py calibrates on (measure/engine_fit.py synthetic_config, a
+# LlamaDecoderLayer): the layer, self_attn, q/k/v/o_proj, mlp, gate/up/down_proj, act_fn, two RMSNorms.
+CALIBRATION_MODULES_PER_LAYER = 13
+
+
 def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activation_checkpointing: bool) -> dict[str, float]:
     passes = 4 / 3 if activation_checkpointing else 1.0
     tokens = micro_batch * seq_len
     layers = model.num_layers
-    return {"micro": 1.0, "layer": float(layers), "recompute": float(layers if activation_checkpointing else 0),
+    # a recomputed layer's fixed cost is torch.utils.checkpoint replaying its ops (and packing what they save) one
+    # module at a time: peft's extra modules add to it in proportion (CALIBRATION_MODULES_PER_LAYER; measured: tiny-llama
+    # LoRA ZeRO-2 bf16 with checkpointing, 71 ms predicted against 97 without this; bench/results/accuracy_cpu_finetune.txt)
+    recompute = layers * (1 + model.extra_modules_per_layer / CALIBRATION_MODULES_PER_LAYER)
+    return {"micro": 1.0, "layer": float(layers), "recompute": float(recompute if activation_checkpointing else 0),
             "flop": flops_per_token(model, seq_len, activation_checkpointing) * tokens,
             "score": passes * layers * micro_batch * model.num_attention_heads * seq_len * seq_len,
             "activation": (passes * layers * tokens * (model.hidden_size + model.intermediate_size)
@@ -342,6 +353,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
                          setup.gradient_accumulation_steps, setup.activation_checkpointing,
                          offload=setup.offload_optimizer != "none")
+        if setup.zero_stage == 3 and model.extra_modules_per_layer:
+            engine += zero3_module_hook_seconds(terms.engine_overhead, model, setup)
         adamw = terms.torch_adamw_params_per_s
         if adamw and setup.offload_optimizer == "none":
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
@@ -373,6 +386,23 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         calibrated=bool(coef),
         link_gbps=link / 1e9,
     )
+
+
+
+
+def zero3_module_hook_seconds(engine: dict | None, model: ModelSpec, setup: ZeroSetup) -> float:
+    """What peft's extra modules add to a ZeRO-3 step: DeepSpeed hooks every submodule (parameter_offload.py
+    _register_deepspeed_module: fetch, release and trace on each forward and backward), and a LoRA layer has 5-6x the
+    modules of a plain one (tiny-llama all-linear: 13 -> 83). The cost of one module's hooks is the calibrated ZeRO-3
+    per-layer cost over the calibration layer's 13 modules, from the cheaper precision: hook calls are Python,
+    whatever the dtype, and fp32's per-layer figure carries more than the hooks. Measured, tiny-llama LoRA ZeRO-3 bf16:
+    154 ms per step against 86 ms predicted without this term (bench/results/accuracy_cpu_finetune.txt)."""
+    by = (engine or {}).get("by_precision") or {}
+    per_layer = [float(f["3"]["per_layer_micro_s"]) for f in by.values() if f.get("3")]
+    if not per_layer:
+        return 0.0
+    per_module = min(per_layer) / CALIBRATION_MODULES_PER_LAYER
+    return per_module * model.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
 
 
 def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,

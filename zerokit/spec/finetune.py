@@ -370,9 +370,20 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
         "grad_start_attention": bool(first_norm_trainable.get(grad_start, False) or any(start_adapters[:2])
                                      or not all(start_frozen[:2])),
         "param_tensors": tuple(sorted((n, b, c) for (n, b), c in sizes.items())),
+        # gradients become ready in reverse registration order (the LM head first, the embedding last), the order
+        # DeepSpeed fills its reduce buckets with (timing.reduce_bucket_calls); frozen tensors reduce nothing
+        "trainable_tensors": tuple(p.numel() for _, p in reversed(named) if p.requires_grad),
+        "extra_modules_per_layer": _peft_modules(layers[0]) if num_layers else 0,
         "trainable_matmul_params": trainable_mm, "backward_matmul_params": backward_mm,
         "no_backward_params": nb_params, "no_backward_quantized_bytes": nb_q,
     }
+
+
+def _peft_modules(layer) -> int:
+    """The submodules peft added to a decoder layer: the ones named lora_* and the wrapped Linears' base_layer (the
+    wrapper itself takes the Linear's place). ZeRO-3 registers its fetch/release hooks on every module
+    (parameter_offload.py _register_deepspeed_module), so each costs a hook call per pass (timing.estimate_time)."""
+    return sum(1 for n, _ in layer.named_modules() if "lora_" in n or n.endswith("base_layer"))
 
 
 def _before_layers(name: str, named: list, prefix: str) -> bool:

@@ -109,6 +109,12 @@ class ModelSpec:
     # every parameter tensor as stored: (elements, bytes per element or 0 for the training dtype, how many); () = the
     # spec's shapes (timing.gradient_sizes_in_backward_order). ZeRO-3's persistence threshold reads it.
     param_tensors: tuple[tuple[int, int, int], ...] = ()
+    # the trainable parameter tensors' elements, last registered first (the order their gradients become ready and
+    # fill DeepSpeed's reduce buckets); () = every tensor (timing.gradient_sizes_in_backward_order)
+    trainable_tensors: tuple[int, ...] = ()
+    # submodules peft adds to each decoder layer (an adapted Linear becomes its LoRA wrapper plus base_layer and the
+    # lora_A/lora_B/lora_dropout ModuleDicts with their members: tiny-llama all-linear 13 -> 83); ZeRO-3 hooks each one
+    extra_modules_per_layer: int = 0
     no_backward_params: int = 0  # parameters of modules no gradient reaches (training-dtype elements)
     no_backward_quantized_bytes: int = 0  # and the packed 4-bit bytes among them
     trainable_matmul_params: int | None = None  # matmul weights with a gradient (their weight-gradient GEMM runs)
@@ -145,8 +151,9 @@ class ModelSpec:
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
 # 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
 # 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default). 6: max_positions.
-# 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache).
-_SCHEMA_VERSION = 7
+# 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
+# extra_modules_per_layer.
+_SCHEMA_VERSION = 8
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +187,7 @@ def _cache_read(key: str, name: str) -> ModelSpec | None:
         for k in ("lora_slots", "frozen_slots"):  # JSON gives lists back; the spec is frozen and hashable
             data[k] = tuple(data[k])
         data["param_tensors"] = tuple(tuple(t) for t in data["param_tensors"])
+        data["trainable_tensors"] = tuple(data["trainable_tensors"])
         return ModelSpec(name=name, **data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # missing or corrupt: recount
