@@ -207,8 +207,8 @@ def add_finetune_args(p) -> None:
     g.add_argument("--bnb-4bit-use-double-quant", choices=("on", "off"), default=None,
                    help="qlora: quantize the quantization constants too (default on, as the QLoRA paper)")
     g.add_argument("--freeze", action="append", default=None, metavar="PATTERN",
-                   help="full fine-tune with the parameters whose names contain PATTERN frozen (repeatable; e.g. "
-                        "embed_tokens, layers.0.)")
+                   help="full fine-tune with the parameters whose names contain PATTERN frozen, or match it as a glob "
+                        "over the whole name when it has *?[ (repeatable; e.g. embed_tokens, layers.0., '*layers.[0-9].*')")
 
 
 def finetune_from_args(args):

@@ -567,9 +567,12 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[di
         # meter around from_pretrained (bench/results/finetune_memory.txt): tiny-gpt2 2,142,080 B against this rule's
         # 2,140,928; tiny-llama 2,097,280 (the rule gives 2,510,400: its peak came before the LM head was loaded).
         # The adapters (QLoRA's trainable parameters) come after loading, with get_peft_model.
+        # On a GPU the quantized weights land on the device (device_map={"": local_rank}, what `zerokit launch` passes):
+        # the host holds the checkpoint tensor being quantized.
         e = bpp["parameters"]
         base = weight_bytes(model, e) - e * trainable + model.quant_state_bytes
-        cpu["model_loading"] = gpn * (base + 4 * model.largest_layer_params)
+        held = base if cluster.accelerator.is_cpu else 0
+        cpu["model_loading"] = gpn * (held + 4 * model.largest_layer_params)
     elif setup.zero_stage == 3:
         cpu["model_loading"] = 4 * model.largest_layer_params * gpn
     else:
