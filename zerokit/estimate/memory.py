@@ -451,10 +451,8 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
 
 
 def weight_bytes(model: ModelSpec, e: int) -> int:
-    """Bytes of every parameter tensor as held: the training dtype, except QLoRA's 4-bit base weights at their packed
-    size (spec/finetune.py packed_4bit_elements: half a byte per weight in uint8, or the same bytes in a wider
-    bnb_4bit_quant_storage). Oracle: a real bitsandbytes-quantized model (tests/test_finetune_model.py)."""
-    return e * (model.params - model.quantized_params) + model.quantized_bytes
+    """Bytes of every parameter tensor as held (spec.model.ModelSpec.weight_bytes: 4-bit QLoRA weights packed)."""
+    return model.weight_bytes(e)
 
 
 def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:

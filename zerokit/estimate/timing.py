@@ -167,13 +167,11 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     if setup.zero_stage == 2:
         return CollectiveBytes(accum * grads, params)
     gathers = 3 if setup.activation_checkpointing else 2
-    # ZeRO-3 gathers every weight, frozen or not, a 4-bit one at its stored size (memory.weight_bytes: DeepSpeed gathers
+    # ZeRO-3 gathers every weight, frozen or not, a 4-bit one at its stored size (ModelSpec.weight_bytes: DeepSpeed gathers
     # param.ds_tensor in param.dtype, uint8 for a packed Params4bit). Persistent parameters (stage3_param_persistence_
     # threshold) are gathered once per step rather than per pass; not subtracted here: for real models they are the
     # norms and biases, ~1e-5 of the bytes (the ZeRO paper's 1.5x holds, tests/test_timing.py)
-    from zerokit.estimate.memory import weight_bytes  # noqa: PLC0415
-
-    gathered = weight_bytes(model, bytes_per_element(setup.precision)) * ring
+    gathered = model.weight_bytes(bytes_per_element(setup.precision)) * ring
     return CollectiveBytes(accum * grads, accum * gathers * gathered)
 
 

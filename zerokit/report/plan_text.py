@@ -170,8 +170,7 @@ def format_check(result) -> str:
         out.append("VALID (no --model given: memory not checked)")
         return "\n".join(out)
     if result.finetune is not None:
-        out += finetune_lines(result.finetune, result.model)
-        return "\n".join(out)
+        out += ["  " + line for line in finetune_lines(result.finetune, result.model)]
     search = result.search
     if search is None:
         out.append(("FITS: " if ev.fits else "DOES NOT FIT: ") + ev.setup.label)

@@ -125,6 +125,13 @@ class ModelSpec:
         """Parameters with gradients, an fp32 master copy and Adam moments (DeepSpeed keeps them for these only)."""
         return self.params if self.trainable_params is None else self.trainable_params
 
+    def weight_bytes(self, bytes_per_element: int) -> int:
+        """Bytes of every parameter tensor as held: the training dtype's bytes_per_element, except QLoRA's 4-bit base
+        weights at their packed size (spec/finetune.py packed_4bit_elements: half a byte per weight in uint8, or the
+        same bytes in a wider bnb_4bit_quant_storage). Oracle: a real bitsandbytes-quantized model
+        (tests/test_finetune_model.py)."""
+        return bytes_per_element * (self.params - self.quantized_params) + self.quantized_bytes
+
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse a sequence longer than the model's positions (the same rule for plan, render, check and launch)."""
         if self.max_positions is not None and seq_len > self.max_positions:
