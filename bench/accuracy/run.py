@@ -184,6 +184,9 @@ FINETUNE = [
     J("tiny-llama", 3, "bf16", 4, 64, ckpt=True, ft="lora"),
     J("small-llama", 3, "bf16", 2, 128, ft="lora"),
     J("tiny-gpt2", 3, "bf16", 2, 128, ft="qlora"),
+    # ZeRO-0 (what the planner picks for a small LoRA job on 2 CPU ranks: the README's launch example)
+    J("tiny-llama", 0, "bf16", 8, 64, ft="lora"),
+    J("tiny-llama", 0, "fp32", 4, 128, ft="lora"),
 ]
 QUICK += FINETUNE
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
