@@ -96,7 +96,7 @@ class Job:
 
     def spec(self):
         """The model as this job trains it: spec.finetune.with_finetune over the counts from its modules."""
-        from zerokit.spec.finetune import trainable_split, with_finetune
+        from zerokit.spec.finetune import finetuned_spec
         from zerokit.spec.model import load_model_spec
         from zerokit.spec.resolve import resolve_model
 
@@ -104,8 +104,7 @@ class Job:
         finetune = self.finetune_obj()
         if finetune.is_full:
             return spec
-        return with_finetune(spec, trainable_split(str(resolve_model(MODELS[self.model]).config_file()), finetune),
-                             finetune.mode)
+        return finetuned_spec(spec, str(resolve_model(MODELS[self.model]).config_file()), finetune)
 
     def setup(self):
         from zerokit.spec.setup import ZeroSetup

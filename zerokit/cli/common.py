@@ -234,14 +234,10 @@ def apply_finetune(args, model, finetune):
     if getattr(args, "params", None):
         raise ZerokitError(f"--finetune {finetune.mode}/--freeze count the model's modules: give a model config, "
                            "not --params")
-    from zerokit.core.quiet import library_output
-    from zerokit.spec.finetune import trainable_split, with_finetune
+    from zerokit.spec.finetune import finetuned_spec
     from zerokit.spec.resolve import resolve_model
 
-    config = str(resolve_model(args.model).config_file())
-    with library_output():  # peft imports bitsandbytes, which prints about its optional CPU kernels package
-        split = trainable_split(config, finetune)
-    return with_finetune(model, split, finetune.mode)
+    return finetuned_spec(model, str(resolve_model(args.model).config_file()), finetune)
 
 
 def pins_from_args(args) -> dict:

@@ -237,11 +237,10 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
     if req.merge and req.script_command:
         raise ZerokitError("--merge is for zerokit's own training loop; your script saves its own model: drop --merge "
                            "(peft: model.merge_and_unload() in your script)")
-    # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (no `kernels` package for its fused CPU gemm), peft
-    # imports it when present: noise for counting, kept out of the parent's output as other libraries' (core.quiet)
-    from zerokit.core.quiet import library_output
-
     if finetune.mode == "qlora":
+        # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (no `kernels` package for its fused CPU gemm)
+        from zerokit.core.quiet import library_output
+
         try:  # imported, not just found: a broken install (its native library) fails here, not in every rank
             with library_output():
                 import bitsandbytes  # noqa: F401, PLC0415
@@ -251,11 +250,9 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
                                f"here ({why}): pip install bitsandbytes") from None
     if finetune.is_full:
         return spec
-    from zerokit.spec.finetune import trainable_split, with_finetune
+    from zerokit.spec.finetune import finetuned_spec
 
-    with library_output():
-        split = trainable_split(str(model.config_file()), finetune)
-    return with_finetune(spec, split, finetune.mode)
+    return finetuned_spec(spec, str(model.config_file()), finetune)
 
 
 def check_resume_finetune(req: LaunchRequest) -> None:

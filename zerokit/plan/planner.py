@@ -294,15 +294,12 @@ def finetune_suggestions(config_source: str, model: ModelSpec, cluster: Cluster,
     whose plan fits, with its memory and the option that pins it; both when neither fits, with what they need.
     The adapters are counted from the model's modules (spec.finetune.trainable_split: torch and peft, ~6 s), so this
     runs only after the full plan failed."""
-    from zerokit.core.quiet import library_output
-    from zerokit.spec.finetune import trainable_split, with_finetune
+    from zerokit.spec.finetune import finetuned_spec
 
     out = []
     for finetune in FINETUNE_ALTERNATIVES:
         try:
-            with library_output():  # peft imports bitsandbytes, which prints about its optional CPU kernels package
-                split = trainable_split(config_source, finetune)
-            tuned = with_finetune(model, split, finetune.mode)
+            tuned = finetuned_spec(model, config_source, finetune)
             plan = make_plan(tuned, cluster, workload, pins, knobs, memory_fraction)
         except ZerokitError:
             continue  # peft or bitsandbytes missing, or a pin the alternative cannot honour: nothing to suggest

@@ -407,6 +407,17 @@ def with_finetune(model: ModelSpec, split: TrainableSplit, mode: str = "full") -
                    **fields)
 
 
+def finetuned_spec(model: ModelSpec, config_source: str, finetune: Finetune) -> ModelSpec:
+    """The ModelSpec as `finetune` trains it, counted from the model's modules (trainable_split), with what peft and
+    bitsandbytes print while importing (bitsandbytes' note on its optional CPU kernels package) kept out of the
+    output as other libraries' (core.quiet). The one path plan, check, launch and the suggestions count through."""
+    from zerokit.core.quiet import library_output  # noqa: PLC0415
+
+    with library_output():
+        split = trainable_split(config_source, finetune)
+    return with_finetune(model, split, finetune.mode)
+
+
 def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
     """Build the causal LM from its config.json on the meta device (no weights) and count (imports torch and
     transformers: ~6 s on 2 cores; a full fine-tune without --freeze needs none of it)."""
