@@ -110,6 +110,7 @@ def rank_main(job_json: str, out_dir: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from zerokit.core.process import close_process_groups
     from zerokit.measure.meter import MemoryMeter
     from zerokit.measure.step_phases import StepPhaseMeter
 
@@ -160,6 +161,7 @@ def rank_main(job_json: str, out_dir: str) -> None:
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": records, "init_peak_bytes": init_peak, "load_peak_bytes": load_peak,
                    "loss": float(out.loss.detach().float())}, f)
+    close_process_groups()  # not left to the interpreter's teardown (zerokit.core.process says why)
 
 
 # ------------------------------------------------------------------------------------------------------------------

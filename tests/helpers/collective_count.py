@@ -12,6 +12,8 @@ import functools
 import json
 import sys
 
+from zerokit.core.process import close_process_groups
+
 KINDS = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
          "broadcast", "all_to_all_single")
 
@@ -68,6 +70,7 @@ def main() -> int:
         engine.destroy()
         del engine, model, keep
     dist.barrier()
+    close_process_groups()  # not left to the interpreter's teardown (zerokit.core.process says why)
     return 0
 
 

@@ -835,12 +835,8 @@ def merge_adapter(base_src: str, adapter_dir: Path, dest: Path, finetune: Finetu
 
 if __name__ == "__main__":  # `python -m zerokit.launch.train`: the command line is the CLI layer's
     from zerokit.cli.rank import main as _cli_main
+    from zerokit.core.process import finish_rank
 
-    _code = _cli_main()
-    # Leave without the interpreter's teardown once everything is written (metrics closed, checkpoints and final/
-    # behind the last barrier): a finished ZeRO-3 rank aborted in it twice in three clean CI runs ("terminate called
-    # without an active exception": a native thread still joinable when its destructor ran; launcher exit 250), after
-    # "done". os._exit skips those destructors; an exception above still propagates with its traceback.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_code)
+    # metrics closed, checkpoints and final/ behind the last barrier: process groups destroyed, then out without
+    # the interpreter's teardown (zerokit.core.process says why). An exception above propagates with its traceback.
+    finish_rank(_cli_main())

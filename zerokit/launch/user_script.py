@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.process import close_process_groups
 
 MODULE = "zerokit.launch.user_script"  # what the deepspeed launcher starts on every rank (--module)
 
@@ -178,12 +179,21 @@ def main(argv: list[str] | None = None) -> None:
     sys.modules.setdefault(__spec__.name if __spec__ else "zerokit.launch.user_script", sys.modules[__name__])
     _start_meter()
     sys.argv = [target] + lead + args
-    if is_module:
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        # as `python train.py` does: the script's own directory first on sys.path
-        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-        runpy.run_path(target, run_name="__main__")
+    try:
+        if is_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            # as `python train.py` does: the script's own directory first on sys.path
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code in (None, 0):  # the script's own sys.exit() after success
+            close_process_groups()
+        raise
+    # Most scripts (the HF Trainer's and TRL's examples among them) leave their process group to the interpreter's
+    # teardown, where gloo's can abort a finished rank: destroyed here, still under the script's normal exit (its
+    # atexit hooks, e.g. a tracker's final upload, still run). zerokit.core.process says why.
+    close_process_groups()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.process import close_process_groups
 
 # (layers, accumulation, activation checkpointing, optimizer offload) per stage: the per-layer slope needs two
 # depths, the split between per-step and per-micro-step costs a second accumulation, recompute's own cost a
@@ -98,6 +99,7 @@ def _rank_main() -> None:
     dist.barrier()
     if dist.get_rank() == 0:
         print("ZEROKIT_ENGINE " + json.dumps(results), flush=True)
+    close_process_groups()  # not left to the interpreter's teardown (zerokit.core.process says why)
 
 
 def _fit(points: list[tuple[float, float]]) -> dict:
