@@ -83,6 +83,7 @@ class CheckResult:
     search: MicroBatchSearch | None = None  # an "auto" micro batch, searched (check_config(answer_auto=True))
     finetune: object | None = None  # spec.finetune.Finetune the model was counted for (`check --finetune ...`)
     model: object | None = None  # spec.model.ModelSpec judged (its trainable count), None without --model
+    parallelism: object | None = None  # spec.setup.Parallelism the config asks for (TP, SP, hpZ), once DeepSpeed reads it
 
     @property
     def valid(self) -> bool:
@@ -114,6 +115,7 @@ class CheckResult:
             "assumed": list(self.assumed),
             "micro_batch_search": None if self.search is None else self.search.to_dict(),
             "finetune": None if self.finetune is None else self.finetune.to_dict(),
+            "parallelism": None if self.parallelism is None else self.parallelism.to_dict(self.world_size),
         }
 
 
@@ -166,6 +168,11 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     if not result.valid:
         return result
     concrete = verdict["concrete"]
+    result.parallelism = ds_check.parallelism_from_config(concrete)
+    if model is not None:
+        result.findings += sequence_parallel_findings(result.parallelism.sequence_parallel, model, workload.seq_len)
+        if not result.valid:
+            return result
     result.assumed = _assumed(config, concrete, values, trainer_values or {}, searched=search,
                               has_model=model is not None,
                               precision=chosen if precision_auto else None, precision_given=precision is not None,
@@ -213,6 +220,28 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
         else:
             result.evaluation = evaluate(model, cluster, workload, setup, knobs, fraction)
     return result
+
+
+def sequence_parallel_findings(sp: int, model, seq_len: int) -> list:
+    """What Ulysses refuses for this model and sequence once the ranks run (deepspeed/runtime/sequence_parallel/
+    ulysses_sp.py): UlyssesSPAttentionHF.__init__ splits the attention heads over the SP ranks (and the KV heads, or
+    replicates them over the ranks when there are fewer), UlyssesSPDataLoaderAdapter splits every sequence."""
+    from zerokit.config.rules import Finding
+
+    if sp <= 1:
+        return []
+    key, out = "sequence_parallel_size", []
+    heads, kv = model.num_attention_heads, model.num_kv_heads or model.num_attention_heads
+    if heads % sp:
+        out.append(Finding("error", key, f"{sp} does not divide the model's {heads} attention heads (Ulysses splits "
+                                         "them over the sequence-parallel ranks): use a divisor of it"))
+    elif kv % sp and sp % kv:
+        out.append(Finding("error", key, f"{sp} and the model's {kv} KV heads do not divide one another (Ulysses "
+                                         "splits or replicates them): use a divisor or multiple of it"))
+    if seq_len % sp:
+        out.append(Finding("error", key, f"{sp} does not divide the sequence of {seq_len} tokens (each rank takes an "
+                                         f"equal slice): use a --seq-len that is a multiple of {sp}"))
+    return out
 
 
 def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searched: bool, has_model: bool,

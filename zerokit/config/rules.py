@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version, parse_json_text
-from zerokit.spec.setup import ZeroKnobs, ZeroSetup
+from zerokit.spec.setup import Parallelism, ZeroKnobs, ZeroSetup
 
 AUTO = "auto"
 
@@ -284,7 +284,7 @@ SHIPPED_KEYS = "deepspeed_keys.json"
 @dataclass(frozen=True)
 class DeepSpeedKeys:
     """What DeepSpeed knows, as names: the top-level keys DeepSpeedConfig reads, the removed ones with DeepSpeed's
-    message, and each model block's field names and aliases."""
+    message (top-level keys, and ZeRO keys as zero_optimization.KEY), and each model block's field names and aliases."""
 
     deepspeed: str  # the version they were read from
     top: frozenset
@@ -316,6 +316,8 @@ def read_deepspeed_keys() -> DeepSpeedKeys:
     with _world(1):
         ds_config.DeepSpeedConfig(recorder)
     removed = dict(getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}))
+    # removed ZeRO keys (MiCS in 0.19.8: _reject_removed_config_keys), dotted, so no top-level key matches them
+    removed.update({f"zero_optimization.{k}": v for k, v in getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {}).items()})
     # read outside DeepSpeedConfig.__init__'s default path: sequence parallelism (under an initialised dist)
     top = (recorder.seen | {"sequence_parallel_size"}) - set(removed)
     models = {m: getattr(mod, m) for mod in (zero_config, offload_config, precision_config) for m in dir(mod)
@@ -636,7 +638,11 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
             if key in block_keys:
                 continue
             where = f"{block}.{key}"
-            if key == "aio" and block == "zero_optimization":
+            if where in schema.removed:
+                out.append(Finding("error", where, " ".join(schema.removed[where].split()) + (
+                    " For parameters sharded within a node, ZeRO++ hpZ does it: zero_hpz_partition_size = GPUs per "
+                    "node; remove this key" if "MiCS" in schema.removed[where] else " Remove this key")))
+            elif key == "aio" and block == "zero_optimization":
                 out.append(Finding("error", where, "aio belongs at the top level of the config: move it there"))
             elif key in FP16_ONLY_KEYS and block in ("bf16", "bfloat16"):
                 out.append(Finding("error", where, f"{key} is an fp16 setting; bf16 has no loss scaling: remove it"))
@@ -734,20 +740,98 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
             out.append(Finding("error", f"zero_optimization.{block}.nvme_path",
                                "NVMe offload needs nvme_path, a folder on the NVMe drive: add it"))
 
-    # DeepSpeed splits the model (engine.autotp_size) or the sequence (DeepSpeedConfig: world size /
-    # sequence_parallel_size) over these ranks; zerokit's memory and time model has neither yet.
-    for key, what in (("tensor_parallel.autotp_size", "tensor parallelism (AutoTP)"),
-                      ("sequence_parallel_size", "sequence parallelism (Ulysses)")):
-        size = _get(config, key)
-        if _is_int(size) and size > 1:
-            out.append(Finding("warning", key, f"DeepSpeed will use {what} over {size} ranks; zerokit's memory and "
-                                               "time figures assume none yet"))
+    out.extend(_parallelism_findings(config, zero, stage, world_size, accelerator))
     for key in auto_keys(config):
         if key not in TRAINER_FILLED_KEYS:
             out.append(Finding("warning", key,
                                "\"auto\" here is not filled by the HF Trainer: DeepSpeed drops it and uses its default; "
                                "give a value"))
     return sorted(out, key=lambda f: f.level != "error")
+
+
+# DeepSpeed's ZeRO++ quantized collectives: both build its CUDA quantizer (zero/partition_parameters.py CUDAQuantizer,
+# runtime/comm/coalesced_collectives.py all_to_all_quant_reduce: QuantizerBuilder().load()), which a machine without
+# CUDA does not have ("This op had not been implemented on CPU backend", op_builder/cpu/no_impl.py)
+QUANTIZED_COLLECTIVE_KEYS = {"zero_quantized_weights": "qwZ", "zero_quantized_nontrainable_weights": "qwZ",
+                             "zero_quantized_gradients": "qgZ"}
+
+
+def parallelism_from_config(config: Mapping) -> Parallelism:
+    """The TP, SP and hpZ degrees a config asks for (1 where unset or off: DeepSpeed acts on autotp_size and
+    zero_hpz_partition_size only above 1). Values of a type DeepSpeed cannot read count as 1 here; lint_config
+    reports them."""
+    zero = config.get("zero_optimization")
+    zero = zero if isinstance(zero, Mapping) else {}
+
+    def degree(v) -> int:
+        return v if _is_int(v) and v > 1 else 1
+    return Parallelism(tensor_parallel=degree(_get(config, "tensor_parallel.autotp_size")),
+                       sequence_parallel=degree(config.get("sequence_parallel_size")),
+                       hpz_partition_size=degree(zero.get("zero_hpz_partition_size")))
+
+
+def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size: int, accelerator) -> list[Finding]:
+    """TP, SP and ZeRO++: what DeepSpeed refuses only once the ranks run, and what it silently ignores."""
+    out: list[Finding] = []
+    tp_key, sp_key, hpz_key = "tensor_parallel.autotp_size", "sequence_parallel_size", "zero_optimization.zero_hpz_partition_size"
+    tp, sp, hpz = _get(config, tp_key), config.get(sp_key), zero.get("zero_hpz_partition_size")
+    if _is_int(sp) and sp < 1:  # DeepSpeedConfig divides the world by it
+        out.append(Finding("error", sp_key, f"{sp} ranks: DeepSpeed divides the world size by it; use 1 (off) or "
+                                            "the number of ranks that share a sequence"))
+    if _is_int(tp) and tp < 0:  # accepted (no bound in TPTrainingConfig), and off
+        out.append(Finding("warning", tp_key, f"{tp}: DeepSpeed treats it as off (it acts above 1); use 0 or 1"))
+    tp_size = _get(config, "tensor_parallel.tp.tp_size", _get(config, "tensor_parallel.tensor_parallel.tp_size"))
+    if _is_int(tp) and tp > 1 and _is_int(tp_size) and tp_size not in (1, tp):  # engine._apply_autotp_partitioning
+        out.append(Finding("error", "tensor_parallel.tp.tp_size", f"{tp_size} disagrees with autotp_size {tp}: "
+                                                                  "DeepSpeed raises when the engine starts; remove it"))
+    par = parallelism_from_config(config)
+    for key, size, what in ((tp_key, par.tensor_parallel, "tensor-parallel (AutoTP: utils/groups.py "
+                                                          "_init_tp_mesh_device)"),
+                            (sp_key, par.sequence_parallel, "sequence-parallel (Ulysses: parallel_state_sp.py "
+                                                            "initialize_sequence_parallel)")):
+        if size > 1 and world_size % size:
+            out.append(Finding("error", key, f"{size} does not divide the {world_size} ranks into {what} groups: use "
+                                             f"a divisor of {world_size}"))
+    if par.tensor_parallel > 1 and par.sequence_parallel > 1 and not world_size % par.tensor_parallel \
+            and not world_size % par.sequence_parallel and world_size % par.model_parallel:
+        out.append(Finding("error", sp_key, f"tensor x sequence parallel = {par.model_parallel} ranks per replica does "
+                                            f"not divide the {world_size} ranks: lower one of them"))
+    if par.sequence_parallel > 1:
+        out.append(Finding("warning", sp_key, (
+            f"this key alone only changes DeepSpeed's batch arithmetic (world / {par.sequence_parallel}): the sequence "
+            "is split when the script registers UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel.ulysses_sp) "
+            "and passes its mpu to deepspeed.initialize; zerokit's memory and time figures assume no sequence "
+            "parallelism yet")))
+    if par.tensor_parallel > 1:
+        out.append(Finding("warning", tp_key, f"DeepSpeed will shard each Linear over {par.tensor_parallel} ranks "
+                                              "(AutoTP); zerokit's memory and time figures assume no tensor "
+                                              "parallelism yet"))
+    if par.hpz_partition_size > 1:
+        if stage != 3:
+            out.append(Finding("warning", hpz_key, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "
+                                                   "ignores it; remove it or use stage 3"))
+        elif world_size % min(par.hpz_partition_size, world_size):
+            # utils/groups.py _create_zero_param_parallel_group: _ensure_divisibility(world, min(size, world))
+            out.append(Finding("error", hpz_key, f"{par.hpz_partition_size} does not divide the {world_size} ranks "
+                                                 "(DeepSpeed asserts it when ZeRO-3 starts): use the GPUs per node"))
+        else:
+            out.append(Finding("warning", hpz_key, "ZeRO++ hpZ keeps a second copy of each parameter partition "
+                                                   f"over {par.hpz_partition_size} ranks; zerokit's memory and time "
+                                                   "figures assume no hpZ yet"))
+    for key, name in QUANTIZED_COLLECTIVE_KEYS.items():
+        if zero.get(key) is not True:
+            continue
+        where = f"zero_optimization.{key}"
+        if accelerator is not None and accelerator.is_cpu:
+            out.append(Finding("error", where, f"ZeRO++ {name} runs on DeepSpeed's CUDA quantizer kernels, which a "
+                                               "machine without GPUs does not have: remove it (set it false)"))
+        elif stage != 3:
+            out.append(Finding("warning", where, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "
+                                                 "ignores it; remove it or use stage 3"))
+        else:
+            out.append(Finding("warning", where, f"ZeRO++ {name} quantizes what ZeRO-3 sends; zerokit's memory and "
+                                                 f"time figures assume unquantized collectives yet"))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -162,6 +162,11 @@ def format_check(result) -> str:
         out.append("INVALID")
         return "\n".join(out)
     out.append("  DeepSpeed's config classes accept it")
+    par = result.parallelism
+    if par is not None and (par.model_parallel > 1 or par.hpz_partition_size > 1):
+        d = par.to_dict(result.world_size)
+        out.append(f"  parallelism: {d['data_parallel']} data x {d['tensor_parallel']} tensor x "
+                   f"{d['sequence_parallel']} sequence-parallel ranks; hpZ partition {d['hpz_partition_size']}")
     for a in result.assumed:  # what each "auto" was taken to be
         value = f"{a['value']:,}" if isinstance(a["value"], int) and not isinstance(a["value"], bool) else a["value"]
         out.append(f"  assumed: {a['key']} = {value}: {a['why']}")

@@ -90,6 +90,44 @@ class ZeroSetup:
 
 
 @dataclass(frozen=True)
+class Parallelism:
+    """How a job's ranks split beyond data parallelism, as DeepSpeed 0.19.8 builds the groups: world = data x tensor x
+    sequence ranks; ZeRO partitions over the data-parallel ranks. 1 means unused.
+
+    tensor_parallel: AutoTP, `tensor_parallel.autotp_size` (engine._configure_tensor_parallel acts above 1;
+      utils/groups.py _init_tp_mesh_device: data-parallel size = world // tp).
+    sequence_parallel: Ulysses, top-level `sequence_parallel_size` (runtime/config.py: the batch check's world is
+      world / sp; sequence_parallel/parallel_state_sp.py initialize_sequence_parallel refuses a world it does not
+      divide).
+    hpz_partition_size: ZeRO++ hpZ, `zero_optimization.zero_hpz_partition_size`: a secondary copy of each ZeRO-3
+      parameter partition over groups of this many consecutive ranks (utils/groups.py
+      _create_zero_param_parallel_group asserts it divides the world); read by stage 3 only (zero/stage3.py)."""
+
+    tensor_parallel: int = 1
+    sequence_parallel: int = 1
+    hpz_partition_size: int = 1
+
+    def __post_init__(self):
+        for name in ("tensor_parallel", "sequence_parallel", "hpz_partition_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ZerokitError(f"{name.replace('_', ' ')} must be a whole number of ranks, at least 1, got {v!r}")
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one data-parallel replica spans (TP x SP)."""
+        return self.tensor_parallel * self.sequence_parallel
+
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel ranks (what ZeRO partitions over and what the global batch counts); world must divide."""
+        return world_size // self.model_parallel
+
+    def to_dict(self, world_size: int) -> dict:
+        return {"data_parallel": self.data_parallel(world_size), "tensor_parallel": self.tensor_parallel,
+                "sequence_parallel": self.sequence_parallel, "hpz_partition_size": self.hpz_partition_size}
+
+
+@dataclass(frozen=True)
 class Workload:
     """What is trained: sequence length, batch, how much data."""
 
