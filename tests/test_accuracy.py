@@ -76,6 +76,49 @@ def test_compute_fit_recovers_known_costs():
     assert got["layer"] == 0.0 and 0.0097 < got["micro"] < 0.0099
 
 
+def test_adapter_fit_recovers_known_costs_and_leaves_the_full_model_price():
+    """compute_fit.fit_adapters on LoRA and QLoRA points made from known adapter and dequantization costs over a base
+    price gives those costs back in its stages (LoRA first, QLoRA on what is left), leaves the base coefficients as
+    they were, and a profile without the dequantization fit prices a dequantized element as an activation element."""
+    from zerokit.estimate.timing import ADAPTER_FEATURES, COMPUTE_FEATURES, _calibrated_compute, compute_features
+    from zerokit.measure.compute_fit import fit_adapters
+    from zerokit.spec.finetune import Finetune, finetuned_spec
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.resolve import resolve_model
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    base_coef = {"micro": 4e-4, "layer": 1e-3, "recompute": 1.2e-3, "flop": 1e-11, "score": 7e-9, "activation": 1e-8,
+                 "logit": 3e-9}
+    truth = {"adapter": 6e-5, "adapter_element": 3e-9, "dequant": 1e-9, "dequant_call": 1.2e-4}
+    src = str(resolve_model("tiny-llama").config_file())
+    jobs, seconds = [], []
+    for mode in ("lora", "qlora"):
+        spec = finetuned_spec(load_model_spec("tiny-llama"), src, Finetune(mode=mode, lora_r=8))
+        for layers, width in ((1, 1), (3, 1), (3, 4)):  # depth and width move the 4-bit elements and calls apart
+            s = replace(spec, num_layers=layers, quantized_params=spec.quantized_params * layers * width // 4,
+                        quantized_tensors=spec.quantized_tensors * layers // 4,
+                        lora_io_per_layer=spec.lora_io_per_layer * width)
+            for mb, seq in ((1, 64), (2, 128), (8, 64), (1, 256)):
+                f = compute_features(s, mb, seq, False)
+                jobs.append({"family": "gated", "precision": "fp32", "finetune": mode, "features": f,
+                             "micro_batch": mb, "seq": seq, "config": {"hidden_size": 128}})
+                seconds.append(sum(base_coef[n] * f[n] for n in COMPUTE_FEATURES)
+                               + sum(truth[n] * f[n] for n in ADAPTER_FEATURES))
+    timing = {"gated": {"fp32": {"coef": dict(base_coef)}}}
+    fit_adapters(timing, jobs, seconds)
+    got = timing["gated"]["fp32"]["coef"]
+    for n in ADAPTER_FEATURES:
+        assert got[n] == pytest.approx(truth[n], rel=1e-6), n
+    assert {n: got[n] for n in COMPUTE_FEATURES} == base_coef
+    assert len(timing["gated"]["fp32"]["adapter_points"]) == len(jobs)
+    # a profile from before the dequantization fit: a dequantized element at the activation element's price
+    qlora = finetuned_spec(load_model_spec("tiny-llama"), src, Finetune(mode="qlora", lora_r=8))
+    setup, work = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=2), Workload(seq_len=64)
+    f = compute_features(qlora, 2, 64, False)
+    assert _calibrated_compute(qlora, setup, work, base_coef) == pytest.approx(
+        sum(base_coef[n] * f[n] for n in COMPUTE_FEATURES) + base_coef["activation"] * f["dequant"])
+
+
 ENGINE = {"world_size": 2, "by_precision": {"fp32": {"2": {"per_step_s": 0.01, "per_layer_micro_s": 0.002}}}}
 
 

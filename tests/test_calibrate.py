@@ -173,6 +173,7 @@ def test_quick_calibration_end_to_end(tmp_path):
     # and the fit sane (spec.profile.SANITY: FLOP rate plausible, points within its loose error bound)
     from zerokit.measure.compute_fit import fit_problems
     from zerokit.estimate.timing import COMPUTE_FEATURES
+    from zerokit.spec.profile import ADAPTER_FEATURES
 
     ct = on_disk["compute_timing"]
     assert sorted(ct) == ["gated", "plain"] and all(sorted(ct[f]) == ["bf16", "fp32"] for f in ct)
@@ -180,6 +181,9 @@ def test_quick_calibration_end_to_end(tmp_path):
         for v in fam.values():
             assert all(v["coef"][n] >= 0 for n in COMPUTE_FEATURES) and v["coef"]["flop"] > 0
             assert all(p["seconds"] > 0 for p in v["points"])
+            # LoRA and QLoRA versions of the models (peft and bitsandbytes are installed here): their costs fitted
+            assert all(v["coef"][n] >= 0 for n in ADAPTER_FEATURES)
+            assert {p["finetune"] for p in v["adapter_points"]} == {"lora", "qlora"}
     assert fit_problems(ct, on_disk["matmul_tflops"]) == {}
     assert all(0 <= cv <= SANITY.max_spread_cv for cv in on_disk["matmul_spread_cv"].values())
     assert on_disk["cpu_adam_params_per_s"] is None or on_disk["cpu_adam_params_per_s"] > 0

@@ -95,6 +95,7 @@ def test_qlora_parameters_equal_bitsandbytes_real_model(saved_models, name, doub
     split = trainable_split(_config(name), ft)
     spec = with_finetune(_spec(name, Finetune()), split, "qlora")
     assert spec.quantized_params == sum(w.quant_state.shape.numel() for w in quantized)
+    assert spec.quantized_tensors == len(quantized)  # the time model's dequantization calls (timing "dequant_call")
     predicted = model_state_terms(spec, build_cluster(gpu="cpu", gpus_per_node=2), ZeroSetup(zero_stage=2))["parameters"]
     assert predicted - 2 * split.adapter_params == real
 
@@ -295,7 +296,10 @@ def test_flops_frozen_weights_skip_the_weight_gradient():
         2 * matmul_params(frozen) + 4 * frozen.backward_matmul_params + 4 * 4 * s_ad + 8 * 3 * s_ad)
     q = _spec("tiny-llama", Finetune(mode="qlora", lora_r=8))
     fq, fl = compute_features(q, 2, 64, False), compute_features(lora, 2, 64, False)
-    assert fq["activation"] - fl["activation"] == 2 * q.quantized_params  # dequantized in forward and backward
+    assert fq["dequant"] - fl["dequant"] == 2 * q.quantized_params  # dequantized in forward and backward
+    # one dequantize_4bit call per 4-bit weight per use (bitsandbytes MatMul4Bit forward and backward)
+    assert fq["dequant_call"] == 2 * q.quantized_tensors == 2 * 7 * 4 and fl["dequant_call"] == 0
+    assert fq["activation"] == fl["activation"] and fq["adapter"] == fl["adapter"] == 7 * 4
     assert fq["flop"] == fl["flop"]
 
 

@@ -35,7 +35,7 @@ from zerokit.core.errors import ZerokitError
 
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
-from zerokit.spec.profile import COMPUTE_FEATURES
+from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
 
 # DeepSpeedCPUAdam throughput per node when no calibration is given. ZeRO-Offload paper
@@ -128,8 +128,8 @@ def flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bo
 def dequantized_elements(model: ModelSpec, activation_checkpointing: bool) -> float:
     """QLoRA: 4-bit weight elements bitsandbytes dequantizes to the compute dtype per micro step: every quantized weight
     in forward (its gemm_4bit: dequantize_4bit then linear), again in backward for the input gradient
-    (MatMul4Bit.backward: `F.dequantize_4bit(B, ctx.state)`), and in recompute. Memory-bound element-wise work: the
-    calibrated profile prices it as activation elements (compute_features); independent of the tokens."""
+    (MatMul4Bit.backward: `F.dequantize_4bit(B, ctx.state)`), and in recompute. Memory-bound element-wise work,
+    independent of the tokens: compute_features' "dequant", fitted on QLoRA models (measure/compute_fit.fit_adapters)."""
     if not model.quantized_params:
         return 0.0
     return model.quantized_params * (3 if activation_checkpointing else 2)
@@ -314,18 +314,30 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
     # module at a time: peft's extra modules add to it in proportion (CALIBRATION_MODULES_PER_LAYER; measured: tiny-llama
     # LoRA ZeRO-2 bf16 with checkpointing, 71 ms predicted against 97 without this; bench/results/accuracy_cpu_finetune.txt)
     recompute = layers * (1 + model.extra_modules_per_layer / CALIBRATION_MODULES_PER_LAYER)
+    # LoRA (spec.profile.ADAPTER_FEATURES): adapted Linears per micro step (read off the module tree: lora_slots), and
+    # their in + out elements over the tokens; recompute repeats the forward's share as for the activations (the
+    # recomputed module calls are in "recompute" above). Why: priced on FLOPs alone, a LoRA model's forward + backward
+    # came out cheaper than the full model's (no weight-gradient GEMMs), while measured it cost more (tiny-llama r=8,
+    # one rank: +1.5 to +6 ms over the full model, against -2 to -9 ms predicted; the ZeRO-0 grid rows were -17% and
+    # -25%). The calibration's LoRA points (profile compute_timing adapter_points) show what the terms give.
+    adapters = layers * sum(model.lora_slots) if model.lora_r else 0
     return {"micro": 1.0, "layer": float(layers), "recompute": float(recompute if activation_checkpointing else 0),
             "flop": flops_per_token(model, seq_len, activation_checkpointing) * tokens,
             "score": passes * layers * micro_batch * model.num_attention_heads * seq_len * seq_len,
-            "activation": (passes * layers * tokens * (model.hidden_size + model.intermediate_size)
-                           + dequantized_elements(model, activation_checkpointing)),
-            "logit": float(tokens * model.vocab_size)}
+            "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size),
+            "logit": float(tokens * model.vocab_size),
+            "adapter": float(adapters),
+            "adapter_element": passes * layers * tokens * model.lora_io_per_layer if adapters else 0.0,
+            "dequant": dequantized_elements(model, activation_checkpointing),
+            # each dequantization is a call (bitsandbytes functional.dequantize_4bit, through MatMul4Bit) whatever its size
+            "dequant_call": float(model.quantized_tensors * (3 if activation_checkpointing else 2))}
 
 
 def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, coef: dict[str, float]) -> float:
     """One rank's compute per optimizer step: each micro step's features at the measured cost per unit."""
     feats = compute_features(model, setup.micro_batch_size, workload.seq_len, setup.activation_checkpointing)
-    return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES)
+    coef = {"dequant": coef.get("activation", 0.0), **coef}  # profiles before the dequant fit: an activation element
+    return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES + ADAPTER_FEATURES)
 
 
 def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload, knobs=None) -> TimeEstimate:
@@ -394,12 +406,20 @@ def zero3_module_hook_seconds(engine: dict | None, model: ModelSpec, setup: Zero
     modules of a plain one (tiny-llama all-linear: 13 -> 83). The cost of one module's hooks is the calibrated ZeRO-3
     per-layer cost over the calibration layer's 13 modules, from the cheaper precision: hook calls are Python,
     whatever the dtype, and fp32's per-layer figure carries more than the hooks. Measured, tiny-llama LoRA ZeRO-3 bf16:
-    154 ms per step against 86 ms predicted without this term (bench/results/accuracy_cpu_finetune.txt)."""
+    154 ms per step against 86 ms predicted without this term (bench/results/accuracy_cpu_finetune.txt). A profile
+    that timed ZeRO-3 LoRA engines (per_peft_module_s) prices a module at what they measured instead: the rule above
+    counted peft's unused ModuleDicts as called, and the adapters' own compute is in compute_features now."""
     by = (engine or {}).get("by_precision") or {}
+    measured = {p: float(f["3"]["per_peft_module_s"]) for p, f in by.items()
+                if (f.get("3") or {}).get("per_peft_module_s") is not None}
     per_layer = [float(f["3"]["per_layer_micro_s"]) for f in by.values() if f.get("3")]
-    if not per_layer:
+    if measured:  # measured on ZeRO-3 LoRA engines (measure/engine_fit.measure_zero3_peft_hooks); another precision's
+        # where this one was not (hook calls are Python, whatever the dtype)
+        per_module = measured.get(setup.precision, min(measured.values()))
+    elif per_layer:
+        per_module = min(per_layer) / CALIBRATION_MODULES_PER_LAYER
+    else:
         return 0.0
-    per_module = min(per_layer) / CALIBRATION_MODULES_PER_LAYER
     return per_module * model.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
 
 

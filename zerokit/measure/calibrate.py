@@ -364,6 +364,40 @@ def _device_info(device) -> dict:
     return {"type": "cpu", "name": cpu_model_name(), "count": 1, "memory_bytes": int(mem), "cpu_cores": os.cpu_count()}
 
 
+def measure_adapter_costs(compute_timing: dict, jobs: list[dict], compute_spec: dict, world_size: int,
+                          threads: int | None) -> dict:
+    """Time the LoRA jobs (compute_fit.adapter_jobs) on the benchmark ranks in lockstep, the fastest of COMPUTE_PASSES
+    passes per point as for the full models, and add their fitted adapter costs to compute_timing
+    (compute_fit.fit_adapters). bench/calibrate_adapters.py runs this alone against an existing profile."""
+    from zerokit.measure import compute_fit  # noqa: PLC0415
+
+    passes = []
+    for _ in range(COMPUTE_PASSES):
+        secs = measure_collectives(world_size, [4096], iters=3, compute=compute_spec, threads=threads,
+                                   timeout_s=900.0).get("compute_seconds") or []
+        if len(secs) != len(jobs):
+            raise ZerokitError("the LoRA adapter benchmark printed no result: rerun `zerokit calibrate`")
+        passes.append(secs)
+    return compute_fit.fit_adapters(compute_timing, jobs, [min(ts) for ts in zip(*passes)])
+
+
+def measure_peft_hooks(profile: dict, precisions: list[str], world_size: int, threads: int | None, notes: list[str],
+                       log=None) -> None:
+    """ZeRO-3's cost per module peft adds (engine_fit.measure_zero3_peft_hooks), when peft is installed; a failure
+    is a note (the rule it refines stays)."""
+    try:
+        import peft  # noqa: F401, PLC0415
+    except ImportError:
+        notes.append("ZeRO-3 LoRA hooks: skipped, peft is not installed (pip install 'zerokit[train]')")
+        return
+    from zerokit.measure.engine_fit import measure_zero3_peft_hooks  # noqa: PLC0415
+
+    try:
+        measure_zero3_peft_hooks(profile, precisions, world_size, threads, log=log)
+    except ZerokitError as e:
+        notes.append(f"ZeRO-3 LoRA hooks: {e}")
+
+
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
                     world_size: int = 2, log=None) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
@@ -509,6 +543,16 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         plausible = {p: (None if p in slow else t) for p, t in tflops.items()}
         seconds = measure_until_sane(best_of_passes, lambda v: compute_fit.fit_problems(fitted(v), plausible), log=say)
         compute_timing = fitted(seconds)
+        adapters = compute_fit.adapter_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
+                                            device.type == "cuda", quick)
+        if adapters:
+            say(f"LoRA adapters: {len(adapters)} HF models over {world_size} local ranks ...")
+            try:
+                measure_adapter_costs(compute_timing, adapters, dict(compute_spec, jobs=adapters), world_size, threads)
+            except ZerokitError as e:  # the full models' fit stands; adapters then cost their FLOPs only
+                notes.append(f"LoRA adapter costs: {e}")
+        else:
+            notes.append("LoRA adapter costs: skipped, peft is not installed (pip install 'zerokit[train]')")
 
     copies: dict[str, float | None] = {"h2d_gbps": None, "d2h_gbps": None}
     if device.type == "cuda":
@@ -569,6 +613,8 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
                                                                  offload=cpu_adam is not None)
         except ZerokitError as e:
             notes.append(f"engine costs: {e}")
+        else:
+            measure_peft_hooks(profile, precs, world_size, threads, notes, say)
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
         from zerokit.core.fsutil import atomic_write_text  # noqa: PLC0415

@@ -23,11 +23,12 @@ coefficients >= 0.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from zerokit.estimate.timing import COMPUTE_FEATURES, compute_features
+from zerokit.estimate.timing import ADAPTER_FEATURES, COMPUTE_FEATURES, compute_features
 from zerokit.spec.profile import compute_fit_problem
 
 FAMILIES = ("gated", "plain")  # Llama-style (gated MLP) and GPT-2-style (plain MLP) blocks
@@ -85,6 +86,74 @@ def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: i
     return jobs
 
 
+# LoRA versions of the shapes (fit_adapters): peft's defaults but r, on every Linear of the decoder layers
+# ("all-linear"), at the deeper depth without checkpointing; the shapes vary the tokens and the Linears' widths
+ADAPTER_LORA_R = 8
+ADAPTER_DEPTH = 3
+ADAPTER_QUICK_SHAPES = 3
+
+
+def adapter_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]:
+    """The LoRA jobs, and the QLoRA ones where bitsandbytes imports, that fit_adapters prices the adapters and the
+    4-bit dequantization on, with their features from the spec as peft wraps the model (spec.finetune.finetuned_spec:
+    the module tree on the meta device); [] without peft."""
+    try:
+        import peft  # noqa: F401, PLC0415
+    except ImportError:
+        return []
+    from zerokit.spec.finetune import Finetune, finetuned_spec  # noqa: PLC0415
+    from zerokit.spec.model import load_model_spec  # noqa: PLC0415
+
+    modes = ["lora"]
+    try:
+        import bitsandbytes  # noqa: F401, PLC0415
+
+        modes.append("qlora")
+    except Exception:  # noqa: BLE001  (ImportError, or a native library that fails to load)
+        pass
+    shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
+    shapes = shapes[:ADAPTER_QUICK_SHAPES] if quick else shapes  # two unknowns per stage: three points still fit them
+    jobs = []
+    with tempfile.TemporaryDirectory(prefix="zerokit-adapter-") as tmp:
+        for mode in modes:
+            finetune = Finetune(mode=mode, lora_r=ADAPTER_LORA_R)
+            for family in FAMILIES:
+                for b, s, h, a, v in shapes:
+                    cfg = synthetic_config(family, ADAPTER_DEPTH, h, a, v, s)
+                    d = Path(tmp) / f"{mode}-{family}-{b}-{s}-{h}-{a}-{v}"
+                    d.mkdir()
+                    (d / "config.json").write_text(json.dumps(cfg))
+                    feats = compute_features(finetuned_spec(load_model_spec(str(d)), str(d), finetune), b, s, False)
+                    for prec in precisions:
+                        jobs.append({"family": family, "precision": prec, "config": cfg, "micro_batch": b, "seq": s,
+                                     "checkpointing": False, "features": feats, "finetune": mode,
+                                     "lora_r": ADAPTER_LORA_R})
+    return jobs
+
+
+def _quantized_model(cfg: dict, dtype, device):
+    """A random-init model of `cfg` loaded 4-bit as QLoRA trains it (zerokit.launch.train: NF4, double quantization,
+    uint8 storage, the run's dtype as compute dtype): transformers quantizes only while loading saved weights."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig  # noqa: PLC0415
+
+    cfg = dict(cfg)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_quant_storage=torch.uint8, bnb_4bit_compute_dtype=dtype)
+    with tempfile.TemporaryDirectory(prefix="zerokit-qlora-") as tmp:
+        # every benchmark rank writes its own copy: under torch.distributed, save_pretrained writes on rank 0 only
+        # (transformers distributed/mixin.py should_save_on_this_rank), so the weights go through safetensors directly
+        from safetensors.torch import save_model  # noqa: PLC0415
+
+        model.config.save_pretrained(tmp)
+        save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        # loaded as zerokit.launch.train build_quantized loads it (fp32; time_jobs then casts as DeepSpeed does): the
+        # 4-bit weights' quant_state keeps the loading dtype, which dequantize_4bit returns
+        return type(model).from_pretrained(tmp, quantization_config=q, dtype=torch.float32,
+                                           device_map={"": device.index if device.type == "cuda" else "cpu"})
+
+
 def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[float]:
     """One benchmark rank: forward + backward with the loss of each job's model, timed in lockstep."""
     import torch  # noqa: PLC0415
@@ -95,8 +164,21 @@ def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[flo
     for job in jobs:
         cfg = dict(job["config"])
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
-        model = model.to(device=device, dtype=dtypes[job["precision"]])
+        if job.get("finetune") == "qlora":
+            model = _quantized_model(cfg, dtypes[job["precision"]], device)
+        else:
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+        if job.get("lora_r"):  # as zerokit.launch.train wraps a LoRA run (peft get_peft_model)
+            from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+
+            model = get_peft_model(model, LoraConfig(r=job["lora_r"], target_modules="all-linear"))
+        if job.get("finetune") != "qlora":
+            model = model.to(device=device, dtype=dtypes[job["precision"]])
+        else:  # as DeepSpeed casts a 16-bit run's module (engine._cast_module_mixed_precision: the floating-point
+            # parameters, adapters included; the 4-bit storage is uint8); a 4-bit model refuses .to(dtype)
+            for p in model.parameters():
+                if p.dtype.is_floating_point and p.dtype != dtypes[job["precision"]]:
+                    p.data = p.data.to(dtypes[job["precision"]])
         if job["checkpointing"]:
             model.gradient_checkpointing_enable()  # as zerokit.launch.train does
         model.train()
@@ -134,10 +216,11 @@ def _weighted_lstsq(points: list[dict], names: list[str]) -> dict[str, float]:
     for p in points:
         w = 1.0 / p["seconds"] ** 2
         row = [p["features"][n] / scale[n] for n in names]
+        y = p.get("value", p["seconds"])  # what is fitted: the seconds, or a residual of them (_fit_residual)
         for i in range(k):
             for j in range(k):
                 a[i][j] += w * row[i] * row[j]
-            a[i][k] += w * row[i] * p["seconds"]
+            a[i][k] += w * row[i] * y
     for c in range(k):
         piv = max(range(c, k), key=lambda r: abs(a[r][c]))
         a[c], a[piv] = a[piv], a[c]
@@ -169,6 +252,52 @@ def fit_profile(jobs: list[dict], seconds: list[float]) -> dict[str, Any]:
             tflops = 1.0 / coef["flop"] / 1e12 if coef["flop"] > 0 else None
             out.setdefault(family, {})[prec] = {"coef": coef, "tflops": tflops, "points": pts}
     return out
+
+
+# fit_adapters' stages: each fits its features on its jobs' time beyond everything fitted before it
+ADAPTER_STAGES = (("lora", ("adapter", "adapter_element")), ("qlora", ("dequant", "dequant_call")))
+
+
+def fit_adapters(compute_timing: dict, jobs: list[dict], seconds: list[float]) -> dict:
+    """Add the ADAPTER_FEATURES' seconds per unit to each fitted family and precision, in stages (ADAPTER_STAGES):
+    the LoRA jobs' time beyond their price on the full models' features (which stay as fitted, so a full fine-tune's
+    price does not change) fits the adapter costs; the QLoRA jobs' time beyond that fits the dequantization. Least
+    squares on relative error, >= 0, as fit(). The points are kept as adapter_points."""
+    for family, by_prec in compute_timing.items():
+        for prec, v in by_prec.items():
+            kept = []
+            for n in ADAPTER_FEATURES:  # a re-measurement replaces, never builds on, an earlier fit
+                v["coef"].pop(n, None)
+            for mode, names in ADAPTER_STAGES:
+                pts = [{"seconds": t, "features": j["features"], "finetune": mode, "micro_batch": j["micro_batch"],
+                        "seq": j["seq"], "hidden": j["config"].get("hidden_size", j["config"].get("n_embd"))}
+                       for j, t in zip(jobs, seconds)
+                       if (j["family"], j["precision"], j.get("finetune", "lora")) == (family, prec, mode)]
+                if not pts:
+                    continue
+                known = [n for n in COMPUTE_FEATURES + ADAPTER_FEATURES if n in v["coef"]]
+                before = [sum(v["coef"][n] * p["features"].get(n, 0.0) for n in known) for p in pts]
+                coef = _fit_residual([{"seconds": p["seconds"], "features": p["features"], "target": p["seconds"] - b}
+                                      for p, b in zip(pts, before)], names)
+                v["coef"].update(coef)
+                for p, b in zip(pts, before):
+                    p["predicted"] = b + sum(coef[n] * p["features"][n] for n in names)
+                kept += pts
+            if kept:
+                v["adapter_points"] = kept
+    return compute_timing
+
+
+def _fit_residual(points: list[dict], names: tuple[str, ...]) -> dict[str, float]:
+    """fit() for a residual: least squares of target = sum(coef x feature), weights 1/seconds^2, coefficients >= 0."""
+    active = list(names)
+    while True:
+        shifted = [{"seconds": p["seconds"], "features": p["features"], "value": p["target"]} for p in points]
+        coef = _weighted_lstsq(shifted, active)
+        worst = min(active, key=lambda n: coef[n]) if active else None
+        if worst is None or coef[worst] >= 0:
+            return {n: max(0.0, coef.get(n, 0.0)) for n in names}
+        active.remove(worst)
 
 
 def max_fit_error(compute_timing: dict) -> float:

@@ -38,6 +38,9 @@ from zerokit.core.process import close_process_groups
 RUNS = ((1, 1, False, "none"), (4, 1, False, "none"), (4, 2, False, "none"), (4, 1, True, "none"))
 OFFLOAD_RUNS = ((1, 1, False, "cpu"), (4, 1, False, "cpu"))
 STAGES = (0, 1, 2, 3)
+# ZeRO-3 under LoRA (measure_zero3_peft_hooks): the same engine with peft's adapters on every Linear, at two depths
+LORA_RUNS = ((1, 1, False, "none"), (4, 1, False, "none"))
+LORA_R = 8
 MICRO_BATCH, SEQ_LEN = 2, 64
 STEPS, WARMUP = 12, 2
 
@@ -75,7 +78,17 @@ def _rank_main() -> None:
         if job["ckpt"]:
             model.gradient_checkpointing_enable()  # as zerokit.launch.train does
         model.config.use_cache = False  # as zerokit.launch.train runs it (a KV cache in training costs time)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
+        if job.get("lora_r"):  # as zerokit.launch.train applies LoRA: peft over the (zero.Init) base, then at
+            # ZeRO-3 the adapters cast to a 16-bit run's dtype (DeepSpeed skips them: see launch/train.py)
+            from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+
+            model = get_peft_model(model, LoraConfig(r=job["lora_r"], target_modules="all-linear"))
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job["precision"])
+            for p in model.parameters():
+                if dtype is not None and not hasattr(p, "ds_id") and p.is_floating_point() and p.dtype != dtype:
+                    p.data = p.data.to(dtype)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                          config=cfg)
         x = torch.randint(0, conf.vocab_size, (cfg["train_micro_batch_size_per_gpu"], job["seq_len"]), device=device)
         times = []
         dist.barrier()
@@ -117,19 +130,19 @@ def _fit(points: list[tuple[float, float]]) -> dict:
     return {"per_step_s": a, "per_layer_micro_s": b}
 
 
-def measure_engine_overhead(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
-                            timeout_s: float = 900.0, log=None, offload: bool = True) -> dict:
-    """Run the synthetic engines on `world_size` local ranks and fit each stage's engine terms against the
-    prediction made with `profile` (the rest of the calibration). Returns {"by_precision": {precision:
-    {stage: {per_step_s, per_layer_micro_s, per_layer_recompute_s, offload: {per_step_s, per_layer_micro_s},
-    runs: [...]}}}} plus the shapes and world size (offload=False: no offloaded runs, no "offload" terms)."""
+def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_size: int, threads: int | None,
+                 timeout_s: float, log, finetune=None, job_extra: dict | None = None) -> list[dict]:
+    """Train the synthetic engines (runs_of(stage): (layers, accumulation, checkpointing, offload) each) on
+    `world_size` local ranks; each row has its measured median step seconds and predicted_s, its price with
+    `profile` (finetune(spec, model_dir): the spec as fine-tuned; ZeRO-3's per-peft-module hook term left out, as
+    that is what measure_zero3_peft_hooks measures) and extra_modules (peft's per layer)."""
     import torch  # noqa: PLC0415
 
+    from zerokit.config.render import render_ds_config  # noqa: PLC0415
+    from zerokit.estimate.timing import estimate_time, zero3_module_hook_seconds  # noqa: PLC0415
     from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json  # noqa: PLC0415
     from zerokit.spec.hardware import build_cluster  # noqa: PLC0415
     from zerokit.spec.model import load_model_spec  # noqa: PLC0415
-    from zerokit.config.render import render_ds_config  # noqa: PLC0415
-    from zerokit.estimate.timing import estimate_time  # noqa: PLC0415
     from zerokit.spec.setup import Workload, ZeroSetup  # noqa: PLC0415
 
     say = log or (lambda m: None)
@@ -139,26 +152,32 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
         prof_path = tmp / "profile.json"
         prof_path.write_text(json.dumps(profile))
         cluster = build_cluster(gpu=None if on_gpu else "cpu", gpus_per_node=world_size, hardware_profile=str(prof_path))
+        engine_terms = cluster.profile.timing.engine_overhead if cluster.profile is not None else None
         workload = Workload(seq_len=SEQ_LEN)
-        jobs, preds = [], {}
+        jobs, preds, modules = [], {}, {}
         specs = {}
-        for layers in sorted({run[0] for run in RUNS}):
+        for layers in sorted({run[0] for stage in stages for run in runs_of(stage)}):
             d = tmp / f"layers{layers}"
             d.mkdir()
             (d / "config.json").write_text(json.dumps(synthetic_config(layers)))
-            specs[layers] = (str(d), load_model_spec(str(d)))
+            spec = load_model_spec(str(d))
+            specs[layers] = (str(d), finetune(spec, str(d)) if finetune else spec)
         for precision in precisions:
-            for stage in STAGES:
-                for layers, accum, ckpt, off in RUNS + (OFFLOAD_RUNS if stage and offload else ()):
+            for stage in stages:
+                for layers, accum, ckpt, off in runs_of(stage):
                     model_dir, spec = specs[layers]
                     setup = ZeroSetup(zero_stage=stage, precision=precision, micro_batch_size=MICRO_BATCH,
                                       gradient_accumulation_steps=accum, activation_checkpointing=ckpt,
                                       offload_optimizer=off)
                     cfg = render_ds_config(setup, cluster, spec, workload, lr=1e-4, warmup_steps=1, total_steps=STEPS)
                     jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum, "ckpt": ckpt,
-                                 "offload": off, "seq_len": SEQ_LEN, "model_dir": model_dir, "ds_config": cfg})
-                    preds[(precision, stage, layers, accum, ckpt, off)] = estimate_time(
-                        spec, cluster, setup, workload).step_seconds
+                                 "offload": off, "seq_len": SEQ_LEN, "model_dir": model_dir, "ds_config": cfg,
+                                 **(job_extra or {})})
+                    key = (precision, stage, layers, accum, ckpt, off)
+                    preds[key] = estimate_time(spec, cluster, setup, workload).step_seconds
+                    if stage == 3 and spec.extra_modules_per_layer:
+                        preds[key] -= zero3_module_hook_seconds(engine_terms, spec, setup)
+                    modules[key] = spec.extra_modules_per_layer
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
         port = free_port()
         env = dict(os.environ, ZEROKIT_ENGINE_SPEC=json.dumps(spec_env), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -177,12 +196,62 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
         rows = tagged_json(outs[0], "ZEROKIT_ENGINE")
         if not rows:
             raise ZerokitError("the DeepSpeed engine benchmark printed no result")
+    out = []
+    for r in rows:
+        key = (r["precision"], r["stage"], r["layers"], r["accum"], r["ckpt"], r["offload"])
+        out.append(dict(r, predicted_s=preds[key], **({"extra_modules": modules[key]} if modules[key] else {})))
+    return out
+
+
+def measure_zero3_peft_hooks(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
+                             timeout_s: float = 900.0, log=None) -> dict:
+    """What each module peft adds costs a ZeRO-3 step (DeepSpeed's fetch/release/trace hooks on every submodule,
+    parameter_offload.py _register_deepspeed_module), measured: the synthetic engines with LoRA r=8 on every Linear at
+    two depths, less their price with everything else in `profile` (its stage-3 engine fit and its adapter compute
+    costs included), over the modules peft added (ModelSpec.extra_modules_per_layer x layers x micro steps); least
+    squares through the origin. Writes per_peft_module_s into each precision's stage-3 engine fit and returns
+    {precision: seconds per module}. timing.zero3_module_hook_seconds reads it."""
+    import copy  # noqa: PLC0415
+
+    from zerokit.spec.finetune import Finetune, finetuned_spec  # noqa: PLC0415
+
+    fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
+    precisions = [p for p in precisions if (fits.get(p) or {}).get("3")]
+    if not precisions:
+        return {}
+    priced = copy.deepcopy(profile)  # a re-measurement replaces, never builds on, an earlier figure
+    for p in precisions:
+        priced["engine_overhead"]["by_precision"][p]["3"].pop("per_peft_module_s", None)
+
+    def finetune(spec, model_dir):
+        return finetuned_spec(spec, model_dir, Finetune(mode="lora", lora_r=LORA_R))
+
+    runs = _run_engines(priced, precisions, (3,), lambda stage: LORA_RUNS, world_size, threads, timeout_s, log,
+                        finetune, {"lora_r": LORA_R})
+    out = {}
+    for p in precisions:
+        pts = [(r["extra_modules"] * r["layers"] * r["accum"], r["seconds"] - r["predicted_s"])
+               for r in runs if r["precision"] == p]
+        sxx = sum(x * x for x, _ in pts)
+        out[p] = max(0.0, sum(x * y for x, y in pts) / sxx) if sxx else 0.0
+        fits[p]["3"]["per_peft_module_s"] = out[p]
+        fits[p]["3"]["peft_runs"] = [r for r in runs if r["precision"] == p]
+    return out
+
+
+def measure_engine_overhead(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
+                            timeout_s: float = 900.0, log=None, offload: bool = True) -> dict:
+    """Run the synthetic engines on `world_size` local ranks and fit each stage's engine terms against the
+    prediction made with `profile` (the rest of the calibration). Returns {"by_precision": {precision:
+    {stage: {per_step_s, per_layer_micro_s, per_layer_recompute_s, offload: {per_step_s, per_layer_micro_s},
+    runs: [...]}}}} plus the shapes and world size (offload=False: no offloaded runs, no "offload" terms)."""
+    rows = _run_engines(profile, precisions, STAGES, lambda stage: RUNS + (OFFLOAD_RUNS if stage and offload else ()),
+                        world_size, threads, timeout_s, log)
     out: dict = {"world_size": world_size, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "by_precision": {}}
     for precision in precisions:
         fits = out["by_precision"][precision] = {}
         for stage in STAGES:
-            runs = [dict(r, predicted_s=preds[(precision, stage, r["layers"], r["accum"], r["ckpt"], r["offload"])])
-                    for r in rows if r["stage"] == stage and r["precision"] == precision]
+            runs = [r for r in rows if r["stage"] == stage and r["precision"] == precision]
             plain = [r for r in runs if r["offload"] == "none"]
             fit = _fit([(r["layers"] * r["accum"], r["seconds"] - r["predicted_s"]) for r in plain if not r["ckpt"]])
 

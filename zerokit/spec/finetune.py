@@ -360,6 +360,7 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
     backward_mm = sum(p.numel() for p, li in matmul if li is None or li >= grad_start)
     return {
         "quantized_params": q_elems, "quantized_bytes": q_bytes, "quant_state_bytes": q_state,
+        "quantized_tensors": sum(1 for _, p in named if id(p) in quantized),
         "lora_r": finetune.lora_r if finetune.uses_lora else 0,
         "lora_dropout": finetune.lora_dropout if finetune.uses_lora else 0.0,
         "lora_slots": tuple(adapters), "frozen_slots": tuple(frozen),
@@ -374,6 +375,7 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
         # DeepSpeed fills its reduce buckets with (timing.reduce_bucket_calls); frozen tensors reduce nothing
         "trainable_tensors": tuple(p.numel() for _, p in reversed(named) if p.requires_grad),
         "extra_modules_per_layer": _peft_modules(layers[0]) if num_layers else 0,
+        "lora_io_per_layer": _lora_io(layers[rep]) if num_layers else 0,
         "trainable_matmul_params": trainable_mm, "backward_matmul_params": backward_mm,
         "no_backward_params": nb_params, "no_backward_quantized_bytes": nb_q,
     }
@@ -384,6 +386,15 @@ def _peft_modules(layer) -> int:
     wrapper itself takes the Linear's place). ZeRO-3 registers its fetch/release hooks on every module
     (parameter_offload.py _register_deepspeed_module), so each costs a hook call per pass (timing.estimate_time)."""
     return sum(1 for n, _ in layer.named_modules() if "lora_" in n or n.endswith("base_layer"))
+
+
+def _lora_io(layer) -> int:
+    """The in + out features of every adapted Linear in a decoder layer (peft's LoraLayer records its base layer's,
+    Conv1D included): per token, an adapter's forward scales and adds an out-wide product to the base output and its
+    backward adds an in-wide gradient to the input's (peft lora.layer.Linear.forward), element-wise work the time
+    model prices per element (timing.compute_features "adapter_element")."""
+    return sum(m.in_features + m.out_features for _, m in layer.named_modules()
+               if hasattr(m, "lora_A") and getattr(m, "base_layer", None) is not None)
 
 
 def _before_layers(name: str, named: list, prefix: str) -> bool:
@@ -402,7 +413,7 @@ def with_finetune(model: ModelSpec, split: TrainableSplit, mode: str = "full") -
     tree said about storage, saved activations and the gradient's path (split.layout)."""
     fields = dict(split.layout or {})
     if mode != "qlora":  # a layout read for another mode keeps the weights in the training dtype
-        fields.update(quantized_params=0, quantized_bytes=0, quant_state_bytes=0)
+        fields.update(quantized_params=0, quantized_bytes=0, quant_state_bytes=0, quantized_tensors=0)
     return replace(model, params=split.total_params, trainable_params=split.trainable_params, finetune_mode=mode,
                    **fields)
 

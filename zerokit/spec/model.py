@@ -115,6 +115,8 @@ class ModelSpec:
     # submodules peft adds to each decoder layer (an adapted Linear becomes its LoRA wrapper plus base_layer and the
     # lora_A/lora_B/lora_dropout ModuleDicts with their members: tiny-llama all-linear 13 -> 83); ZeRO-3 hooks each one
     extra_modules_per_layer: int = 0
+    lora_io_per_layer: int = 0  # in + out features summed over a decoder layer's adapted Linears (0: no adapters)
+    quantized_tensors: int = 0  # QLoRA: the 4-bit weights (each a bitsandbytes Linear4bit, dequantized per use)
     no_backward_params: int = 0  # parameters of modules no gradient reaches (training-dtype elements)
     no_backward_quantized_bytes: int = 0  # and the packed 4-bit bytes among them
     trainable_matmul_params: int | None = None  # matmul weights with a gradient (their weight-gradient GEMM runs)

@@ -19,7 +19,8 @@ every number measured on the machine named in "device"):
   torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on the device's host
   compute_timing: {gated|plain: {precision: {coef: {feature: seconds per unit}, tflops, points}}}, the
     features COMPUTE_FEATURES below: forward + backward with the loss of real HF models (a Llama for
-    "gated", a GPT-2 for "plain"), timed on every rank at once and fitted (measure/compute_fit.py).
+    "gated", a GPT-2 for "plain"), timed on every rank at once and fitted (measure/compute_fit.py); with
+    coef's ADAPTER_FEATURES and adapter_points when LoRA versions of them were timed too (peft installed).
     (Profiles written before it have layer_timing, a block benchmark's overhead and throughput: still read.)
   compute_threads: torch threads per rank during the compute benchmark (CPU), null on GPUs
   collective_latency_s: the time of a 4 KiB all-reduce / all-gather, the faster (per-call cost of a collective)
@@ -47,6 +48,19 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 # cost per micro step, per layer, per recomputed layer, per FLOP, per attention score element, per layer
 # activation element and per logit. The profile's schema names them, so they live here.
 COMPUTE_FEATURES = ("micro", "layer", "recompute", "flop", "score", "activation", "logit")
+# What fine-tuning adds beyond its FLOPs (already in "flop"): per LoRA adapter (peft), a cost per adapted Linear per
+# micro step (its extra module calls and autograd nodes) and per element of its in + out features per token (the
+# scaled product added to the base output, the input gradient added to the base path's); for QLoRA, per 4-bit weight
+# element bitsandbytes dequantizes (timing.dequantized_elements) and per dequantization call (a fixed cost: measured,
+# a 3-layer QLoRA model at hidden 64 took 5-6 ms more than its LoRA twin, 21 Linear4bit, while its elements
+# predicted under 1 ms). Fitted after the features above, on LoRA and QLoRA
+# versions of the same models (measure/compute_fit.fit_adapters). Absent from profiles measured before them: the
+# adapters then cost their FLOPs only and a dequantized element an activation element (timing._calibrated_compute).
+ADAPTER_FEATURES = ("adapter", "adapter_element", "dequant", "dequant_call")
+
+
+def _nonneg(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
 
 
 def _pos(v: Any) -> bool:
@@ -152,7 +166,9 @@ class TimingTerms:
                 coef = (v or {}).get("coef") if isinstance(v, dict) else None
                 if prec in PRECISIONS and isinstance(coef, dict) and _pos(coef.get("flop")) and all(
                         isinstance(coef.get(n, 0.0), (int, float)) and coef.get(n, 0.0) >= 0 for n in COMPUTE_FEATURES):
-                    compute.setdefault(family, {})[prec] = {n: float(coef.get(n, 0.0)) for n in COMPUTE_FEATURES}
+                    compute.setdefault(family, {})[prec] = {
+                        **{n: float(coef.get(n, 0.0)) for n in COMPUTE_FEATURES},
+                        **{n: float(coef[n]) for n in ADAPTER_FEATURES if _nonneg(coef.get(n))}}
         # profiles before compute_timing: a block benchmark's (overhead, throughput) per precision, priced as
         # (layers (x 4/3 with recompute) + 1) x overhead + FLOPs / throughput
         lt = {} if compute else (prof.get("layer_timing") or {})
