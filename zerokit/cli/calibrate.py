@@ -16,7 +16,7 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("-o", "--output", type=nonempty, default=None,
                    help="where to write the profile (default: this machine's own, which plans here use without "
                         "--hardware-profile: $ZEROKIT_HARDWARE_PROFILE, else $ZEROKIT_CACHE_DIR/hardware/profile.json)")
-    p.add_argument("--quick", action="store_true", help="fewer and smaller points, no engine costs (35-50 s on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="fewer and smaller points, no engine costs (~2 min on 2 cores)")
     p.add_argument("--if-missing", action="store_true",
                    help="do nothing when the output already holds a profile measured on this machine (a full one, "
                         "unless --quick; scripts/setup.sh measures one once)")
