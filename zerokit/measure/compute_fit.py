@@ -193,9 +193,9 @@ def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[flo
 
 
 def fit(points: list[dict], names: tuple[str, ...]) -> dict[str, float]:
-    """Least squares of seconds = sum(coef[n] x features[n]) on relative error (weights 1/t^2, so the small
-    points that set the fixed costs count as much as the large ones that set the rates), every coefficient
-    >= 0: a negative one is dropped (0) and the rest refitted, most negative first."""
+    """Least squares of seconds (or a point's "value", a residual of its seconds) = sum(coef[n] x features[n]) on
+    relative error (weights 1/t^2, so the small points that set the fixed costs count as much as the large ones that
+    set the rates), every coefficient >= 0: a negative one is dropped (0) and the rest refitted, most negative first."""
     active = list(names)
     while True:
         coef = _weighted_lstsq(points, active)
@@ -216,7 +216,7 @@ def _weighted_lstsq(points: list[dict], names: list[str]) -> dict[str, float]:
     for p in points:
         w = 1.0 / p["seconds"] ** 2
         row = [p["features"][n] / scale[n] for n in names]
-        y = p.get("value", p["seconds"])  # what is fitted: the seconds, or a residual of them (_fit_residual)
+        y = p.get("value", p["seconds"])  # what is fitted: the seconds, or a residual of them (fit_adapters)
         for i in range(k):
             for j in range(k):
                 a[i][j] += w * row[i] * row[j]
@@ -277,8 +277,9 @@ def fit_adapters(compute_timing: dict, jobs: list[dict], seconds: list[float]) -
                     continue
                 known = [n for n in COMPUTE_FEATURES + ADAPTER_FEATURES if n in v["coef"]]
                 before = [sum(v["coef"][n] * p["features"].get(n, 0.0) for n in known) for p in pts]
-                coef = _fit_residual([{"seconds": p["seconds"], "features": p["features"], "target": p["seconds"] - b}
-                                      for p, b in zip(pts, before)], names)
+                # the residual fitted, each point weighted by its whole time (fit's relative error)
+                coef = fit([{"seconds": p["seconds"], "features": p["features"], "value": p["seconds"] - b}
+                            for p, b in zip(pts, before)], names)
                 v["coef"].update(coef)
                 for p, b in zip(pts, before):
                     p["predicted"] = b + sum(coef[n] * p["features"][n] for n in names)
@@ -286,18 +287,6 @@ def fit_adapters(compute_timing: dict, jobs: list[dict], seconds: list[float]) -
             if kept:
                 v["adapter_points"] = kept
     return compute_timing
-
-
-def _fit_residual(points: list[dict], names: tuple[str, ...]) -> dict[str, float]:
-    """fit() for a residual: least squares of target = sum(coef x feature), weights 1/seconds^2, coefficients >= 0."""
-    active = list(names)
-    while True:
-        shifted = [{"seconds": p["seconds"], "features": p["features"], "value": p["target"]} for p in points]
-        coef = _weighted_lstsq(shifted, active)
-        worst = min(active, key=lambda n: coef[n]) if active else None
-        if worst is None or coef[worst] >= 0:
-            return {n: max(0.0, coef.get(n, 0.0)) for n in names}
-        active.remove(worst)
 
 
 def max_fit_error(compute_timing: dict) -> float:
