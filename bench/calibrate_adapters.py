@@ -33,7 +33,13 @@ def main(argv=None) -> int:
     from zerokit.measure.calibrate import measure_adapter_costs, measure_peft_hooks
     from zerokit.measure.compute_fit import adapter_jobs
 
-    prof = json.loads(Path(args.profile).read_text())
+    from zerokit.core.errors import ZerokitError
+    from zerokit.spec.profile import load_profile
+
+    try:
+        prof = load_profile(args.profile)  # the project's own reading: one line naming the fix for a bad file
+    except ZerokitError as e:
+        raise SystemExit(f"error: {e}") from None
     timing = prof.get("compute_timing") or {}
     precisions = sorted({p for by in timing.values() for p in by})
     if not precisions:
