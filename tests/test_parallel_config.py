@@ -87,7 +87,7 @@ def test_hpz_as_deepspeed_groups_it():
         _ensure_divisibility(6, min(4, 6))
     _ensure_divisibility(2, min(4, 2))
     assert [f.level for f in found(cfg(zero_hpz_partition_size=4), 6, key)] == ["error"]
-    assert [f.level for f in found(cfg(zero_hpz_partition_size=4), 2, key)] == ["warning"]  # not modelled yet
+    assert found(cfg(zero_hpz_partition_size=4), 2, key) == []  # runs, and the memory and time models price it
     (f,) = found(cfg(stage=2, zero_hpz_partition_size=2), 8, key)
     assert f.level == "warning" and "ZeRO-3 only" in f.message
 
@@ -97,7 +97,8 @@ def test_hpz_as_deepspeed_groups_it():
                          ids=["tp", "sp"])
 def test_tp_and_sp_degrees_must_divide_the_world(top, key):
     assert [f.level for f in found(cfg(top=top), 4, key)][0] == "error"
-    assert [f.level for f in found(cfg(top=top), 6, key)] == ["warning"]  # divides: runs, not modelled yet
+    # divides: runs; SP keeps a warning that the key alone does not split the sequence (the script's Ulysses does)
+    assert [f.level for f in found(cfg(top=top), 6, key)] == ([] if key.startswith("tensor") else ["warning"])
 
 
 def test_tp_size_must_agree_with_autotp_size():

@@ -114,7 +114,8 @@ def _plan_between(fraction_low=0.5):
     cl = Cluster(accelerator("a100-80gb"), gpus_per_node=8)
     w = Workload(seq_len=4096, global_batch=64)
     pins = dict(zero_stage=3, precision="bf16", micro_batch_size=1, activation_checkpointing=False,
-                offload_optimizer="none", offload_param="none")
+                offload_optimizer="none", offload_param="none", tensor_parallel=1, sequence_parallel=1,
+                tiled_loss=False, tiled_mlp=False)
     total = make_plan(LLAMA3_8B, cl, w, pins).best.memory.per_gpu_total
     mem = cl.accelerator.memory_bytes
     assert fraction_low * mem < total < 0.95 * mem, "the oracle setup must sit between the two budgets"

@@ -25,6 +25,10 @@ def add_check_parser(sub, parents) -> None:
     p.add_argument("--model", dest="model", type=nonempty, help="HF model id, local directory or bundled name")
     p.add_argument("--activation-checkpointing", choices=("on", "off"),
                    help="override what the config says (its activation_checkpointing block)")
+    p.add_argument("--tiled-loss", choices=("on", "off"), default="off",
+                   help="your script computes the loss with DeepSpeed's TiledFusedLogitsLoss (no config key says so)")
+    p.add_argument("--tiled-mlp", choices=("on", "off"), default="off",
+                   help="your script runs its MLPs through DeepSpeed's TiledMLP")
     p.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size",
                    help='for "auto" configs: judge this per-device batch (the Trainer\'s --per_device_train_batch_size; '
                         'default: search for the largest that fits)')
@@ -62,7 +66,8 @@ def cmd_check(args) -> int:
     ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
     result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
                           trainer_values=trainer_values or None, precision=args.precision, answer_auto=True,
-                          client_optimizer=args.client_optimizer)
+                          client_optimizer=args.client_optimizer,
+                          tiled={"tiled_loss": args.tiled_loss == "on", "tiled_mlp": args.tiled_mlp == "on"})
     result.finetune, result.model = finetune, model
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -128,6 +128,14 @@ def setup_parent() -> argparse.ArgumentParser:
     g.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size")
     g.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps")
     g.add_argument("--activation-checkpointing", choices=("on", "off"))
+    g.add_argument("--tensor-parallel", type=positive_int, metavar="N", dest="tensor_parallel",
+                   help="AutoTP ranks per model replica (1: none; ZeRO-0/1/2, full fine-tune)")
+    g.add_argument("--sequence-parallel", type=positive_int, metavar="N", dest="sequence_parallel",
+                   help="Ulysses sequence-parallel ranks per sequence (1: none)")
+    g.add_argument("--hpz", type=positive_int, metavar="N", dest="hpz_partition_size",
+                   help="ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)")
+    g.add_argument("--tiled-loss", choices=("on", "off"), help="logits and loss one slice of tokens at a time (ALST)")
+    g.add_argument("--tiled-mlp", choices=("on", "off"), help="each MLP one slice of tokens at a time (ALST)")
     g.add_argument("--memory-fraction", type=fraction, default=None,
                    help="share of GPU memory a plan may use (default 0.95; the rest absorbs fragmentation)")
     return p
@@ -242,10 +250,12 @@ def apply_finetune(args, model, finetune):
 
 def pins_from_args(args) -> dict:
     pins = {k: getattr(args, k, None) for k in ("zero_stage", "offload_optimizer", "offload_param", "precision",
-                                                "micro_batch_size", "gradient_accumulation_steps")}
-    ac = getattr(args, "activation_checkpointing", None)
-    if ac is not None:
-        pins["activation_checkpointing"] = ac == "on"
+                                                "micro_batch_size", "gradient_accumulation_steps", "tensor_parallel",
+                                                "sequence_parallel", "hpz_partition_size")}
+    for key in ("activation_checkpointing", "tiled_loss", "tiled_mlp"):
+        v = getattr(args, key, None)
+        if v is not None:
+            pins[key] = v == "on"
     return {k: v for k, v in pins.items() if v is not None}
 
 

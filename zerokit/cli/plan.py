@@ -75,8 +75,13 @@ def build_plan(args):
             catalog = None
         plan.notes.append(calibration_effect(plan, catalog, cluster.profile.path))
     if getattr(args, "trace", False) and plan.best is not None:
+        s = plan.best.setup
         if not args.model:
             raise ZerokitError("--trace needs a model config to trace: give a model id or directory, not --params")
+        if s.tensor_parallel > 1 or s.sequence_parallel > 1 or s.tiled_loss or s.tiled_mlp:
+            # the trace runs the unsplit HF model on one process: it measures none of these
+            raise ZerokitError(f"--trace measures the unsplit model on one process, not {s.label}: pin "
+                               "--tensor-parallel 1 --sequence-parallel 1 --tiled-loss off --tiled-mlp off, or drop --trace")
         from zerokit.measure.trace import trace_activation_memory
         from zerokit.plan.refine import apply_activation_trace
         from zerokit.spec.resolve import resolve_model

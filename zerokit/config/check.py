@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 
@@ -122,7 +122,7 @@ class CheckResult:
 def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool | None = None,
                  memory_fraction: float | None = None, trainer_values: dict | None = None,
                  deepspeed_now: bool = True, precision: str | None = None, answer_auto: bool = False,
-                 client_optimizer: str | None = None) -> CheckResult:
+                 client_optimizer: str | None = None, tiled: dict | None = None) -> CheckResult:
     """trainer_values: for an HF-profile config with "auto", what the Trainer will fill (dotted keys, e.g.
     {"train_micro_batch_size_per_gpu": 4}); the rest takes TrainingArguments' defaults, as the Trainer would.
     precision: what the Trainer's --bf16/--fp16 make of "auto" precision; a concrete precision must agree with it.
@@ -130,9 +130,9 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     and "auto" precision is the best the accelerator supports; without it (launch), TrainingArguments' defaults
     (micro batch 8, fp32) as the Trainer would fill them unasked.
     activation_checkpointing: None = what the config says (its activation_checkpointing block).
+    tiled: {"tiled_loss": bool, "tiled_mlp": bool}, what the training script tiles (no ds_config key says it).
     deepspeed_now=False leaves DeepSpeed's config classes to whoever imports DeepSpeed next (a launch's ranks) when
     the verdict is not cached; a config zerokit cannot read a setup from is still put to DeepSpeed now."""
-    from dataclasses import replace
 
     from zerokit.config import rules as ds_check
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
@@ -198,13 +198,14 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             # a value of a type DeepSpeed would refuse: its own words, now
             return check_config(config, config_path, model, cluster, workload, activation_checkpointing,
                                 memory_fraction, trainer_values, deepspeed_now=True, precision=precision,
-                                answer_auto=answer_auto, client_optimizer=client_optimizer)
+                                answer_auto=answer_auto, client_optimizer=client_optimizer, tiled=tiled)
         if precision is not None and setup.precision != precision:
             raise ZerokitError(f"--precision {precision} disagrees with {config_path}, which trains in "
                                f"{setup.precision}: the HF Trainer refuses the mismatch; drop --precision or make the "
                                "config's precision \"auto\"")
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
+        setup = replace(with_parallelism(setup, result.parallelism), **(tiled or {}))
         threshold = knobs.stage3_param_persistence_threshold
         if getattr(model, "finetune_mode", "full") == "qlora" and setup.zero_stage == 3 and threshold > 0:
             # priced as it is (whole small 4-bit weights on every rank); said, since render writes 0 (ZeroKnobs.for_model)
@@ -220,6 +221,15 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
         else:
             result.evaluation = evaluate(model, cluster, workload, setup, knobs, fraction)
     return result
+
+
+def with_parallelism(setup, par):
+    """The setup priced with the config's TP, SP and hpZ as DeepSpeed acts on them: hpZ at stage 3 only
+    (stage3.py reads it), TP or SP but not both (engine.py's one model-parallel mesh; lint_config warns)."""
+    if par is None or (par.tensor_parallel > 1 and par.sequence_parallel > 1):
+        return setup
+    return replace(setup, tensor_parallel=par.tensor_parallel, sequence_parallel=par.sequence_parallel,
+                   hpz_partition_size=par.hpz_partition_size if setup.zero_stage == 3 else 1)
 
 
 def sequence_parallel_findings(sp: int, model, seq_len: int) -> list:
@@ -299,7 +309,7 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
 
 
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 3  # 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys
+_VERDICT_SCHEMA = 4  # 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,

@@ -67,17 +67,27 @@ def render_ds_config(
     if uses_nvme and not cluster.nvme_path:
         raise ZerokitError("NVMe offload needs a path on the NVMe drive: give --nvme-path DIR")
     world = cluster.world_size
-    train_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * world
-    if workload is not None and workload.global_batch is not None and workload.global_batch != train_batch:
+    if world % (setup.tensor_parallel * setup.sequence_parallel):
+        raise ZerokitError(f"{setup.tensor_parallel * setup.sequence_parallel} model-parallel ranks do not divide the "
+                           f"{world} GPUs: choose degrees that divide the GPUs per node")
+    replicas = setup.data_parallel(world)  # a TP or SP group trains on one batch
+    samples_per_step = setup.micro_batch_size * setup.gradient_accumulation_steps * replicas
+    # train_batch_size as DeepSpeed checks it (runtime/config.py _batch_assertion: micro x accumulation x its
+    # world_size): world / sp under Ulysses (sequence_parallel_size in the config, or the SP mpu); under AutoTP the
+    # full world, because deepspeed.initialize builds DeepSpeedConfig before the engine makes the TP groups (no mpu
+    # yet), so the figure counts each TP group's one batch tp times
+    train_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * (world // setup.sequence_parallel)
+    if workload is not None and workload.global_batch is not None and workload.global_batch != samples_per_step:
         raise ZerokitError(
             f"global batch {workload.global_batch} != micro batch {setup.micro_batch_size} x accumulation "
-            f"{setup.gradient_accumulation_steps} x {world} GPUs = {train_batch}: change the accumulation or the global batch"
+            f"{setup.gradient_accumulation_steps} x {replicas} data-parallel replicas = {samples_per_step}: change the "
+            "accumulation or the global batch"
         )
     if warmup_steps < 0:
         raise ZerokitError(f"warmup steps must be 0 or more, got {warmup_steps}")
     if not lr > 0:
         raise ZerokitError(f"learning rate must be positive, got {lr}")
-    total = _total_steps(total_steps, workload, train_batch)
+    total = _total_steps(total_steps, workload, samples_per_step)
     context = {
         "setup": setup,
         "knobs": knobs or (ZeroKnobs.for_model(model) if model else ZeroKnobs()),

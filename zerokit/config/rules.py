@@ -489,7 +489,7 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
     except AssertionError as e:
         text = " ".join(str(e).split())
         if "train_batch_size is not equal" in text or "has to be greater than 0" in text:
-            raise ZerokitError(f"DeepSpeed's batch check fails for {world_size} ranks ({text}): {_batch_fix(config, world_size)}") from None
+            raise ZerokitError(f"DeepSpeed's batch check fails for {world_size} ranks ({text}): {_batch_fix(config, batch_world_size(config, world_size))}") from None
         raise ZerokitError(f"DeepSpeed rejects the config: {text}") from None
     except ds_config.DeepSpeedConfigError as e:
         text = " ".join(str(e).split())
@@ -569,7 +569,19 @@ def _derive_batch(tb, micro, accum, world_size: int):
     return None
 
 
+def batch_world_size(config: Mapping, world_size: int) -> int:
+    """The world DeepSpeed's batch check counts: world / sequence_parallel_size under Ulysses (runtime/config.py
+    DeepSpeedConfig.__init__: `dist.get_world_size() / config["sequence_parallel_size"]` without an mpu, and the
+    SP mpu's data-parallel world with one); AutoTP's groups do not exist yet when the config is built, so its full
+    world. A degree that does not divide the world is _parallelism_findings' error: the full world here."""
+    sp = config.get("sequence_parallel_size")
+    if _is_int(sp) and sp > 1 and world_size % sp == 0:
+        return world_size // sp
+    return world_size
+
+
 def _batch_findings(config: Mapping, world_size: int) -> list[Finding]:
+    world_size = batch_world_size(config, world_size)
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     raw = {k: config.get(k) for k in keys}
     out = [Finding("error", k, f"must be a positive integer, got {json.dumps(v)}")
@@ -800,12 +812,12 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
         out.append(Finding("warning", sp_key, (
             f"this key alone only changes DeepSpeed's batch arithmetic (world / {par.sequence_parallel}): the sequence "
             "is split when the script registers UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel.ulysses_sp) "
-            "and passes its mpu to deepspeed.initialize; zerokit's memory and time figures assume no sequence "
-            "parallelism yet")))
-    if par.tensor_parallel > 1:
-        out.append(Finding("warning", tp_key, f"DeepSpeed will shard each Linear over {par.tensor_parallel} ranks "
-                                              "(AutoTP); zerokit's memory and time figures assume no tensor "
-                                              "parallelism yet"))
+            "and passes its mpu to deepspeed.initialize; zerokit prices the split sequence (each rank seq / "
+            f"{par.sequence_parallel} tokens), without ALST's tiled loss or MLP, which are the script's")))
+    if par.tensor_parallel > 1 and par.sequence_parallel > 1:
+        # engine.py builds one model-parallel mesh (mp_mode = "tp" if tp_size > 1 else "sp")
+        out.append(Finding("warning", tp_key, "with sequence_parallel_size too: DeepSpeed 0.19.8 builds one "
+                                              "model-parallel mesh, TP or SP; zerokit's figures assume neither"))
     if par.hpz_partition_size > 1:
         if stage != 3:
             out.append(Finding("warning", hpz_key, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "
@@ -815,9 +827,7 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
             out.append(Finding("error", hpz_key, f"{par.hpz_partition_size} does not divide the {world_size} ranks "
                                                  "(DeepSpeed asserts it when ZeRO-3 starts): use the GPUs per node"))
         else:
-            out.append(Finding("warning", hpz_key, "ZeRO++ hpZ keeps a second copy of each parameter partition "
-                                                   f"over {par.hpz_partition_size} ranks; zerokit's memory and time "
-                                                   "figures assume no hpZ yet"))
+            pass  # priced: the secondary partition (memory.phase_terms) and the gathers it serves (timing)
     for key, name in QUANTIZED_COLLECTIVE_KEYS.items():
         if zero.get(key) is not True:
             continue
@@ -875,7 +885,7 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
     for f in _batch_findings(config, world_size):
         raise ZerokitError(f"{f.key}: {f.message}")
     _, micro, accum = _derive_batch(config.get("train_batch_size"), config.get("train_micro_batch_size_per_gpu"),
-                                    config.get("gradient_accumulation_steps"), world_size)
+                                    config.get("gradient_accumulation_steps"), batch_world_size(config, world_size))
 
     zero = config.get("zero_optimization", {})
     if isinstance(zero, bool):  # DeepSpeed's deprecated boolean form: true = stage 1

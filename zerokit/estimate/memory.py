@@ -24,8 +24,9 @@ Sources (see docs/memory-model.md for the full derivation):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from zerokit.core.errors import ZerokitError
 from zerokit.core.units import GiB
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
@@ -209,10 +210,12 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         kv = k if tokens == seq_len else a
         per_token += 4 * (a + 2 * kv) * d + 4 * scores + e * h
     else:
-        per_token += e * (a + 2 * k) * d + e * h
+        # the kernel's output, (b, s, a, d): a d wide, the hidden size except where heads x head_dim differ from it
+        # (Gemma-2-9B) or the heads are split (an AutoTP rank: tp_shard; measured, bench/results/accuracy_cpu_parallel.txt)
+        per_token += e * (a + 2 * k) * d + e * a * d
         per_token += 4 * a
         if model.attention_output_copy:
-            per_token += e * h
+            per_token += e * a * d
         if explicit_mask is None:
             explicit_mask = _masked_layers(model, seq_len) > 0
         if attention == "sdpa" and explicit_mask:
@@ -392,9 +395,14 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     """
     e = dtype_bytes(setup.precision)
     seq = workload.seq_len
-    tokens = setup.micro_batch_size * seq
+    sp = setup.sequence_parallel
+    # Ulysses: each rank holds seq / sp tokens of every sequence outside attention (and 1/sp of the heads over the
+    # whole sequence inside it: the same bytes per rank); see sequence_parallel_view
+    tokens = setup.micro_batch_size * seq // sp
     # an architecture transformers has no sdpa/flash path for runs eager attention whatever was asked
     attention = workload.attention if model.supports_sdpa else "eager"
+    if sp > 1:
+        model = sequence_parallel_view(model, sp)
 
     def layer(explicit_mask: bool) -> int:
         return activation_bytes_per_layer(model, tokens, seq, setup.precision, attention, on_cpu, explicit_mask)
@@ -419,6 +427,15 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
             if model.grad_start_partial and start < model.num_layers:
                 all_layers += tokens * finetune_partial_layer_delta(model, setup.precision, attention, on_cpu,
                                                                     unmasked_layer // tokens)
+    if setup.tiled_mlp:
+        # TiledMLP (ulysses_sp.py) runs the MLP under no_grad one slice at a time and saves only its input (the second
+        # norm's output, which the norm's bytes count as the next Linear's): the MLP's intermediates are not kept
+        if _is_finetune_layout(model):
+            raise ZerokitError("--tiled-mlp is modelled for full fine-tunes: drop it, or use --finetune full")
+        mlp = tokens * _mlp_bytes_per_token(model, setup.precision)
+        one_layer -= mlp
+        all_layers -= model.num_layers * mlp
+        terms_mlp_backward = tiled_mlp_backward_bytes(model, setup, tokens, seq // sp)
     if setup.activation_checkpointing:
         # HF gradient checkpointing keeps each layer's input, then recomputes one layer at a time. With it
         # transformers calls enable_input_require_grads() (modeling_utils.activation_checkpointing_enable, for every
@@ -435,6 +452,21 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     v = model.vocab_size
     terms["logits_and_loss"] = tokens * v * (e + 4)
     terms["logits_grad"] = tokens * v * (4 + (e if setup.precision != "fp32" else 0))
+    if setup.tiled_loss:
+        # TiledFusedLogitsLoss (ulysses_sp.py) runs the LM head, the loss and their backward one slice of tokens at a
+        # time inside forward: the logits, their gradient and the loss's exist for one slice; it keeps the gradient of
+        # its input (x_grad = zeros_like(hidden states), saved for backward) instead
+        slice_tokens = -(-tokens // tiled_loss_shards(tokens, v))
+        terms["logits_and_loss"] = slice_tokens * v * (e + 4)
+        terms["logits_grad"] = slice_tokens * v * (4 + (e if setup.precision != "fp32" else 0))
+        terms["tiled_loss_input_grad"] = tokens * model.hidden_size * e
+    if setup.tiled_mlp:
+        terms["tiled_mlp_backward"] = terms_mlp_backward
+    if sp > 1:
+        # one layer's q, k, v gradients in flight through the backward all-to-all: the contiguous input and the output
+        # of _dim_zero_all_to_all (ulysses_sp.py _combine_local_sequences), in the training dtype
+        kv = model.num_kv_heads
+        terms["sp_all_to_all_buffers"] = 2 * e * (model.num_attention_heads + 2 * kv) * model.head_dim * tokens
     terms["attention_backward"] = 0
     if attention == "sdpa" and model.sdpa_broadcast_kv and not setup.activation_checkpointing:
         # The math kernel's backward of the last layer (traced, falcon-7b: the peak op is
@@ -448,6 +480,39 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
                         + (v * h * e if model.tied_embeddings else 0))
         terms["attention_backward"] = max(0, at_attention - terms["logits_grad"])
     return terms
+
+
+# zerokit's tiled loss slices the logits so that one slice's fp32 logits take at most this many bytes (the shards
+# argument of TiledFusedLogitsLoss is the caller's choice; DeepSpeed's docstring example uses 2)
+TILED_LOSS_SLICE_BYTES = GiB
+
+
+def tiled_loss_shards(tokens: int, vocab_size: int) -> int:
+    """Slices TiledFusedLogitsLoss runs the loss in: fp32 logits of at most TILED_LOSS_SLICE_BYTES each, at least 2."""
+    return max(2, -(-tokens * vocab_size * 4 // TILED_LOSS_SLICE_BYTES))
+
+
+def tiled_mlp_shards(local_seq: int, hidden_size: int) -> int:
+    """Slices TiledMLP runs each MLP in: ceil(seqlen / hidden), the rule of DeepSpeed's own example (ulysses_sp.py
+    TiledMLP docstring, tiled_mlp_forward), which ALST's integration uses."""
+    return max(1, -(-local_seq // hidden_size))
+
+
+def tiled_mlp_backward_bytes(model: ModelSpec, setup: ZeroSetup, tokens: int, local_seq: int) -> int:
+    """What one TiledMLP backward holds beyond the saved activations: the gradient of its input (x_grad = zeros_like(x),
+    E h per token) and one slice's MLP recomputed with grad enabled (its saved intermediates, _mlp_bytes_per_token)."""
+    e = dtype_bytes(setup.precision)
+    slice_tokens = -(-tokens // tiled_mlp_shards(local_seq, model.hidden_size))
+    return tokens * model.hidden_size * e + slice_tokens * _mlp_bytes_per_token(model, setup.precision)
+
+
+def sequence_parallel_view(model: ModelSpec, sp: int) -> ModelSpec:
+    """The attention one Ulysses rank runs, priced per local token (deepspeed/runtime/sequence_parallel/ulysses_sp.py
+    UlyssesSPAttentionHF): after the all-to-all the kernel sees a/sp query heads over the whole sequence (the same
+    bytes as a heads over the rank's tokens) and max(1, k/sp) KV heads, each KV head repeated when k < sp
+    (kv_replication_factor = sp // k): k' = max(k, sp) per local token. The kernel's output goes back through another
+    all-to-all into a new tensor, which o_proj saves: the copy attention_output_copy prices."""
+    return replace(model, num_kv_heads=max(model.num_kv_heads, sp), attention_output_copy=True)
 
 
 def weight_bytes(model: ModelSpec, e: int) -> int:
@@ -479,7 +544,7 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
     frozen or not; gradients, the fp32 master copy and Adam's moments exist for trainable parameters only
     (DeepSpeed's optimizer drops requires_grad=False parameters at every stage: stage_1_and_2.py and stage3.py
     build their flat groups from the trainable ones; measured, ../shared/reference/finetune-and-parallel-on-cpu.md)."""
-    n = cluster.world_size
+    n = setup.zero_ranks(cluster.world_size)
     psi, trainable = model.params, model.trainable
     bpp = model_state_bytes_per_param(setup.precision)
     stage = setup.zero_stage
@@ -615,12 +680,15 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     """
     e = dtype_bytes(setup.precision)
     on_cpu = cluster.accelerator.is_cpu
+    # every term below is of what one rank holds: an AutoTP rank holds its slice of the split weights
+    # (ModelSpec.tensor_parallel_shard), and ZeRO partitions over setup.zero_ranks
+    model = model.tensor_parallel_shard(setup.tensor_parallel)
     states = model_state_terms(model, cluster, setup)
     bufs = buffer_terms(model, cluster, setup, knobs)
     acts = activation_terms(model, setup, workload, on_cpu)
-    n = cluster.world_size
+    n = setup.zero_ranks(cluster.world_size)
     psi, trainable = model.params, model.trainable
-    tokens = setup.micro_batch_size * workload.seq_len
+    tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
     logits = tokens * model.vocab_size
     persistent = {k: states[k] for k in ("parameters", "master_weights", "optimizer_states")}
     live = {}  # what forward gathers and backward still needs
@@ -645,11 +713,23 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                                          persistent_bytes + e * max(window, 2 * model.largest_layer_params))
         if setup.offload_param != "none" and on_cpu:
             persistent["parameters_offloaded"] = e * psi // n
+        if setup.hpz_partition_size > 1:
+            # ZeRO++ hpZ: a parameter released after its gather keeps a secondary partition over its group of hpz
+            # ranks, in its own dtype (partition_parameters.py _partition -> _partition_param_sec: ds_secondary_tensor
+            # of ds_numel / hpz elements), which backward gathers from; stage3.py _post_step drops them all after the
+            # optimizer step (invalidate_secondary_tensor). A model inside the live window (above) is released only at
+            # the end of backward: the copies exist from there to the step. Measured on 4 ranks at hpz 2 (fp32
+            # params / 2: 2,525,440 B on tiny-llama, alive after init and the first forward, gone after the step and
+            # absent at the next start of backward; bench/results/accuracy_cpu_parallel.txt).
+            hpz_bytes = weight_bytes(model, e) // setup.hpz_partition_size
+            if model.params > window:
+                persistent["hpz_secondary_partition"] = hpz_bytes
     if on_cpu:
         persistent.update(cpu_offload_terms(model, cluster, setup))
     if not on_cpu:
         persistent["cuda_context"] = CUDA_CONTEXT_BYTES
-    held_logits = {"logits_output": logits * e}  # the HF outputs object keeps the logits until replaced
+    # the HF outputs object keeps the logits until replaced; a tiled loss returns none
+    held_logits = {} if setup.tiled_loss else {"logits_output": logits * e}
     grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
     if on_cpu and setup.offload_optimizer != "none" and setup.zero_stage >= 2:
         # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank
@@ -665,10 +745,18 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     else:
         start_acts = {"activations": acts["activations"]}
     grad_bytes_per_logit = acts["logits_grad"] // logits if logits else 0
+    if setup.tiled_loss:  # the loss's backward runs one slice at a time (activation_terms)
+        logits = -(-tokens // tiled_loss_shards(tokens, model.vocab_size)) * model.vocab_size
+        grad_bytes_per_logit = acts["logits_grad"] // logits if logits else 0
     backward = {**persistent, **live, **start_acts, "logits_and_loss": acts["logits_and_loss"], "logits_grad": acts["logits_grad"],
                 "loss_backward_transient": logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)}
     if "stage3_prefetch" in bufs:
         backward["stage3_prefetch"] = bufs["stage3_prefetch"]
+    # transients of one layer's backward, counted at the start of backward: an upper bound (they come once the logits'
+    # gradient is used up)
+    for name in ("tiled_loss_input_grad", "tiled_mlp_backward", "sp_all_to_all_buffers"):
+        if acts.get(name):
+            backward[name] = acts[name]
     if acts.get("attention_backward"):
         # Falcon's math-kernel attention peaks later in backward than its start (activation_terms)
         backward["attention_backward"] = acts["attention_backward"]
@@ -685,6 +773,10 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if setup.zero_stage == 3 and setup.offload_param == "none":
         # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
         phases["backward_end"]["stage3_persistent_params"] = persistent_bytes
+    hpz_after_backward = {}
+    if setup.zero_stage == 3 and setup.hpz_partition_size > 1 and "hpz_secondary_partition" not in persistent:
+        hpz_after_backward = {"hpz_secondary_partition": hpz_bytes}  # made at the release that ends backward
+        phases["backward_end"].update(hpz_after_backward)
     # torch.optim.AdamW (what render writes for CPU targets without offload; on GPUs a config without an
     # optimizer block or with torch_adam: ZeroKnobs.optimizer) makes two fp32 temporaries of what it updates
     # (measured on CPU; on GPUs LLaMA-Factory#1221's OOM, tests/test_fp16_cpu.py); DeepSpeed's FusedAdam on GPUs
@@ -715,7 +807,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             # (stage3.py DeepSpeedZeroOptimizer_Stage3.step -> _optimizer_step(sub_group_id))
             updated = trainable // n if setup.zero_stage < 3 else min(trainable // n, knobs.sub_group_size)
             step_extra["optimizer_step_temporaries"] = 2 * 4 * updated
-    phases["step"] = {**persistent, **step_extra, **held_logits}
+    phases["step"] = {**persistent, **step_extra, **held_logits, **hpz_after_backward}
     return phases
 
 
@@ -735,7 +827,7 @@ def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
     """
     if setup.offload_optimizer == "none":
         return {}
-    n, trainable = cluster.world_size, model.trainable  # the optimizer's flat groups hold trainable params only
+    n, trainable = setup.zero_ranks(cluster.world_size), model.trainable  # the optimizer's flat groups hold trainable params only
     e = dtype_bytes(setup.precision)
     out = {"optimizer_states_offloaded": 12 * trainable // n, "fp32_gradients_offloaded": 4 * trainable // n}
     if setup.zero_stage in (1, 2):

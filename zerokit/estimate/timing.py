@@ -125,6 +125,14 @@ def flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bo
     return flops
 
 
+def tiled_mlp_flops_per_token(model: ModelSpec, tiled_mlp: bool) -> float:
+    """What TiledMLP adds per token: every MLP's forward once more, in its backward (compute_features)."""
+    if not tiled_mlp:
+        return 0.0
+    mats = 3 if model.gated_mlp else 2
+    return 2 * mats * model.hidden_size * model.intermediate_size * model.experts_per_token * model.num_layers
+
+
 def dequantized_elements(model: ModelSpec, activation_checkpointing: bool) -> float:
     """QLoRA: 4-bit weight elements bitsandbytes dequantizes to the compute dtype per micro step: every quantized weight
     in forward (its gemm_4bit: dequantize_4bit then linear), again in backward for the input gradient
@@ -141,10 +149,13 @@ class CollectiveBytes:
 
     gradients: float  # the gradient all-reduce / reduce-scatter, in communication_data_type
     parameters: float  # the parameter all-gathers, in the training precision
+    # what stays inside a node (intra_node_bandwidth): AutoTP's activation all-reduces, Ulysses' all-to-alls, and the
+    # ZeRO-3 gathers hpZ serves from its secondary partition
+    intra_node: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.gradients + self.parameters
+        return self.gradients + self.parameters + self.intra_node
 
 
 def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs | None = None) -> CollectiveBytes:
@@ -153,7 +164,8 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     at 3); parameters are gathered in their own dtype, the training precision. Only trainable parameters have
     gradients, and ZeRO-1/2 gather only the partitions the optimizer updated (its flat groups hold trainable
     parameters); ZeRO-3 gathers every weight, frozen or not."""
-    n = cluster.world_size
+    model = model.tensor_parallel_shard(setup.tensor_parallel)
+    n = setup.zero_ranks(cluster.world_size)  # ZeRO's group: data x sequence-parallel ranks
     if n == 1:
         return CollectiveBytes(0.0, 0.0)
     ring = (n - 1) / n
@@ -171,8 +183,45 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     # param.ds_tensor in param.dtype, uint8 for a packed Params4bit). Persistent parameters (stage3_param_persistence_
     # threshold) are gathered once per step rather than per pass; not subtracted here: for real models they are the
     # norms and biases, ~1e-5 of the bytes (the ZeRO paper's 1.5x holds, tests/test_timing.py)
-    gathered = model.weight_bytes(bytes_per_element(setup.precision)) * ring
-    return CollectiveBytes(accum * grads, accum * gathers * gathered)
+    weights = model.weight_bytes(bytes_per_element(setup.precision))
+    hpz = min(setup.hpz_partition_size, n)
+    if hpz > 1:
+        # hpZ: the forward gathers over every ZeRO rank; backward's (and recompute's) gather the secondary partition
+        # within the hpz group of consecutive ranks, a node or less (stage3.py / partition_parameters.py
+        # _all_gather_params with ds_secondary_tensor)
+        return CollectiveBytes(accum * grads, accum * weights * ring,
+                               intra_node=accum * (gathers - 1) * weights * (hpz - 1) / hpz)
+    return CollectiveBytes(accum * grads, accum * gathers * weights * ring)
+
+
+def model_parallel_bytes(model: ModelSpec, setup: ZeroSetup, seq_len: int) -> float:
+    """Bytes each rank moves per optimizer step inside its TP or SP group (a node: planner.parallel_degrees).
+
+    AutoTP (module_inject/layers.py, model = the full model): every row-parallel Linear (o_proj, down_proj) all-reduces
+    its output in forward (RowParallel), every column-parallel one (q, k, v, gate, up; GPT-2's fused c_attn and c_fc)
+    all-reduces its input's gradient in backward (ColumnParallel), each tokens x h in the training dtype, ring
+    2 (tp-1)/tp; the LM head all-gathers its logits (tokens x V) and all-reduces its input's gradient.
+    Ulysses (ulysses_sp.py): q, k, v and the attention output go through an all-to-all in forward and their gradients
+    in backward, each rank sending (sp-1)/sp of the local tokens x heads x head_dim, K/V at max(k, sp) heads.
+    Checkpointing's recompute repeats the forward's collectives."""
+    e = bytes_per_element(setup.precision)
+    tp, sp = setup.tensor_parallel, setup.sequence_parallel
+    forward_passes = 2 if setup.activation_checkpointing else 1
+    tokens = setup.micro_batch_size * seq_len
+    total = 0.0
+    if tp > 1:
+        h = model.hidden_size
+        all_reduce = 2 * (tp - 1) / tp * tokens * h * e
+        column = 5 if model.gated_mlp else 2
+        per_layer = forward_passes * 2 * all_reduce + column * all_reduce
+        head = (tp - 1) / tp * tokens * model.vocab_size * e * forward_passes + all_reduce
+        total = model.num_layers * per_layer + head
+    elif sp > 1:
+        local = tokens / sp
+        heads = 2 * model.num_attention_heads + 2 * max(model.num_kv_heads, sp)
+        per_layer = (forward_passes + 1) * (sp - 1) / sp * local * heads * model.head_dim * e
+        total = model.num_layers * per_layer
+    return setup.gradient_accumulation_steps * total
 
 
 def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs | None = None) -> float:
@@ -193,11 +242,51 @@ def link_bandwidth(cluster: Cluster) -> float:
     return gbs * 1e9
 
 
+def ring_steps(ranks: int) -> int:
+    """Message steps of a ring collective over `ranks` ranks (n - 1: each rank passes its chunk once around; Thakur,
+    Rabenseifner and Gropp 2005, "Optimization of Collective Communication Operations in MPICH"), at least 1: the
+    per-call latency a profile measures between 2 ranks is one step."""
+    return max(1, ranks - 1)
+
+
+def model_parallel_calls(model: ModelSpec, setup: ZeroSetup) -> CollectiveCalls:
+    """The collective calls behind model_parallel_bytes, per optimizer step (model: the full model). AutoTP: per micro
+    step the all-reduces of every row-parallel output (forward, recompute) and column-parallel input gradient, the LM
+    head's input gradient, and its logits' all_gather_into_tensor (layers.py GatherFromTensorParallelRegion) per
+    forward; per step one more all-reduce, the gradient norm over the TP group (stage_1_and_2.py
+    get_grad_norm_direct: _model_parallel_all_reduce). Counted on a real TP 2 step (tests/test_timing.py): 30
+    all-reduces + ZeRO-1's own. Ulysses: four all-to-alls per layer each way (in `reduces`, priced at the profile's
+    all-to-all latency), the position_ids all_gather of every attention forward (UlyssesSPAttentionHF.forward) and
+    the loss's two; counted on a real SP 2 step of tiny-llama: 32 all_to_all_single, 6 all_gather."""
+    tp, sp = setup.tensor_parallel, setup.sequence_parallel
+    forward_passes = 2 if setup.activation_checkpointing else 1
+    accum = setup.gradient_accumulation_steps
+    if tp > 1:
+        column = 5 if model.gated_mlp else 2
+        per_micro = model.num_layers * (2 * forward_passes + column) + 1
+        return CollectiveCalls(accum * per_micro + (1 if setup.zero_stage >= 1 else 0), accum * forward_passes)
+    if sp > 1:
+        # + the loss's two all_gathers (launch/parallel.sp_group_loss, as transformers' deepspeed_sp_compute_loss)
+        return CollectiveCalls(accum * model.num_layers * 4 * (forward_passes + 1),
+                               accum * (model.num_layers * forward_passes + 2))
+    return CollectiveCalls(0, 0)
+
+
+def intra_node_bandwidth(cluster: Cluster) -> float:
+    """Bytes/s per rank for collectives that stay inside a node: link_bandwidth's rule for one node."""
+    acc, backend = cluster.accelerator, cluster.comm_backend
+    measured = cluster.profile.all_reduce_busbw_gbps(backend) if cluster.profile is not None else None
+    gbs = measured or acc.intra_node_bw
+    if backend == "gloo" and not acc.is_cpu and not measured:
+        gbs = min(gbs, GLOO_ON_GPU_BUSBW_GBPS)
+    return gbs * 1e9
+
+
 def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_adam_params_per_s: float) -> float:
     if setup.offload_optimizer == "none" and setup.offload_param == "none":
         return 0.0
     acc = cluster.accelerator
-    n = cluster.world_size
+    n = setup.zero_ranks(cluster.world_size)  # model: what one rank holds (an AutoTP shard)
     e = bytes_per_element(setup.precision)
     shard = model.params / n
     seconds = 0.0
@@ -206,7 +295,7 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
         # gradients down every micro step (stage 2/3 copy the reduced partition), params up once: trainable only
         trainable_shard = model.trainable / n
         seconds += (setup.gradient_accumulation_steps + 1) * e * trainable_shard / pcie
-        seconds += (model.trainable / cluster.nodes) / cpu_adam_params_per_s
+        seconds += (model.trainable * setup.tensor_parallel / cluster.nodes) / cpu_adam_params_per_s
         if setup.offload_optimizer == "nvme" and setup.zero_stage == 3:
             seconds += 2 * 16 * model.trainable / cluster.nodes / (DEFAULT_NVME_BW * 1e9)  # read + write
     if setup.offload_param != "none":
@@ -273,6 +362,10 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     # only trainable parameters have gradients to reduce (a LoRA model's few adapter tensors fill a handful of buckets)
     sizes = model.trainable_tensors or gradient_sizes_in_backward_order(model)
     reduces = reduce_bucket_calls(list(sizes), max(1, knobs.reduce_bucket_size))
+    # ZeRO-1/2's gather of the updated partitions skips a data-parallel group of one rank (runtime/utils.py
+    # all_gather_into_tensor_dp_groups: `if dp_world_size == 1: continue`; an AutoTP job with TP = world); its
+    # reductions still run (measured: tests/test_timing.py, TP 2 on 2 ranks)
+    gathers = 0 if setup.zero_ranks(cluster.world_size) == 1 else 1
     if setup.zero_stage in (1, 2):
         # bucketed reduces every micro step at ZeRO-2, only at the accumulation boundary at ZeRO-1
         # (stage_1_and_2.py reduce_ready_partitions_and_remove_grads: `partition_gradients or
@@ -280,7 +373,7 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
         # precision the overflow check's; one all_gather_into_tensor of the updated partitions. Counted in
         # real 2-rank tiny-llama steps: 36 all-reduces in fp32, 37 in bf16 (35 buckets here + 1 / + 2).
         micro = accum if setup.zero_stage == 2 else 1
-        return CollectiveCalls(micro * reduces + 1 + (setup.precision != "fp32"), 1)
+        return CollectiveCalls(micro * reduces + 1 + (setup.precision != "fp32"), gathers)
     # ZeRO-3: one (coalesced, prefetched) gather per layer plus the embedding and the LM head in forward;
     # backward and recompute gather again only when the model exceeds the live window
     # (stage3_max_live_parameters / max_reuse_distance: the parameters stay gathered otherwise, see
@@ -306,9 +399,14 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
 CALIBRATION_MODULES_PER_LAYER = 13
 
 
-def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activation_checkpointing: bool) -> dict[str, float]:
+def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activation_checkpointing: bool,
+                     sequence_parallel: int = 1, tiled_mlp: bool = False) -> dict[str, float]:
+    """One rank's features per micro step. Under Ulysses a rank computes seq_len / sp tokens, each attending over the
+    whole sequence (1/sp of the heads over every token: the same FLOPs and scores). TiledMLP runs each MLP's forward
+    again in backward (ulysses_sp.py TiledMLP.backward: `fn(self, x_shard)` under enable_grad): its FLOPs and its
+    intermediate elements once more (tiled_mlp_flops_per_token)."""
     passes = 4 / 3 if activation_checkpointing else 1.0
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len // sequence_parallel
     layers = model.num_layers
     # a recomputed layer's fixed cost is torch.utils.checkpoint replaying its ops (and packing what they save) one
     # module at a time: peft's extra modules add to it in proportion (CALIBRATION_MODULES_PER_LAYER; measured: tiny-llama
@@ -321,10 +419,17 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
     # one rank: +1.5 to +6 ms over the full model, against -2 to -9 ms predicted; the ZeRO-0 grid rows were -17% and
     # -25%). The calibration's LoRA points (profile compute_timing adapter_points) show what the terms give.
     adapters = layers * sum(model.lora_slots) if model.lora_r else 0
+    mlp_again = layers * tokens * model.intermediate_size if tiled_mlp else 0
+    if sequence_parallel > 1:
+        # Ulysses' copies around each all-to-all, forward and backward: q, k, v and the output made contiguous before
+        # the exchange and again after it (ulysses_sp.py _combine_local_sequences, _partition_global_sequence: two
+        # .contiguous() each), memory-bound like the activation elements; K/V at max(k, sp) heads
+        kv = max(model.num_kv_heads, sequence_parallel)
+        mlp_again += passes * layers * tokens * 2 * 2 * (2 * model.num_attention_heads + 2 * kv) * model.head_dim
     return {"micro": 1.0, "layer": float(layers), "recompute": float(recompute if activation_checkpointing else 0),
-            "flop": flops_per_token(model, seq_len, activation_checkpointing) * tokens,
-            "score": passes * layers * micro_batch * model.num_attention_heads * seq_len * seq_len,
-            "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size),
+            "flop": (flops_per_token(model, seq_len, activation_checkpointing) + tiled_mlp_flops_per_token(model, tiled_mlp)) * tokens,
+            "score": passes * layers * tokens * model.num_attention_heads * seq_len,
+            "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size) + mlp_again,
             "logit": float(tokens * model.vocab_size),
             "adapter": float(adapters),
             "adapter_element": passes * layers * tokens * model.lora_io_per_layer if adapters else 0.0,
@@ -335,21 +440,28 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
 
 def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, coef: dict[str, float]) -> float:
     """One rank's compute per optimizer step: each micro step's features at the measured cost per unit."""
-    feats = compute_features(model, setup.micro_batch_size, workload.seq_len, setup.activation_checkpointing)
+    feats = compute_features(model, setup.micro_batch_size, workload.seq_len, setup.activation_checkpointing,
+                             setup.sequence_parallel, setup.tiled_mlp)
     coef = {"dequant": coef.get("activation", 0.0), **coef}  # profiles before the dequant fit: an activation element
     return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES + ADAPTER_FEATURES)
 
 
 def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload, knobs=None) -> TimeEstimate:
     acc = cluster.accelerator
-    n = cluster.world_size
-    global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * n
+    # a TP or SP group trains on one batch together: the global batch counts data-parallel replicas
+    global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel(cluster.world_size)
     tokens = global_batch * workload.seq_len
-    flops = flops_per_token(model, workload.seq_len, setup.activation_checkpointing) * tokens
+    flops = (flops_per_token(model, workload.seq_len, setup.activation_checkpointing)
+             + tiled_mlp_flops_per_token(model, setup.tiled_mlp)) * tokens
+    full_model = model
+    model = model.tensor_parallel_shard(setup.tensor_parallel)  # what one rank computes and updates
+    n = setup.zero_ranks(cluster.world_size)
     terms = cluster.profile.timing if cluster.profile is not None else None
     coef = terms.compute_coefficients(model.gated_mlp, setup.precision) if terms else None
     link = link_bandwidth(cluster)
-    comm = collective_bytes_per_step(model, cluster, setup, knobs) / link
+    moved = collective_bytes(full_model, cluster, setup, knobs)
+    comm = (moved.gradients + moved.parameters) / link
+    comm += (moved.intra_node + model_parallel_bytes(full_model, setup, workload.seq_len)) / intra_node_bandwidth(cluster)
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.cpu_adam_params_per_s:
         cpu_adam = terms.cpu_adam_params_per_s
@@ -358,8 +470,14 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
-        # (spec.profile.TimingTerms gives older profiles' shared latency to both kinds)
-        comm += calls.reduces * terms.all_reduce_latency_s + calls.gathers * terms.all_gather_latency_s
+        mp_calls = model_parallel_calls(full_model, setup)
+        # (spec.profile.TimingTerms gives older profiles' shared latency to both kinds, and an all-to-all an
+        # all-reduce's). The latencies were measured between 2 ranks; a ring over n ranks takes n - 1 steps (ring_steps)
+        zero_steps = ring_steps(n)
+        mp_steps = ring_steps(setup.tensor_parallel * setup.sequence_parallel)
+        mp_reduce = terms.all_to_all_latency_s if setup.sequence_parallel > 1 else terms.all_reduce_latency_s
+        comm += (calls.reduces * zero_steps * terms.all_reduce_latency_s + mp_calls.reduces * mp_steps * mp_reduce
+                 + (calls.gathers * zero_steps + mp_calls.gathers * mp_steps) * terms.all_gather_latency_s)
         engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
                          setup.gradient_accumulation_steps, setup.activation_checkpointing,
                          offload=setup.offload_optimizer != "none")
@@ -374,7 +492,13 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         peak = acc.peak_flops(setup.precision) * acc.efficiency
         if acc.is_cpu:
             peak /= cluster.gpus_per_node  # CPU ranks on one node share its cores
-        compute = flops / (n * peak) if peak else math.inf
+        compute = flops / (cluster.world_size * peak) if peak else math.inf
+    if coef and acc.is_cpu:
+        # CPU ranks beyond the cores the profile was measured with share them: all of a rank's work (compute, the
+        # engine's Python, gloo's copies) runs that much slower (HardwareProfile.cpu_oversubscription; measured: 4
+        # ranks on 2 cores, bench/results/accuracy_cpu_parallel.txt)
+        share = cluster.profile.cpu_oversubscription(cluster.gpus_per_node)
+        compute, comm, optimizer, engine = (share * x for x in (compute, comm, optimizer, engine))
     step = compute + comm + offload + optimizer + engine
     spe = steps_per_epoch(workload.samples, global_batch) if workload.samples else None
     steps = math.ceil(workload.epochs * spe) if spe else None

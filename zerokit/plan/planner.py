@@ -26,8 +26,10 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest first
     ("none", "none"), ("cpu", "none"), ("nvme", "none"), ("cpu", "cpu"), ("nvme", "nvme"),
 )
+# Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
+PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
-            "gradient_accumulation_steps", "activation_checkpointing")
+            "gradient_accumulation_steps", "activation_checkpointing") + PARALLEL_KEYS
 
 
 @dataclass
@@ -61,11 +63,84 @@ def evaluate(model: ModelSpec, cluster: Cluster, workload: Workload, setup: Zero
 
 
 def simplicity(setup: ZeroSetup) -> tuple:
-    """Lower is simpler; used only to break ties in throughput."""
+    """Lower is simpler; used only to break ties in throughput. Model parallelism and tiling change how the training
+    script runs (Ulysses' attention and data loader, AutoTP's identical batches, patched MLP and loss), so they come
+    after checkpointing, which is one call."""
     offloads = (setup.offload_optimizer != "none") + (setup.offload_param != "none")
     # bf16 before fp16: same speed, no loss scaling to diverge
     precision = ("bf16", "fp16", "fp32").index(setup.precision)
-    return (offloads, setup.activation_checkpointing, precision, setup.zero_stage, setup.gradient_accumulation_steps)
+    return (offloads, setup.activation_checkpointing, setup.tensor_parallel * setup.sequence_parallel,
+            setup.tiled_loss + setup.tiled_mlp, precision, setup.zero_stage, setup.hpz_partition_size,
+            setup.gradient_accumulation_steps)
+
+
+def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, tensor_parallel: int = 1,
+                     sequence_parallel: int = 1) -> str | None:
+    """Why a TP or SP degree cannot run this model on this cluster (one line naming the fix), or None.
+    Both stay inside a node: their collectives run every layer (timing.model_parallel_bytes), on the node's links.
+    AutoTP splits the heads and KV heads between its ranks (module_inject tp_shard.get_shard_size over the heads);
+    Ulysses needs heads % sp == 0, KV heads and sp dividing one another, and sp dividing the sequence
+    (ulysses_sp.py UlyssesSPAttentionHF.__init__; config.check.sequence_parallel_findings), and an sdpa or flash
+    kernel (register_with_transformers refuses eager)."""
+    gpn = cluster.gpus_per_node
+    a, k = model.num_attention_heads, model.num_kv_heads
+    for name, flag, d in (("tensor", "--tensor-parallel", tensor_parallel), ("sequence", "--sequence-parallel", sequence_parallel)):
+        if d > 1 and gpn % d:
+            return f"{flag} {d} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
+    if tensor_parallel > 1:
+        if a % tensor_parallel or k % tensor_parallel:
+            return (f"--tensor-parallel {tensor_parallel} does not divide the model's {a} attention heads and {k} KV "
+                    "heads: use a degree that divides both")
+        if model.trainable_params is not None:
+            return "AutoTP tensor parallelism is planned for full fine-tunes only: drop --tensor-parallel or --finetune/--freeze"
+    if sequence_parallel > 1:
+        sp = sequence_parallel
+        if a % sp or not (k % sp == 0 or sp % k == 0):
+            return (f"--sequence-parallel {sp} needs the {a} attention heads divisible by it and the {k} KV heads "
+                    "dividing it or divisible by it: use a degree that does")
+        if workload.seq_len % sp:
+            return f"--sequence-parallel {sp} does not divide --seq-len {workload.seq_len}: use a multiple of {sp}"
+        if workload.attention == "eager" or not model.supports_sdpa:
+            return "Ulysses sequence parallelism needs sdpa or flash attention (it refuses eager): use --attention sdpa"
+    return None
+
+
+def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict) -> list[dict]:
+    """Every combination of the PARALLEL_KEYS the planner tries, simplest first: data parallelism alone, each TP and SP
+    degree that divides a node's GPUs and the model (parallel_problem), hpZ over one node when there are several
+    (ZeroSetup refuses it below stage 3; _families pairs it with stage 3 only), tiled loss and tiled MLP on and off
+    (the MLP tiling for full fine-tunes: memory.activation_terms). Pinned values are checked and kept alone."""
+    gpn = cluster.gpus_per_node
+    degrees = [d for d in range(2, gpn + 1) if gpn % d == 0]
+    for key in ("tensor_parallel", "sequence_parallel"):
+        if pins.get(key, 1) > 1:
+            why = parallel_problem(model, cluster, workload, **{key: pins[key]})
+            if why:
+                raise ZerokitError(why)
+    if "tensor_parallel" in pins or "sequence_parallel" in pins:
+        modes = [(pins.get("tensor_parallel", 1), pins.get("sequence_parallel", 1))]
+        if modes[0][0] > 1 and modes[0][1] > 1:
+            raise ZerokitError("DeepSpeed 0.19.8 runs tensor or sequence parallelism, not both: drop one of the two pins")
+        if "tensor_parallel" in pins and "sequence_parallel" not in pins and modes[0][0] == 1:
+            modes += [(1, d) for d in degrees if not parallel_problem(model, cluster, workload, sequence_parallel=d)]
+        if "sequence_parallel" in pins and "tensor_parallel" not in pins and modes[0][1] == 1:
+            modes += [(d, 1) for d in degrees if not parallel_problem(model, cluster, workload, tensor_parallel=d)]
+    else:
+        modes = [(1, 1)]
+        modes += [(d, 1) for d in degrees if not parallel_problem(model, cluster, workload, tensor_parallel=d)]
+        modes += [(1, d) for d in degrees if not parallel_problem(model, cluster, workload, sequence_parallel=d)]
+    if "hpz_partition_size" in pins:
+        hpz = pins["hpz_partition_size"]
+        if hpz > 1 and cluster.world_size % min(hpz, cluster.world_size):
+            raise ZerokitError(f"--hpz {hpz} does not divide the {cluster.world_size} ranks (DeepSpeed asserts it): "
+                               f"use a divisor, e.g. {gpn}")
+        hpzs = [hpz]
+    else:
+        hpzs = [1] + ([gpn] if cluster.nodes > 1 and gpn > 1 else [])
+    tiled_mlp = [pins["tiled_mlp"]] if "tiled_mlp" in pins else [False] + ([True] if model.trainable_params is None else [])
+    tiled_loss = [pins["tiled_loss"]] if "tiled_loss" in pins else [False, True]
+    return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm)
+            for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 
 
 @dataclass
@@ -116,9 +191,10 @@ class Plan:
         return out
 
 
-def _micro_batches(cluster: Cluster, workload: Workload, pins: dict) -> list[tuple[int, int]]:
-    """(micro batch, accumulation) pairs that honour the target global batch exactly."""
-    n = cluster.world_size
+def _micro_batches(cluster: Cluster, workload: Workload, pins: dict, model_parallel: int = 1) -> list[tuple[int, int]]:
+    """(micro batch, accumulation) pairs that honour the target global batch exactly; a TP or SP group of
+    model_parallel ranks trains on one batch (global = micro x accumulation x world / model_parallel)."""
+    n = cluster.world_size // model_parallel
     if "micro_batch_size" in pins:
         micros = [pins["micro_batch_size"]]
     elif workload.global_batch:
@@ -181,24 +257,32 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
     unknown = set(pins) - set(PIN_KEYS)
     if unknown:
         raise ZerokitError(f"unknown setup option(s) {sorted(unknown)}: use {', '.join(PIN_KEYS)}")
-    pairs = _micro_batches(cluster, workload, pins)
+    options = parallel_options(model, cluster, workload, pins)
+    # SP, TP and tiling change the training script (Ulysses' attention and data loader, AutoTP's identical batches
+    # within a group, a patched loss or MLP), so they are searched when data parallelism alone (ZeRO, offload,
+    # checkpointing, hpZ) fits nothing, or when one of them is pinned
+    script_level = [k for k in SCRIPT_LEVEL_KEYS if k in pins]
+    plain = [o for o in options if o["tensor_parallel"] == o["sequence_parallel"] == 1
+             and not (o["tiled_loss"] or o["tiled_mlp"])]
+    stages = [options] if script_level or not plain else [plain, [o for o in options if o not in plain]]
+    pairs_for: dict[int, list[tuple[int, int]]] = {}
     best_per_family: list[Evaluation] = []
-    smallest: Evaluation | None = None
+    smallest_box: list[Evaluation | None] = [None]  # the least-memory evaluation seen
     family_failures: list[Evaluation] = []
-    for fam in _families(cluster, pins):
-        fitting = []
-        for micro, accum in pairs:
-            ev = evaluate(model, cluster, workload, ZeroSetup(micro_batch_size=micro, gradient_accumulation_steps=accum, **fam),
-                          knobs, memory_fraction)
-            if smallest is None or ev.memory.per_gpu_total < smallest.memory.per_gpu_total:
-                smallest = ev
-            if ev.fits:
-                fitting.append(ev)
-            elif micro == pairs[0][0]:
-                family_failures.append(ev)
-        if fitting:
-            best_per_family.append(min(fitting, key=lambda e: (e.time.step_seconds / e.time.tokens_per_step,
-                                                               simplicity(e.setup))))
+    searched = False
+    for stage_options in stages:
+        if best_per_family:
+            break
+        families = [{**fam, **par} for par in stage_options for fam in _families(cluster, pins)
+                    if (fam["zero_stage"] == 3 or par["hpz_partition_size"] == 1)
+                    and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
+        searched = searched or bool(families)
+        _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for, best_per_family,
+                family_failures, smallest_box)
+    smallest = smallest_box[0]
+    if not searched:
+        raise ZerokitError("the pinned options exclude one another (hpZ needs ZeRO-3; AutoTP is planned with ZeRO-0/1/2, "
+                           "as measured): drop a pin")
     ranked = sorted(best_per_family, key=lambda e: e.time.tokens_per_second, reverse=True)
     if ranked:
         top = ranked[0].time.tokens_per_second
@@ -206,6 +290,45 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
         chosen = min(ties, key=lambda e: simplicity(e.setup))
     else:
         chosen = None
+    return _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked, chosen, smallest,
+                        family_failures)
+
+
+# the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second)
+SCRIPT_LEVEL_KEYS = ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp")
+
+
+def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for, best_per_family,
+            family_failures, smallest_box) -> None:
+    """Each family's fastest fitting micro batch into best_per_family; the first micro batch of a family that fits
+    none into family_failures; the least-memory evaluation into smallest_box[0]."""
+    for fam in families:
+        mp = fam["tensor_parallel"] * fam["sequence_parallel"]
+        if mp not in pairs_for:
+            try:
+                pairs_for[mp] = _micro_batches(cluster, workload, pins, mp)
+            except ZerokitError:
+                if mp == 1:
+                    raise
+                pairs_for[mp] = []  # the pinned batch does not split over this many replicas: not a candidate
+        pairs = pairs_for[mp]
+        fitting = []
+        for micro, accum in pairs:
+            ev = evaluate(model, cluster, workload, ZeroSetup(micro_batch_size=micro, gradient_accumulation_steps=accum, **fam),
+                          knobs, memory_fraction)
+            if smallest_box[0] is None or ev.memory.per_gpu_total < smallest_box[0].memory.per_gpu_total:
+                smallest_box[0] = ev
+            if ev.fits:
+                fitting.append(ev)
+            elif micro == pairs[0][0]:
+                family_failures.append(ev)
+        if fitting:
+            best_per_family.append(min(fitting, key=lambda e: (e.time.step_seconds / e.time.tokens_per_step,
+                                                               simplicity(e.setup))))
+
+
+def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked, chosen, smallest,
+                 family_failures) -> Plan:
     rejected = []
     for ev in ranked:
         if ev is chosen:

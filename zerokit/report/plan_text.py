@@ -34,6 +34,10 @@ TERM_LABELS = {
     "pinned_staging_buffers": "pinned staging buffers (x1.5)",
     "optimizer_swap_buffers": "optimizer swap buffers",
     "param_swap_buffers": "parameter swap buffers",
+    "hpz_secondary_partition": "hpZ secondary parameter partition",
+    "tiled_loss_input_grad": "tiled loss: hidden-state gradient",
+    "tiled_mlp_backward": "tiled MLP backward (one slice)",
+    "sp_all_to_all_buffers": "Ulysses all-to-all buffers (one layer)",
 }
 
 
@@ -107,6 +111,20 @@ def finetune_lines(f, m) -> list[str]:
             "gradients, master weights and optimizer states for those only"]
 
 
+def parallel_lines(s, world_size: int) -> list[str]:
+    """How the ranks split and what is tiled, when anything beyond data parallelism is used."""
+    if s.tensor_parallel == s.sequence_parallel == s.hpz_partition_size == 1 and not (s.tiled_loss or s.tiled_mlp):
+        return []
+    line = (f"  parallelism: {s.data_parallel(world_size)} data x {s.tensor_parallel} tensor x {s.sequence_parallel} "
+            f"sequence-parallel ranks; ZeRO partitions over {s.zero_ranks(world_size)}")
+    if s.hpz_partition_size > 1:
+        line += f"; hpZ secondary partition over {s.hpz_partition_size}"
+    tiled = [n for n, on in (("loss", s.tiled_loss), ("MLP", s.tiled_mlp)) if on]
+    if tiled:
+        line += f"; tiled {' and '.join(tiled)}"
+    return [line]
+
+
 def format_plan(plan) -> str:
     m, c, w = plan.model, plan.cluster, plan.workload
     exact = "exact" if m.exact else "estimated from --params"
@@ -133,6 +151,7 @@ def format_plan(plan) -> str:
     out.append(f"  ZeRO stage {s.zero_stage}, offload optimizer {s.offload_optimizer}, offload params {s.offload_param}, "
                f"{s.precision}, micro batch {s.micro_batch_size} x accumulation {s.gradient_accumulation_steps}, "
                f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}")
+    out += parallel_lines(s, c.world_size)
     for r in plan.best.reasons:
         out.append(f"  - {r}")
     out += format_memory(plan.best.memory, plan.budget, c)

@@ -38,7 +38,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
@@ -149,6 +149,41 @@ class ModelSpec:
         per_expert = mlp_mats * self.hidden_size * self.intermediate_size
         idle = (self.num_experts - self.experts_per_token) * per_expert * self.num_layers
         return self.params - idle
+
+    def tensor_parallel_params(self) -> int:
+        """Parameters AutoTP splits over the tensor-parallel ranks: every decoder Linear's weight and, in training, the
+        untied LM head (module_inject/auto_tp.py _replace: q/k/v/gate/up become LinearLayer, o_proj/down_proj
+        LinearAllreduce, lm_head a LinearLayer with gather_output=True). Embeddings and norms stay whole on every rank.
+        Measured: tiny-llama at TP=2 holds 2,238,720 of its 3,950,848 parameters per rank
+        (../shared/reference/finetune-and-parallel-on-cpu.md; tests/test_parallel_memory.py reruns it)."""
+        h, d = self.hidden_size, self.head_dim
+        a, k = self.num_attention_heads, self.num_kv_heads
+        attention = h * (a + 2 * k) * d + a * d * h
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size * max(1, self.num_experts)
+        head = 0 if self.tied_embeddings else self.vocab_size * h
+        return self.num_layers * (attention + mlp) + head
+
+    def tensor_parallel_shard(self, tp: int) -> "ModelSpec":
+        """What one AutoTP rank holds and computes: the split weights at 1/tp, the heads, KV heads and MLP width at
+        1/tp (column-parallel q/k/v/gate/up keep a slice of the outputs, row-parallel o_proj/down_proj read it and
+        all-reduce their outputs in place: layers.py RowParallel), the hidden states, embeddings and logits whole
+        (the LM head gathers its output). A fine-tune's counts come from the unsplit module tree, and peft's wrappers
+        are not Linears AutoTP replaces: refused."""
+        if tp == 1:
+            return self
+        if self.trainable_params is not None:
+            raise ZerokitError("AutoTP tensor parallelism is planned for full fine-tunes only (peft's LoRA layers are not "
+                               "the nn.Linear modules AutoTP splits): drop --tensor-parallel, or use --finetune full")
+        split = self.tensor_parallel_params()
+        vh = self.vocab_size * self.hidden_size
+        largest = self.largest_layer_params
+        if largest > vh:  # the largest module is a split Linear (else the replicated embedding)
+            largest = max(vh, largest // tp)
+        return replace(self, params=self.params - split + split // tp, largest_layer_params=largest,
+                       num_attention_heads=self.num_attention_heads // tp,
+                       num_kv_heads=max(1, self.num_kv_heads // tp),
+                       intermediate_size=self.intermediate_size // tp,
+                       embedding_params=self.embedding_params - (0 if self.tied_embeddings else vh - vh // tp))
 
     def to_dict(self) -> dict:
         d = asdict(self)

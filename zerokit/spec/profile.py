@@ -24,7 +24,8 @@ every number measured on the machine named in "device"):
     (Profiles written before it have layer_timing, a block benchmark's overhead and throughput: still read.)
   compute_threads: torch threads per rank during the compute benchmark (CPU), null on GPUs
   collective_latency_s: the time of a 4 KiB all-reduce / all-gather, the faster (per-call cost of a collective)
-  all_reduce_latency_s, all_gather_latency_s: the same per kind
+  all_reduce_latency_s, all_gather_latency_s, all_to_all_latency_s: the same per kind (all-to-all: Ulysses' exchange;
+    profiles before it price an all-to-all as an all-reduce)
   engine_overhead: {world_size, by_precision: {precision: {"0".."3": {per_step_s, per_layer_micro_s, ...}}}}:
     what real DeepSpeed engines cost beyond the terms above (measure/engine_fit.py); absent in quick mode
   notes: [str], quick: bool, created, software: {torch, deepspeed}, wall_s
@@ -154,6 +155,7 @@ class TimingTerms:
     compute: dict = field(default_factory=dict)
     all_reduce_latency_s: float = 0.0
     all_gather_latency_s: float = 0.0
+    all_to_all_latency_s: float = 0.0
     torch_adamw_params_per_s: float = 0.0
     cpu_adam_params_per_s: float = 0.0
     engine_overhead: dict | None = None  # measure/engine_fit.py's fit, read by estimate.timing.engine_seconds
@@ -183,6 +185,8 @@ class TimingTerms:
         for key in ("all_reduce_latency_s", "all_gather_latency_s"):  # profiles before these keys: the shared one
             v = prof.get(key) if _pos(prof.get(key)) else prof.get("collective_latency_s")
             latency[key] = float(v) if _pos(v) else 0.0
+        a2a = prof.get("all_to_all_latency_s")
+        latency["all_to_all_latency_s"] = float(a2a) if _pos(a2a) else latency["all_reduce_latency_s"]
         rates = {k: float(prof[k]) if _pos(prof.get(k)) else 0.0
                  for k in ("torch_adamw_params_per_s", "cpu_adam_params_per_s")}
         engine = prof.get("engine_overhead") if isinstance(prof.get("engine_overhead"), dict) else None
@@ -223,6 +227,16 @@ class HardwareProfile:
         return cls(path=path, device_type=dev["type"], device_name=str(dev.get("name") or dev["type"]),
                    created=str(prof.get("created", "?")), quick=bool(prof.get("quick")),
                    timing=TimingTerms.from_profile(prof), data=prof)
+
+    def cpu_oversubscription(self, ranks_per_node: int) -> float:
+        """How much slower each rank's CPU work runs with ranks_per_node ranks than when this profile was measured: the
+        OS time-slices runnable threads, so with more threads (ranks x compute_threads) than cores each rank gets
+        cores / threads of a core. 1 on GPUs, and wherever the profile does not say its cores and threads."""
+        cores = (self.data.get("device") or {}).get("cpu_cores")
+        threads = self.data.get("compute_threads")
+        if self.device_type != "cpu" or not _pos(cores) or not _pos(threads):
+            return 1.0
+        return max(1.0, ranks_per_node * threads / cores)
 
     @classmethod
     def from_file(cls, profile_path: str | os.PathLike) -> "HardwareProfile":

@@ -39,6 +39,16 @@ class ZeroSetup:
     # the ds_config's communication_data_type (fp32 | fp16 | bf16): the dtype gradients are reduced in; None =
     # DeepSpeed's default, the training precision (DeepSpeedEngine.communication_data_type)
     communication_data_type: str | None = None
+    # Beyond data parallelism (spec.setup.Parallelism says how DeepSpeed 0.19.8 builds each group; 1 = unused):
+    # AutoTP ranks, Ulysses sequence-parallel ranks, the ZeRO++ hpZ secondary partition's group size.
+    tensor_parallel: int = 1
+    sequence_parallel: int = 1
+    hpz_partition_size: int = 1
+    # ALST's tiled compute (deepspeed/runtime/sequence_parallel/ulysses_sp.py): TiledFusedLogitsLoss computes the
+    # logits and the loss one slice of tokens at a time and never holds the whole logits; TiledMLP runs each MLP one
+    # slice of tokens at a time and recomputes it in backward, keeping only its input.
+    tiled_loss: bool = False
+    tiled_mlp: bool = False
 
     def __post_init__(self):
         if self.zero_stage not in STAGES:
@@ -56,6 +66,28 @@ class ZeroSetup:
             raise ZerokitError("micro batch and gradient accumulation must be at least 1")
         if self.communication_data_type not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
             raise ZerokitError(f"communication_data_type must be fp32, fp16 or bf16, got {self.communication_data_type!r}")
+        par = self.parallelism  # validates the degrees
+        if par.tensor_parallel > 1 and par.sequence_parallel > 1:
+            # engine.py builds one model-parallel mesh: mp_mode = "tp" if tp_size > 1 else "sp"
+            raise ZerokitError("DeepSpeed 0.19.8 runs tensor or sequence parallelism, not both: drop --tensor-parallel "
+                               "or --sequence-parallel")
+        if par.hpz_partition_size > 1 and self.zero_stage != 3:
+            # only stage3.py reads zero_hpz_partition_size
+            raise ZerokitError("ZeRO++ hpZ partitions ZeRO-3 parameters: use --stage 3 or drop --hpz")
+
+    @property
+    def parallelism(self) -> "Parallelism":
+        return Parallelism(self.tensor_parallel, self.sequence_parallel, self.hpz_partition_size)
+
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel replicas: what the global batch counts (a TP or SP group trains on one batch together)."""
+        return self.parallelism.data_parallel(world_size)
+
+    def zero_ranks(self, world_size: int) -> int:
+        """Ranks ZeRO partitions over: data x sequence-parallel ranks (utils/groups.py _get_sequence_data_parallel_group:
+        "the process group for zero sharding and gradient allreduce must be across both dimensions of data and
+        sequence parallelism"); with AutoTP the data-parallel group, world / TP (_init_tp_mesh_device)."""
+        return world_size // self.tensor_parallel
 
     @property
     def gradient_comm_precision(self) -> str:
@@ -80,6 +112,13 @@ class ZeroSetup:
         parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
         if self.activation_checkpointing:
             parts.append("ckpt")
+        for name, v in (("tp", self.tensor_parallel), ("sp", self.sequence_parallel), ("hpz", self.hpz_partition_size)):
+            if v > 1:
+                parts.append(f"{name}={v}")
+        if self.tiled_loss:
+            parts.append("tiled-loss")
+        if self.tiled_mlp:
+            parts.append("tiled-mlp")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
