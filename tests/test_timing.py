@@ -136,3 +136,49 @@ def test_collective_calls_match_a_real_deepspeed_step(tmp_path):
         got = counted[path]
         assert got.get("all_reduce", 0) == calls.reduces, (path, got, calls)
         assert got.get("all_gather_into_tensor", 0) + got.get("all_gather", 0) == calls.gathers, (path, got, calls)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_collective_calls_match_a_real_deepspeed_step(tmp_path):
+    """Oracle: a real 2-rank AutoTP step (autotp_size 2, ZeRO-1 fp32, reduce buckets of 16,384 elements; torch.distributed
+    counted by tests/helpers/collective_count.py) makes ZeRO's bucketed reduces over the TP shard plus
+    timing.model_parallel_calls' all-reduces (per layer two forward, five backward; the LM head's input gradient; the
+    gradient norm over the TP group), and one all_gather_into_tensor, the LM head's logits: ZeRO-1 skips its parameter
+    gather in a data-parallel group of one rank."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    from zerokit.estimate.timing import collective_calls_per_step, model_parallel_calls
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import ZeroKnobs
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = load_model_spec("tiny-llama")
+    cluster = build_cluster(gpu="cpu", gpus_per_node=2)
+    zero = {"stage": 1, "reduce_bucket_size": 16384, "allgather_bucket_size": 16384}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+           "tensor_parallel": {"autotp_size": 2}}
+    path = tmp_path / "tp.json"
+    path.write_text(json.dumps(cfg))
+    setup = ZeroSetup(zero_stage=1, precision="fp32", micro_batch_size=1, tensor_parallel=2)
+    zero_calls = collective_calls_per_step(spec.tensor_parallel_shard(2), cluster, setup, ZeroKnobs.from_zero_config(zero))
+    tp_calls = model_parallel_calls(spec, setup)
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=str(repo))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(repo / ".cache" / "torch_extensions"))
+    argv = [str(bindir / "deepspeed"), "--num_gpus", "2", "--master_port", str(31500 + os.getpid() % 2000),
+            "--module", "tests.helpers.collective_count", "--model", str(repo / "zerokit/data/models/tiny-llama"),
+            "--seq-len", "32", str(path)]
+    r = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    (got,) = [json.loads(line[6:]) for line in r.stdout.splitlines() if line.startswith("COUNT ")]
+    assert tp_calls.reduces == 4 * (2 + 5) + 1 + 1
+    assert got["all_reduce"] == zero_calls.reduces + tp_calls.reduces, (got, zero_calls, tp_calls)
+    assert got.get("all_gather_into_tensor", 0) + got.get("all_gather", 0) == zero_calls.gathers + tp_calls.gathers == 1

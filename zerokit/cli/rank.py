@@ -53,6 +53,8 @@ def parse_rank_args(argv: list[str] | None = None):
                          "--freeze` writes it); default: every weight")
     ap.add_argument("--merge", action="store_true",
                     help="LoRA/QLoRA: also write final/merged, the adapter merged into the base weights")
+    ap.add_argument("--tiled-loss", action="store_true", help="LM head and loss through TiledFusedLogitsLoss")
+    ap.add_argument("--tiled-mlp", action="store_true", help="every decoder MLP through TiledMLP")
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     args = ap.parse_args(argv)

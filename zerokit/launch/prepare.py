@@ -134,6 +134,10 @@ class LaunchPlan:
              "--save-every", str(self.save_every), "--seed", str(self.request.seed)]
         if self.setup.activation_checkpointing:
             a.append("--gradient-checkpointing")
+        if self.setup.tiled_loss:
+            a.append("--tiled-loss")
+        if self.setup.tiled_mlp:
+            a.append("--tiled-mlp")
         if not self.deepspeed_checked:
             a.append("--check-config")
         if self.cluster.dist_backend:  # deepspeed.init_distributed(dist_backend=...) in the ranks
@@ -369,9 +373,11 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     pins, world = dict(req.pins), cluster.world_size
     held = held_global_batch(req, resize)
     if req.config:
-        if pins.keys() - {"activation_checkpointing"}:
-            raise ZerokitError("--stage/--offload-*/--precision/--micro-batch/--grad-accum choose a setup for --plan; "
-                               "with --config the config decides: drop them or use --plan")
+        # what the script does beyond the config may be pinned with --config: checkpointing and ALST's tiling
+        if pins.keys() - {"activation_checkpointing", "tiled_loss", "tiled_mlp"}:
+            raise ZerokitError("--stage/--offload-*/--precision/--micro-batch/--grad-accum/--tensor-parallel/"
+                               "--sequence-parallel/--hpz choose a setup for --plan; with --config the config decides: "
+                               "drop them or use --plan")
         from zerokit.config.check import check_config
         from zerokit.config.rules import auto_keys, load_config_file
 
@@ -385,7 +391,8 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
                               deepspeed_now=not deepspeed_in_ranks or bool(auto_keys(ds_config)),
                               # a user's Trainer fills "auto" from its own arguments, unknown here: judge the largest
                               # micro batch that fits and the best precision, as `zerokit check` answers
-                              answer_auto=bool(req.script_command))
+                              answer_auto=bool(req.script_command),
+                              tiled={k: bool(pins.get(k)) for k in ("tiled_loss", "tiled_mlp")})
         if not result.valid:
             if verbose():
                 print(format_check(result), file=sys.stderr)
@@ -417,7 +424,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
         raise ZerokitError("no ZeRO setup fits this model on this hardware: see the breakdown above",
                            exit_code=EXIT_DOES_NOT_FIT)
     setup = plan.best.setup
-    steps = _steps(samples, world, setup.micro_batch_size, setup.gradient_accumulation_steps, req)
+    steps = _steps(samples, setup.data_parallel(world), setup.micro_batch_size, setup.gradient_accumulation_steps, req)
     lr = req.lr or (2e-5 if model.init == "weights" else 1e-3)
     warmup = req.warmup_steps if req.warmup_steps is not None else max(1, (steps or 10) // 10)
     ds_config = render_ds_config(setup, cluster, spec, workload, profile=profile, lr=lr, warmup_steps=warmup,

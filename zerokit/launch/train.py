@@ -93,6 +93,8 @@ class RankOptions:
     dist_backend: str | None = None  # deepspeed.init_distributed(dist_backend=...); None: DeepSpeed's default
     finetune: Finetune = Finetune()  # what trains: full, --freeze patterns, LoRA or QLoRA
     merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base)
+    tiled_loss: bool = False  # the LM head and loss through TiledFusedLogitsLoss (launch/parallel.py)
+    tiled_mlp: bool = False  # every decoder MLP through TiledMLP
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,6 +454,11 @@ def main(args: RankOptions) -> int:
         torch.cuda.set_device(local_rank)
     deepspeed.init_distributed(dist_backend=args.dist_backend)  # None: the accelerator's communication_backend_name()
     rank, world = dist.get_rank(), dist.get_world_size()
+    # TP and SP groups (the config's keys): every rank of one reads the same samples (launch/parallel.py)
+    from zerokit.launch import parallel
+
+    layout = parallel.RankLayout.from_config(ds_config, rank, world)
+    dp = layout.data_parallel
 
     # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure.meter
     meter = None
@@ -499,6 +506,11 @@ def main(args: RankOptions) -> int:
             if not hasattr(p, "ds_id") and p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
 
+    if args.tiled_mlp:
+        parallel.tile_mlps(model)
+    # Ulysses: the SP groups and the attention wrapper, before the engine (which takes their mpu)
+    mpu = parallel.register_ulysses(model, layout.sequence_parallel, int(ds_config.get("train_micro_batch_size_per_gpu", 1)))
+
     optimizer = None
     if "optimizer" not in ds_config:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
@@ -507,7 +519,11 @@ def main(args: RankOptions) -> int:
         optimizer=optimizer,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=ds_config,
+        mpu=mpu,
     )
+    head_switch = parallel.HeadSwitch(engine.module.get_output_embeddings()) if args.tiled_loss else None
+    sp_group = mpu.get_sequence_parallel_group() if mpu is not None else None
+    vocab = engine.module.get_output_embeddings().weight.shape[0] if args.tiled_loss else 0
     if meter is not None and hasattr(meter, "register_deepspeed_engine"):
         try:
             meter.register_deepspeed_engine(engine)
@@ -525,13 +541,13 @@ def main(args: RankOptions) -> int:
 
     dataset = make_dataset(args)
     Sampler = make_sampler_class()
-    sampler = Sampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=False)
+    sampler = Sampler(dataset, num_replicas=dp, rank=layout.data_rank, shuffle=True, seed=args.seed, drop_last=False)
     mb = engine.train_micro_batch_size_per_gpu()
     ga = engine.gradient_accumulation_steps()
     loader = torch.utils.data.DataLoader(dataset, batch_size=mb, sampler=sampler, drop_last=False, num_workers=0)
     micro_per_epoch = math.ceil(sampler.num_samples / mb)
-    # the one step-count rule: `zerokit launch` predicted with it (sampler.num_samples = ceil(n / world))
-    total_steps = optimizer_steps(len(dataset), world, mb, ga, args.steps, args.epochs)
+    # the one step-count rule: `zerokit launch` predicted with it (sampler.num_samples = ceil(n / replicas))
+    total_steps = optimizer_steps(len(dataset), dp, mb, ga, args.steps, args.epochs)
 
     # resume
     epoch, batch_in_epoch, resumed_from = 0, 0, 0
@@ -557,16 +573,16 @@ def main(args: RankOptions) -> int:
             raise RuntimeError(f"could not load checkpoint {ckpt_dir}/{tag}")
         zk = client["zerokit"]
         epoch, batch_in_epoch = zk["epoch"], zk["batch_in_epoch"]
-        saved_world = zk.get("world_size", world)
-        if saved_world != world:
+        saved_dp = zk.get("data_parallel", zk.get("world_size", world))
+        if saved_dp != dp:
             # the position by samples consumed: DistributedSampler deals one seeded permutation round-robin
-            # (rank r takes indices[r::world]), so the first k x world samples of the epoch are the same set
-            # whatever the world size; with the global batch held the count divides by micro x new world
-            consumed = zk.get("samples_in_epoch", batch_in_epoch * zk.get("micro_batch", mb) * saved_world)
-            if consumed % (mb * world):
+            # (replica r takes indices[r::replicas]), so the first k x replicas samples of the epoch are the same set
+            # whatever the number of replicas; with the global batch held the count divides by micro x new replicas
+            consumed = zk.get("samples_in_epoch", batch_in_epoch * zk.get("micro_batch", mb) * saved_dp)
+            if consumed % (mb * dp):
                 raise RuntimeError(f"checkpoint {tag}: {consumed} samples into epoch {epoch} do not split into micro "
-                                   f"batch {mb} x {world} ranks")
-            batch_in_epoch = consumed // (mb * world)
+                                   f"batch {mb} x {dp} data-parallel replicas")
+            batch_in_epoch = consumed // (mb * dp)
         rngs = zk["rng"]
         # rank r continues saved rank r's stream; a rank the old run did not have takes rank 0's (the streams
         # only drive dropout and the like; none is more right than another, rank 0's always exists)
@@ -605,7 +621,7 @@ def main(args: RankOptions) -> int:
         if b >= micro_per_epoch:
             e, b = e + 1, 0
         return {"zerokit": {"epoch": e, "batch_in_epoch": b, "rng": rngs, "seed": args.seed, "world_size": world,
-                            "micro_batch": mb, "samples_in_epoch": b * mb * world}}
+                            "data_parallel": dp, "micro_batch": mb, "samples_in_epoch": b * mb * dp}}
 
     def save(step: int, e: int, b: int) -> None:
         tag = tag_for_step(step)
@@ -621,6 +637,30 @@ def main(args: RankOptions) -> int:
             write_shape(ckpt_dir / tag, world, mb, ga, stage, "bf16" if bf16 else "fp16" if fp16 else "fp32")
             write_latest(ckpt_dir, tag)
         dist.barrier()
+
+    def forward_loss(batch):
+        """(loss, outputs) of a micro batch: the model's own loss (HF's mean over real tokens), or with SP or a tiled
+        loss the same mean computed here (the model then returns no loss: it gets no labels)."""
+        if layout.sequence_parallel == 1 and head_switch is None:
+            out_ = engine(**batch)
+            return out_.loss, out_
+        if layout.sequence_parallel > 1:
+            part = parallel.sp_shard(batch, layout)
+            shift = part.pop("shift_labels")
+        else:
+            part = {k: v for k, v in batch.items() if k != "labels"}
+            shift = parallel.shift_labels_of(batch)
+        out_ = engine(**part, use_cache=False)
+        if head_switch is not None:  # out_.logits is the final hidden state: the head returned its input
+            total, good = parallel.tiled_causal_lm_loss(head_switch, out_.logits, shift, vocab)
+        else:
+            logits = out_.logits
+            total = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), shift.view(-1),
+                                                      ignore_index=-100, reduction="sum")
+            good = (shift != -100).sum()
+        if sp_group is not None:
+            return parallel.sp_group_loss(total, good, sp_group), out_
+        return total / good.clamp(min=1), out_
 
     it = stream()
     step = engine.global_steps
@@ -638,10 +678,13 @@ def main(args: RankOptions) -> int:
         for _ in range(ga):
             e_cur, b_cur, batch = next(it)
             batch = {k: v.to(engine.device) for k, v in batch.items()}
-            out_ = phases.run("forward", lambda: engine(**batch))
-            phases.run("backward", lambda: engine.backward(out_.loss))
+            # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a loop
+            # that keeps `outputs = model(**batch)`: the memory model counts those logits (memory.phase_terms
+            # logits_output)
+            loss_, out_ = phases.run("forward", lambda: forward_loss(batch))
+            phases.run("backward", lambda: engine.backward(loss_))
             phases.run("step", engine.step)
-            loss_sum += float(out_.loss.detach().float())
+            loss_sum += float(loss_.detach().float())
             # real tokens only: padding (attention mask 0) is computed but is no data; prompt tokens count
             mask = batch.get("attention_mask")
             tokens += int(batch["input_ids"].numel() if mask is None else mask.sum())
@@ -650,7 +693,8 @@ def main(args: RankOptions) -> int:
         local_loss = loss_sum / ga
         red = torch.tensor([local_loss, float(tokens)], dtype=torch.float64, device=engine.device)
         dist.all_reduce(red)
-        loss, global_tokens = float(red[0]) / world, int(red[1])
+        # every rank of a TP or SP group read the same samples and reports its group's loss
+        loss, global_tokens = float(red[0]) / world, int(red[1]) // layout.model_parallel
         step_times.append(step_time)
         rec = {
             "event": "step", "step": step, "loss": loss, "local_loss": local_loss, "step_time": step_time,
@@ -737,6 +781,13 @@ def export_final(engine, out: Path, ckpt_dir: Path, tag: str, stage: int, bf16: 
         if rank == 0:
             _export_zero3_fp32(ckpt_dir, tag, tmp)
             module.config.save_pretrained(str(tmp))
+    elif engine.autotp_size() > 1:
+        # AutoTP: every rank holds a slice of each Linear; DeepSpeed gathers them layer by layer on every rank and
+        # hands rank 0 the whole state dict (engine._replace_module_consolidated_state_dict, which
+        # _consolidated_16bit_state_dict picks when autotp_size > 1)
+        state = engine._consolidated_16bit_state_dict()
+        if rank == 0:
+            module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
     elif rank == 0:
         module.save_pretrained(str(tmp), safe_serialization=True)  # bf16 run: the bf16 module weights
     if rank == 0:
