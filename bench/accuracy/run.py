@@ -65,6 +65,14 @@ class Job:
     ckpt: bool = False
     accum: int = 1  # gradient accumulation steps
     finetune: str = "full"  # full | lora | qlora | freeze (FREEZE_PATTERNS); zerokit launch --finetune / --freeze
+    # beyond data parallelism (issue 11): AutoTP and Ulysses degrees, the hpZ partition, ALST's tiling; ranks = the job's
+    # ranks on its one node (4 for TP x DP and hpZ, which need more ranks than a group)
+    tp: int = 1
+    sp: int = 1
+    hpz: int = 1
+    tiled_loss: bool = False
+    tiled_mlp: bool = False
+    ranks: int = 2
 
     @property
     def name(self) -> str:
@@ -77,6 +85,15 @@ class Job:
             parts.append("ckpt")
         if self.accum > 1:
             parts.append(f"ga{self.accum}")
+        for tag, v in (("tp", self.tp), ("sp", self.sp), ("hpz", self.hpz)):
+            if v > 1:
+                parts.append(f"{tag}{v}")
+        if self.tiled_loss:
+            parts.append("tloss")
+        if self.tiled_mlp:
+            parts.append("tmlp")
+        if self.ranks != 2:
+            parts.append(f"r{self.ranks}")
         if self.finetune != "full":
             parts.append(self.finetune)
         return "_".join(parts)
@@ -112,11 +129,17 @@ class Job:
         return ZeroSetup(zero_stage=self.stage, offload_optimizer=self.offload_optimizer,
                          offload_param=self.offload_param, precision=self.precision,
                          micro_batch_size=self.micro_batch, gradient_accumulation_steps=self.accum,
-                         activation_checkpointing=self.ckpt)
+                         activation_checkpointing=self.ckpt, tensor_parallel=self.tp, sequence_parallel=self.sp,
+                         hpz_partition_size=self.hpz, tiled_loss=self.tiled_loss, tiled_mlp=self.tiled_mlp)
+
+    def tiled_args(self) -> list[str]:
+        """ALST's tiling is how zerokit's loop runs, not a config key: launch --config takes it as an option."""
+        return ((["--tiled-loss", "on"] if self.tiled_loss else []) + (["--tiled-mlp", "on"] if self.tiled_mlp else []))
 
 
-def J(model, stage, precision, mb, seq, oo="none", op="none", ckpt=False, ga=1, ft="full") -> Job:
-    return Job(model, stage, precision, mb, seq, oo, op, ckpt, ga, ft)
+def J(model, stage, precision, mb, seq, oo="none", op="none", ckpt=False, ga=1, ft="full", tp=1, sp=1, hpz=1,
+      tl=False, tm=False, ranks=2) -> Job:
+    return Job(model, stage, precision, mb, seq, oo, op, ckpt, ga, ft, tp, sp, hpz, tl, tm, ranks)
 
 
 # --freeze for the "freeze" rows, by architecture: the input embedding and the first layer, the usual partial
@@ -188,6 +211,22 @@ FINETUNE = [
     J("tiny-llama", 0, "fp32", 4, 128, ft="lora"),
 ]
 QUICK += FINETUNE
+# Beyond data parallelism (issue 11): Ulysses SP at ZeRO-2/3, AutoTP at ZeRO-1/2 (and TP 2 x DP 2 on 4 ranks), ZeRO++
+# hpZ on 4 ranks, ALST's tiled loss and tiled MLP (seq 512 > hidden 128: 4 MLP slices), SP with a tiled loss.
+PARALLEL = [
+    J("tiny-llama", 2, "fp32", 2, 128, sp=2),
+    J("tiny-llama", 3, "bf16", 2, 128, sp=2),
+    J("small-llama", 2, "bf16", 2, 128, sp=2),
+    J("tiny-llama", 1, "fp32", 2, 128, tp=2),
+    J("tiny-llama", 2, "bf16", 2, 128, tp=2),
+    J("small-llama", 2, "bf16", 2, 128, tp=2, ranks=4),
+    J("tiny-llama", 3, "fp32", 2, 128, hpz=2, ranks=4),
+    J("small-llama", 3, "bf16", 2, 128, hpz=2, ranks=4),
+    J("tiny-llama", 2, "bf16", 2, 256, tl=True),
+    J("tiny-llama", 2, "fp32", 1, 512, tm=True),
+    J("tiny-llama", 3, "bf16", 1, 256, sp=2, tl=True),
+]
+QUICK += PARALLEL
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
 
 
@@ -260,11 +299,11 @@ def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, step
         cmd += ["--gpu", "cpu"]
     if profile:  # fp16 on CPU: the profile that says the (harnessed) CPU trains fp16
         cmd += ["--hardware-profile", profile]
-    cmd += ["--gpus-per-node", str(ranks), "--seq-len", str(job.seq_len), "--steps", str(steps),
+    cmd += ["--gpus-per-node", str(job.ranks if device == "cpu" else ranks), "--seq-len", str(job.seq_len), "--steps", str(steps),
             "--output-dir", str(out)]
     if job.ckpt:
         cmd += ["--activation-checkpointing", "on"]
-    return cmd + job.finetune_args()
+    return cmd + job.finetune_args() + job.tiled_args()
 
 
 def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, memory_steps: int,
@@ -280,7 +319,7 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
     cmd = launch_command(job, cfg, out, device, ranks, steps, profile)
     env = dict(os.environ, ZEROKIT_MEMORY_STEPS=str(memory_steps) if device == "cpu" else "0")
     if device == "cpu":
-        env["OMP_NUM_THREADS"] = str(rank_threads(ranks))
+        env["OMP_NUM_THREADS"] = str(rank_threads(job.ranks))
     if device == "cpu" and job.precision == "fp16":  # every process of the job: launcher, deepspeed, ranks
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FP16_HARNESS), env.get("PYTHONPATH")]))
     t0 = time.perf_counter()
@@ -400,8 +439,16 @@ def main(argv=None) -> int:
     fp16_profile = fp16_cpu_profile(args.hardware_profile, runs) if fp16_cpu else None
     fp16_cluster = make_cluster(device, ranks, args.gpu, gpu_mib, fp16_profile) if fp16_cpu else None
 
+    by_ranks = {}
+
     def cluster_of(job):
-        return fp16_cluster if fp16_cpu and job.precision == "fp16" else cluster
+        if fp16_cpu and job.precision == "fp16":
+            return fp16_cluster
+        if device == "cpu" and job.ranks != ranks:  # the 4-rank jobs (TP x DP, hpZ): a node of 4 CPU ranks
+            if job.ranks not in by_ranks:
+                by_ranks[job.ranks] = make_cluster(device, job.ranks, args.gpu, gpu_mib, args.hardware_profile)
+            return by_ranks[job.ranks]
+        return cluster
     t_all = time.perf_counter()
     run_of = {}
     for r, rdir in enumerate(rep_dirs, 1):

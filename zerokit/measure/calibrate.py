@@ -145,10 +145,15 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
         n_iter = max(iters, 50) if nbytes <= 64 * 1024 else iters  # latency: ~1 ms per call, noisy
         x = torch.ones(numel, device=device)
         out = torch.empty(numel * world_size, device=device)
+        # all-to-all of the same bytes per rank (Ulysses' q/k/v exchange: ulysses_sp.py _dim_zero_all_to_all);
+        # its input split evenly over the ranks
+        a2a_in = torch.ones(max(world_size, numel - numel % world_size), device=device)
+        a2a_out = torch.empty_like(a2a_in)
         row = {"bytes": numel * 4}
         for name, fn in (
             ("all_reduce", lambda: dist.all_reduce(x)),
             ("all_gather", lambda: dist.all_gather_into_tensor(out, x)),
+            ("all_to_all", lambda: dist.all_to_all_single(a2a_out, a2a_in)),
         ):
             fn()  # warm-up
             sync(device)
@@ -164,7 +169,8 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
             n = world_size
             # bus bandwidth (nccl-tests): all-reduce moves 2(n-1)/n of the buffer per rank,
             # all-gather (n-1)/n of the gathered output
-            factor = 2 * (n - 1) / n if name == "all_reduce" else (n - 1)
+            # all-to-all sends (n-1)/n of its buffer
+            factor = 2 * (n - 1) / n if name == "all_reduce" else (n - 1) / n if name == "all_to_all" else (n - 1)
             row[f"{name}_s"] = dt
             row[f"{name}_busbw_gbps"] = numel * 4 * factor / dt / 1e9
         rows.append(row)
@@ -238,6 +244,7 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
         "latency_s": min(first["all_reduce_s"], first["all_gather_s"]) if first["bytes"] <= 64 * 1024 else None,
         "all_reduce_latency_s": first["all_reduce_s"] if first["bytes"] <= 64 * 1024 else None,
         "all_gather_latency_s": first["all_gather_s"] if first["bytes"] <= 64 * 1024 else None,
+        "all_to_all_latency_s": first.get("all_to_all_s") if first["bytes"] <= 64 * 1024 else None,
         "by_size": rows,
     }
     if compute_seconds is not None:
@@ -597,6 +604,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "collective_latency_s": coll.get("latency_s"),
         "all_reduce_latency_s": coll.get("all_reduce_latency_s"),
         "all_gather_latency_s": coll.get("all_gather_latency_s"),
+        "all_to_all_latency_s": coll.get("all_to_all_latency_s"),
         **copies,
         "cpu_adam_params_per_s": cpu_adam,
         "torch_adamw_params_per_s": adamw,
