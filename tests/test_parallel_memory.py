@@ -114,6 +114,7 @@ def test_the_64k_example_fits_only_with_sequence_parallelism_and_tiling():
                                            "tiled_mlp": False})
     assert not plain.fits
     assert any("shorten the sequence to 37431 tokens" in s for s in plain.suggestions)
+    assert any("pipeline parallelism is not planned" in n for n in plain.notes)  # and why
     plan = make_plan(model, H100x8, wl)
     assert plan.fits
     choice = plan.to_dict()["choice"]

@@ -502,7 +502,9 @@ def main(argv=None) -> int:
     method = next((m["memory_method"] for j in jobs_out for m in j["measured"].values()), None)
     failed = [r["job"] for r in rows if r.get("failed")]
     header = [
-        f"zerokit accuracy: predicted vs measured, {len(jobs)} real {ranks}-rank DeepSpeed jobs ({device})",
+        f"zerokit accuracy: predicted vs measured, {len(jobs)} real {ranks}-rank DeepSpeed jobs ({device})"
+        + (f" ({sum(j.ranks != ranks for j in jobs)} of them on the ranks their name says: _r4 = 4)"
+           if device == "cpu" and any(j.ranks != ranks for j in jobs) else ""),
         f"command: {cmd}" + ("   (re-predicted against existing runs: --reuse)" if args.reuse else ""),
         f"machine: {machine()}",
         f"date: {time.strftime('%Y-%m-%d %H:%M:%S')}; wall {wall:.0f} s; {args.steps} steps per job, "

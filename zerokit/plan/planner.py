@@ -343,6 +343,7 @@ def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked,
                 memory_fraction=memory_fraction)
     if chosen is None and smallest is not None:
         plan.suggestions = suggest(model, cluster, workload, smallest, knobs, memory_fraction)
+        plan.notes.append(PIPELINE_NOTE)
     acc = cluster.accelerator
     left_out = [p for p in acc.precisions if p not in acc.plannable_precisions and p != pins.get("precision")]
     if left_out:
@@ -351,6 +352,16 @@ def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked,
             f"{p} left out: its matmul measured {acc.peak_flops(p) / 1e9:.3g} GFLOP/s here, under 1/10 of {fastest}'s "
             f"{acc.peak_flops(fastest) / 1e9:.3g} (pin --precision {p} to plan it anyway)" for p in left_out))
     return plan
+
+
+# Why the planner never proposes pipeline parallelism, said when nothing fits: DeepSpeed's pipeline engine trains a
+# deepspeed.pipe.PipelineModule, a flat list of layers with the loss given separately (runtime/pipe/module.py), and
+# refuses ZeRO-2/3 (pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"); an HF model is one nn.Module whose forward
+# takes a dict, so it must be rewritten as such a list first. Per GPU it saves what ZeRO-3 already partitions (model
+# states over the ranks), while the activations of the layers in flight stay.
+PIPELINE_NOTE = ("pipeline parallelism is not planned: DeepSpeed's pipeline engine needs the model rewritten as a "
+                 "PipelineModule (a list of layers, not an HF model as it is) and runs ZeRO-0/1 only, whose model "
+                 "states ZeRO-3 already partitions further")
 
 
 def _rejection(ev: Evaluation, reason: str) -> dict:

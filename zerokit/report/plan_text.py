@@ -36,6 +36,7 @@ TERM_LABELS = {
     "param_swap_buffers": "parameter swap buffers",
     "hpz_secondary_partition": "hpZ secondary parameter partition",
     "tiled_loss_input_grad": "tiled loss: hidden-state gradient",
+    "tiled_loss_head_grad": "tiled loss: LM head gradient",
     "tiled_mlp_backward": "tiled MLP backward (one slice)",
     "sp_all_to_all_buffers": "Ulysses all-to-all buffers (one layer)",
 }
