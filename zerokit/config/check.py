@@ -233,25 +233,12 @@ def with_parallelism(setup, par):
 
 
 def sequence_parallel_findings(sp: int, model, seq_len: int) -> list:
-    """What Ulysses refuses for this model and sequence once the ranks run (deepspeed/runtime/sequence_parallel/
-    ulysses_sp.py): UlyssesSPAttentionHF.__init__ splits the attention heads over the SP ranks (and the KV heads, or
-    replicates them over the ranks when there are fewer), UlyssesSPDataLoaderAdapter splits every sequence."""
+    """spec.setup.ulysses_problems for this model and sequence, as errors on sequence_parallel_size."""
     from zerokit.config.rules import Finding
+    from zerokit.spec.setup import ulysses_problems
 
-    if sp <= 1:
-        return []
-    key, out = "sequence_parallel_size", []
-    heads, kv = model.num_attention_heads, model.num_kv_heads or model.num_attention_heads
-    if heads % sp:
-        out.append(Finding("error", key, f"{sp} does not divide the model's {heads} attention heads (Ulysses splits "
-                                         "them over the sequence-parallel ranks): use a divisor of it"))
-    elif kv % sp and sp % kv:
-        out.append(Finding("error", key, f"{sp} and the model's {kv} KV heads do not divide one another (Ulysses "
-                                         "splits or replicates them): use a divisor or multiple of it"))
-    if seq_len % sp:
-        out.append(Finding("error", key, f"{sp} does not divide the sequence of {seq_len} tokens (each rank takes an "
-                                         f"equal slice): use a --seq-len that is a multiple of {sp}"))
-    return out
+    return [Finding("error", "sequence_parallel_size", why)
+            for why in ulysses_problems(model.num_attention_heads, model.num_kv_heads, sp, seq_len)]
 
 
 def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searched: bool, has_model: bool,

@@ -83,8 +83,7 @@ def sp_shard(batch: dict, layout: RankLayout) -> dict:
     if seq % sp:
         raise ValueError(f"sequence length {seq} is not divisible by sequence_parallel_size {sp}")
     chunk = seq // sp
-    labels = batch.get("labels", ids)
-    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    shift = shift_labels_of(batch)
     positions = torch.arange(seq, dtype=torch.long).unsqueeze(0).expand_as(ids)
     lo, hi = chunk * layout.sp_rank, chunk * (layout.sp_rank + 1)
     return {"input_ids": ids[:, lo:hi].contiguous(), "position_ids": positions[:, lo:hi].contiguous(),
@@ -113,7 +112,7 @@ def sp_group_loss(loss_sum, good_tokens, sp_group):
         warnings.simplefilter("ignore", FutureWarning)
         sums = dnn.all_gather(loss_sum, group=sp_group)
         counts = [t.detach() for t in dnn.all_gather(good_tokens, group=sp_group)]
-    total = torch.stack([s for s in sums]).sum()
+    total = torch.stack(sums).sum()
     return total / max(int(sum(int(c) for c in counts)), 1)
 
 

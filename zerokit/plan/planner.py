@@ -19,7 +19,7 @@ from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstim
 from zerokit.spec.model import ModelSpec
 from zerokit.estimate.timing import TimeEstimate, estimate_time
 from zerokit.core.units import fmt_bytes
-from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, batch_split
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, batch_split, ulysses_problems
 
 TIE_TOLERANCE = 0.01  # relative step-time difference treated as a tie
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -30,6 +30,13 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
             "gradient_accumulation_steps", "activation_checkpointing") + PARALLEL_KEYS
+# the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
+SCRIPT_LEVEL_KEYS = ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp")
+
+
+def needs_script(option: dict) -> bool:
+    """Whether a parallel_options entry uses any SCRIPT_LEVEL_KEYS (degrees above 1, tiling on)."""
+    return option["tensor_parallel"] > 1 or option["sequence_parallel"] > 1 or option["tiled_loss"] or option["tiled_mlp"]
 
 
 @dataclass
@@ -79,9 +86,8 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
     """Why a TP or SP degree cannot run this model on this cluster (one line naming the fix), or None.
     Both stay inside a node: their collectives run every layer (timing.model_parallel_bytes), on the node's links.
     AutoTP splits the heads and KV heads between its ranks (module_inject tp_shard.get_shard_size over the heads);
-    Ulysses needs heads % sp == 0, KV heads and sp dividing one another, and sp dividing the sequence
-    (ulysses_sp.py UlyssesSPAttentionHF.__init__; config.check.sequence_parallel_findings), and an sdpa or flash
-    kernel (register_with_transformers refuses eager)."""
+    Ulysses' own refusals are spec.setup.ulysses_problems; it also needs an sdpa or flash kernel
+    (register_with_transformers refuses eager)."""
     gpn = cluster.gpus_per_node
     a, k = model.num_attention_heads, model.num_kv_heads
     for name, flag, d in (("tensor", "--tensor-parallel", tensor_parallel), ("sequence", "--sequence-parallel", sequence_parallel)):
@@ -94,12 +100,9 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
         if model.trainable_params is not None:
             return "AutoTP tensor parallelism is planned for full fine-tunes only: drop --tensor-parallel or --finetune/--freeze"
     if sequence_parallel > 1:
-        sp = sequence_parallel
-        if a % sp or not (k % sp == 0 or sp % k == 0):
-            return (f"--sequence-parallel {sp} needs the {a} attention heads divisible by it and the {k} KV heads "
-                    "dividing it or divisible by it: use a degree that does")
-        if workload.seq_len % sp:
-            return f"--sequence-parallel {sp} does not divide --seq-len {workload.seq_len}: use a multiple of {sp}"
+        problems = ulysses_problems(a, k, sequence_parallel, workload.seq_len)
+        if problems:
+            return f"--sequence-parallel {problems[0]}"
         if workload.attention == "eager" or not model.supports_sdpa:
             return "Ulysses sequence parallelism needs sdpa or flash attention (it refuses eager): use --attention sdpa"
     return None
@@ -261,13 +264,12 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
     # SP, TP and tiling change the training script (Ulysses' attention and data loader, AutoTP's identical batches
     # within a group, a patched loss or MLP), so they are searched when data parallelism alone (ZeRO, offload,
     # checkpointing, hpZ) fits nothing, or when one of them is pinned
-    script_level = [k for k in SCRIPT_LEVEL_KEYS if k in pins]
-    plain = [o for o in options if o["tensor_parallel"] == o["sequence_parallel"] == 1
-             and not (o["tiled_loss"] or o["tiled_mlp"])]
-    stages = [options] if script_level or not plain else [plain, [o for o in options if o not in plain]]
+    plain = [o for o in options if not needs_script(o)]
+    pinned = any(k in pins for k in SCRIPT_LEVEL_KEYS)
+    stages = [options] if pinned or not plain else [plain, [o for o in options if needs_script(o)]]
     pairs_for: dict[int, list[tuple[int, int]]] = {}
     best_per_family: list[Evaluation] = []
-    smallest_box: list[Evaluation | None] = [None]  # the least-memory evaluation seen
+    smallest: Evaluation | None = None  # the least-memory evaluation seen
     family_failures: list[Evaluation] = []
     searched = False
     for stage_options in stages:
@@ -277,9 +279,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
                     if (fam["zero_stage"] == 3 or par["hpz_partition_size"] == 1)
                     and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
         searched = searched or bool(families)
-        _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for, best_per_family,
-                family_failures, smallest_box)
-    smallest = smallest_box[0]
+        smallest = _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for,
+                           best_per_family, family_failures, smallest)
     if not searched:
         raise ZerokitError("the pinned options exclude one another (hpZ needs ZeRO-3; AutoTP is planned with ZeRO-0/1/2, "
                            "as measured): drop a pin")
@@ -294,14 +295,10 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
                         family_failures)
 
 
-# the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second)
-SCRIPT_LEVEL_KEYS = ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp")
-
-
 def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for, best_per_family,
-            family_failures, smallest_box) -> None:
+            family_failures, smallest: Evaluation | None) -> Evaluation | None:
     """Each family's fastest fitting micro batch into best_per_family; the first micro batch of a family that fits
-    none into family_failures; the least-memory evaluation into smallest_box[0]."""
+    none into family_failures. Returns the least-memory evaluation, this search's or the given one."""
     for fam in families:
         mp = fam["tensor_parallel"] * fam["sequence_parallel"]
         if mp not in pairs_for:
@@ -316,8 +313,8 @@ def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pa
         for micro, accum in pairs:
             ev = evaluate(model, cluster, workload, ZeroSetup(micro_batch_size=micro, gradient_accumulation_steps=accum, **fam),
                           knobs, memory_fraction)
-            if smallest_box[0] is None or ev.memory.per_gpu_total < smallest_box[0].memory.per_gpu_total:
-                smallest_box[0] = ev
+            if smallest is None or ev.memory.per_gpu_total < smallest.memory.per_gpu_total:
+                smallest = ev
             if ev.fits:
                 fitting.append(ev)
             elif micro == pairs[0][0]:
@@ -325,6 +322,7 @@ def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pa
         if fitting:
             best_per_family.append(min(fitting, key=lambda e: (e.time.step_seconds / e.time.tokens_per_step,
                                                                simplicity(e.setup))))
+    return smallest
 
 
 def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked, chosen, smallest,

@@ -131,7 +131,7 @@ class ZeroSetup:
 @dataclass(frozen=True)
 class Parallelism:
     """How a job's ranks split beyond data parallelism, as DeepSpeed 0.19.8 builds the groups: world = data x tensor x
-    sequence ranks; ZeRO partitions over the data-parallel ranks. 1 means unused.
+    sequence ranks; ZeRO partitions over data x sequence ranks (ZeroSetup.zero_ranks). 1 means unused.
 
     tensor_parallel: AutoTP, `tensor_parallel.autotp_size` (engine._configure_tensor_parallel acts above 1;
       utils/groups.py _init_tp_mesh_device: data-parallel size = world // tp).
@@ -158,12 +158,34 @@ class Parallelism:
         return self.tensor_parallel * self.sequence_parallel
 
     def data_parallel(self, world_size: int) -> int:
-        """Data-parallel ranks (what ZeRO partitions over and what the global batch counts); world must divide."""
+        """Data-parallel replicas (what the global batch counts); world must divide."""
         return world_size // self.model_parallel
 
     def to_dict(self, world_size: int) -> dict:
         return {"data_parallel": self.data_parallel(world_size), "tensor_parallel": self.tensor_parallel,
                 "sequence_parallel": self.sequence_parallel, "hpz_partition_size": self.hpz_partition_size}
+
+
+def ulysses_problems(heads: int, kv_heads: int, sp: int, seq_len: int) -> list[str]:
+    """What Ulysses refuses for a model and sequence once the ranks run (deepspeed/runtime/sequence_parallel/
+    ulysses_sp.py): UlyssesSPAttentionHF.__init__ splits the attention heads over the SP ranks (and the KV heads, or
+    replicates them over the ranks when there are fewer), UlyssesSPDataLoaderAdapter splits every sequence. Each
+    reason starts with the degree, so a caller puts its own name for it in front (`check`: the config key, the
+    planner: --sequence-parallel)."""
+    if sp <= 1:
+        return []
+    out = []
+    kv = kv_heads or heads
+    if heads % sp:
+        out.append(f"{sp} does not divide the model's {heads} attention heads (Ulysses splits them over the "
+                   "sequence-parallel ranks): use a divisor of it")
+    elif kv % sp and sp % kv:
+        out.append(f"{sp} and the model's {kv} KV heads do not divide one another (Ulysses splits or replicates "
+                   "them): use a divisor or multiple of it")
+    if seq_len % sp:
+        out.append(f"{sp} does not divide the sequence of {seq_len} tokens (each rank takes an equal slice): use a "
+                   f"--seq-len that is a multiple of {sp}")
+    return out
 
 
 @dataclass(frozen=True)
