@@ -523,7 +523,9 @@ def main(args: RankOptions) -> int:
     )
     head_switch = parallel.HeadSwitch(engine.module.get_output_embeddings()) if args.tiled_loss else None
     sp_group = mpu.get_sequence_parallel_group() if mpu is not None else None
-    vocab = engine.module.get_output_embeddings().weight.shape[0] if args.tiled_loss else 0
+    # the whole vocabulary, as memory.tiled_loss_shards prices the slices: an AutoTP LM head's weight holds V / tp rows
+    # but gathers its logits to V
+    vocab = engine.module.config.get_text_config().vocab_size
     if meter is not None and hasattr(meter, "register_deepspeed_engine"):
         try:
             meter.register_deepspeed_engine(engine)
