@@ -184,6 +184,8 @@ def _worker_main() -> None:
 
     import torch.distributed as dist  # noqa: PLC0415
 
+    from zerokit.core.process import finish_rank  # noqa: PLC0415
+
     warnings.filterwarnings("ignore")
     spec = json.loads(os.environ["ZEROKIT_COLL_SPEC"])
     rank = int(os.environ["ZEROKIT_COLL_RANK"])
@@ -197,11 +199,14 @@ def _worker_main() -> None:
         device = device_of(cs.get("device"))
         compute = rank_main(cs, device, Lockstep(device))
     dist.barrier()
-    dist.destroy_process_group()
     if rank == 0:
         print("ZEROKIT_RESULT " + json.dumps(rows), flush=True)
         if compute is not None:
             print("ZEROKIT_COMPUTE " + json.dumps(compute), flush=True)
+    # out as zerokit's other ranks end (core.process.finish_rank): the process group destroyed, then no interpreter
+    # teardown. Destroying the group alone was not enough here: a clean CI's quick calibration lost its compute
+    # benchmark to "rank 1 exited -6: terminate called without an active exception" at this worker's exit
+    finish_rank(0)
 
 
 def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] = (1 * MiB, 16 * MiB), iters: int = 5,
