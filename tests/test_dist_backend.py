@@ -256,3 +256,37 @@ def test_two_rank_launch_runs_over_gloo(tmp_path):
         # asked for, and what torch.distributed.get_backend() says the process group runs
         assert start["dist_backend_requested"] == "gloo" and start["dist_backend"] == "gloo", start
         assert any(r["event"] == "step" for r in records)
+
+
+# ------------------------------------------------------------------------------ TORCH_CUDA_ARCH_LIST variants
+
+
+def test_an_arch_list_variant_deepspeed_cannot_parse_is_refused_before_any_rank_starts(monkeypatch):
+    """Seen on an H200 (DeepSpeed 0.19.8, torch 2.11): with TORCH_CUDA_ARCH_LIST holding "9.0a" every rank died building
+    FusedAdam with "invalid literal for int() with base 10: '0a'" (op_builder/builder.py compute_capability_args;
+    deepspeedai/DeepSpeed#7589). The oracle is DeepSpeed's own builder, asked with the same list: the check refuses what
+    it cannot parse, with the list that it can, and passes a plain list and CPU ranks."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    from zerokit.launch.prepare import check_cuda_arch_list
+
+    def deepspeed_parses(archs: str) -> bool:
+        b = FusedAdamBuilder()
+        b.jit_mode, b._jit_arch_list = True, archs
+        try:
+            b.compute_capability_args()
+        except ValueError:
+            return False
+        return True
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+    assert not deepspeed_parses("8.0;9.0a")  # the DeepSpeed installed here still cannot: else this test has no case
+    with pytest.raises(ZerokitError) as err:
+        check_cuda_arch_list(_cluster("h100-80gb"), ranks_here=True)
+    assert "export TORCH_CUDA_ARCH_LIST='8.0;9.0'" in str(err.value) and "\n" not in str(err.value)
+    assert deepspeed_parses("8.0;9.0")
+    check_cuda_arch_list(_cluster("cpu"), ranks_here=True)  # CPU ranks build no CUDA op
+    check_cuda_arch_list(_cluster("h100-80gb"), ranks_here=False)  # other hosts' environments are their own
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    check_cuda_arch_list(_cluster("h100-80gb"), ranks_here=True)

@@ -135,3 +135,19 @@ def test_a_short_name_notes_its_choice_on_stderr(tmp_path):
     r = _plan(["--params", "7e9", "--gpu", "A100"], tmp_path, tmp_path)
     assert r.returncode in (0, 1) and r.stderr.startswith("note: --gpu A100: planning for a100-80gb"), r.stderr
     assert "a100-80gb" in r.stdout
+
+
+@pytest.mark.parametrize("line,name", [("NVIDIA H200, 143771", "h200"), ("NVIDIA B300, 288000", "custom")],
+                         ids=["in-catalog", "not-in-catalog"])
+def test_launch_without_gpu_prices_the_local_gpus_kind(tmp_path, monkeypatch, line, name):
+    """`zerokit launch` with no --gpu on a GPU machine: the GPU's catalog entry (its TFLOP/s and links) when nvidia-smi
+    names one the catalog knows, else only its memory. Before, an H200 was priced on the default's (A100) 312 bf16
+    TFLOP/s instead of its 989."""
+    from zerokit.launch.prepare import LaunchRequest, resolve_cluster
+
+    monkeypatch.setenv("PATH", f"{_fake_smi(tmp_path, [line])}{os.pathsep}/usr/bin:/bin")
+    monkeypatch.setenv("ZEROKIT_CACHE_DIR", str(tmp_path / "cache"))
+    cluster, _, _ = resolve_cluster(LaunchRequest(model="tiny-llama"))
+    mib = int(line.rsplit(",", 1)[1])
+    assert cluster.accelerator.name == name and cluster.accelerator.memory_bytes == mib * 2**20
+    assert cluster.gpus_per_node == 1

@@ -4,7 +4,8 @@ tests/test_parallel_launch.py and the grid's parallel rows, bench/results/accura
 Oracles: the measured per-rank counts in ../shared/reference/finetune-and-parallel-on-cpu.md (AutoTP at TP=2 holds
 2,238,720 of the reference Llama's 3,950,848 parameters per rank; hpZ adds fp32 params / 2 on 4 ranks at hpz 2),
 DeepSpeed's own config classes for what render writes, and the issue's own figure for the 64k example (Llama-3-8B
-on 8 x H100 "shorten the sequence to 37431 tokens" without SP or tiling)."""
+on 8 x H100 "shorten the sequence to 37431 tokens" without SP or tiling, now 37055 with the measured CUDA context).
+ZeRO++ qwZ/qgZ: DeepSpeed's source (they need CUDA; qgZ several nodes) and the ZeRO++ paper's volumes."""
 
 from __future__ import annotations
 
@@ -107,13 +108,15 @@ def test_tiled_loss_holds_one_slice_of_logits():
 
 def test_the_64k_example_fits_only_with_sequence_parallelism_and_tiling():
     """The issue's example: Llama-3-8B (3.1's 128k positions) at 64k tokens on 8 x H100 does not fit with data
-    parallelism alone: "shorten the sequence to 37431 tokens"; planned with SP and a tiled loss it fits."""
+    parallelism alone; planned with SP and a tiled loss it fits. The issue quotes "shorten the sequence to 37431
+    tokens", planned with a 0.8 GiB CUDA-context allowance; with the context measured on an H200 (1.5 GiB) and the
+    cuBLAS workspace (estimate/memory.py CUDA_CONTEXT_BYTES, CUBLAS_WORKSPACE_BYTES) the same search stops at 37055."""
     model = load_model_spec("llama-3.1-8b")
     wl = Workload(seq_len=65536)
     plain = make_plan(model, H100x8, wl, {"sequence_parallel": 1, "tensor_parallel": 1, "tiled_loss": False,
                                            "tiled_mlp": False})
     assert not plain.fits
-    assert any("shorten the sequence to 37431 tokens" in s for s in plain.suggestions)
+    assert any("shorten the sequence to 37055 tokens" in s for s in plain.suggestions)
     assert any("pipeline parallelism is not planned" in n for n in plain.notes)  # and why
     plan = make_plan(model, H100x8, wl)
     assert plan.fits
@@ -253,3 +256,70 @@ def test_all_to_all_script_refuses_a_missing_profile_in_one_line(tmp_path):
     script = Path(__file__).resolve().parents[1] / "bench" / "calibrate_all_to_all.py"
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "none.json")], capture_output=True, text=True)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "error:" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------ ZeRO++ qwZ / qgZ
+H100x16 = Cluster(accelerator("h100-80gb"), gpus_per_node=8, nodes=2)
+
+
+def test_qwz_and_qgz_bytes_follow_the_zeropp_papers_volumes():
+    """ZeRO++ (Wang et al. 2023, sections 3.1 and 3.3): qwZ halves the fp16 parameter all-gather (int8, plus one fp32
+    scale per ~8000 elements: CUDAQuantizer.target_group_size); qgZ sends each node's gradients across nodes as int4,
+    1/4 of the fp16 reduce-scatter's volume, after an int4 all-to-all inside the node. Only on GPUs, at ZeRO-3, and qgZ
+    only across nodes (stage3.py __avg_scatter_grads: num_nodes > 1)."""
+    from zerokit.estimate.timing import collective_bytes
+
+    model = load_model_spec("llama-3-8b")
+    setup = ZeroSetup(zero_stage=3, precision="bf16", micro_batch_size=1)
+    plain = collective_bytes(model, H100x16, setup, ZeroKnobs())
+    qwz = collective_bytes(model, H100x16, setup, ZeroKnobs(zero_quantized_weights=True))
+    assert qwz.parameters / plain.parameters == pytest.approx((1 + 4 / 8000) / 2)
+    assert qwz.gradients == plain.gradients
+    qgz = collective_bytes(model, H100x16, setup, ZeroKnobs(zero_quantized_gradients=True))
+    per_node_fp16 = 2 * model.trainable * (2 - 1) / 2  # the node's share of an fp16 reduce-scatter across 2 nodes
+    assert 8 * qgz.gradients / per_node_fp16 == pytest.approx(0.25)
+    assert qgz.intra_node == pytest.approx(0.5 * model.trainable * 7 / 8)
+    assert qgz.parameters == plain.parameters
+    one_node = collective_bytes(model, H100x8, setup, ZeroKnobs(zero_quantized_gradients=True))
+    assert one_node == collective_bytes(model, H100x8, setup, ZeroKnobs())
+    assert collective_bytes(model, CPU2, setup, ZeroKnobs(zero_quantized_weights=True)) == collective_bytes(
+        model, CPU2, setup, ZeroKnobs())
+
+
+def test_qwz_and_qgz_buffers_as_deepspeeds_source_allocates_them():
+    """qwZ: each gather in flight holds an int8 copy of its full bucket (+ scales) and the largest module is dequantized
+    to fp16 before the parameters get their tensors (partition_parameters.py _all_gather_coalesced, AllGatherCoalesced-
+    Handle.wait); zero_quantized_nontrainable_weights stores a frozen weight's partition int8 (_partition_param). qgZ:
+    per gradient tensor an int4 copy and the all-to-all's output, then 1/L of it reduced and dequantized
+    (all_to_all_quant_reduce). Derived from the source, not measured (CUDA; one GPU runs none of them)."""
+    model = load_model_spec("llama-3-8b")
+    setup = ZeroSetup(zero_stage=3, precision="bf16", micro_batch_size=1)
+    wl = Workload(seq_len=4096)
+    knobs = ZeroKnobs.for_model(model)
+    plain = phase_terms(model, H100x16, setup, wl, knobs)["backward"]
+    q = phase_terms(model, H100x16, setup, wl, replace(knobs, zero_quantized_weights=True,
+                                                       zero_quantized_gradients=True))["backward"]
+    largest = model.largest_layer_params  # the embedding / LM head, 128256 x 4096
+    in_flight = knobs.stage3_prefetch_bucket_size + largest
+    assert q["qwz_gather_buffers"] == int((1 + 4 / 8000) * in_flight) + 2 * largest
+    assert q["qgz_reduce_buffers"] == int((1 + 3 / 8) * largest)
+    assert {k: v for k, v in q.items() if not k.startswith(("qwz", "qgz"))} == plain
+    # one node: no qgZ; one rank or a CPU: neither
+    assert "qgz_reduce_buffers" not in phase_terms(model, H100x8, setup, wl, replace(
+        knobs, zero_quantized_gradients=True))["backward"]
+    assert "qwz_gather_buffers" not in phase_terms(model, Cluster(accelerator("h100-80gb"), gpus_per_node=1), setup, wl,
+                                                   replace(knobs, zero_quantized_weights=True))["backward"]
+
+
+def test_quantized_frozen_partitions_replace_their_16bit_bytes(reference_llama):
+    """zero_quantized_nontrainable_weights with LoRA at ZeRO-3: the frozen base's partition at 1 byte (+ scales) per
+    element instead of 2; the adapters stay bf16."""
+    lora = replace(reference_llama, trainable_params=100_000, finetune_mode="lora")  # adapters' count, frozen base
+    setup = ZeroSetup(zero_stage=3, precision="bf16", micro_batch_size=1)
+    wl = Workload(seq_len=128)
+    knobs = ZeroKnobs.for_model(lora)
+    plain = phase_terms(lora, H100x8, setup, wl, knobs)["step"]
+    q = phase_terms(lora, H100x8, setup, wl, replace(knobs, zero_quantized_nontrainable_weights=True))["step"]
+    frozen = lora.params - lora.trainable
+    assert plain["parameters"] - q["parameters"] == 2 * frozen // 8
+    assert q["parameters_frozen_int8"] == int((1 + 4 / 8000) * frozen) // 8

@@ -50,6 +50,9 @@ MODELS = {
     "tiny-gpt2": "tiny-gpt2",  # bundled: GPT-2 (gelu_new, dropout), 1.1M params
     "small-llama": str(HERE / "models" / "small-llama"),  # h 384, 6 layers, GQA 6/2: 11.0M params
     "small-gpt2": str(HERE / "models" / "small-gpt2"),  # h 384, 6 layers: 11.6M params
+    # the one-GPU rows (ONE_GPU): models whose terms dwarf CUDA's fixed costs (cuBLAS workspaces, allocator rounding)
+    "gpu-llama": str(HERE / "models" / "gpu-llama"),  # h 1024, 16 layers, GQA 16/4, vocab 32000: 245.9M params
+    "gpt2": "gpt2",  # bundled: GPT-2 small, 124.4M params (tied head, vocab 50257)
 }
 
 
@@ -227,6 +230,18 @@ PARALLEL = [
     J("tiny-llama", 3, "bf16", 1, 256, sp=2, tl=True),
 ]
 QUICK += PARALLEL
+# One GPU (--one-gpu): the rows a single CUDA device runs, at sizes where the model's own terms, not the allocator's
+# fixed costs, make the peak. Every stage, bf16 and fp32, checkpointing, LoRA, Llama and GPT-2.
+ONE_GPU = [
+    J("gpu-llama", 0, "bf16", 4, 2048, ranks=1),
+    J("gpu-llama", 1, "fp32", 2, 1024, ranks=1),
+    J("gpu-llama", 2, "bf16", 8, 2048, ckpt=True, ranks=1),
+    J("gpu-llama", 3, "bf16", 4, 2048, ranks=1),
+    J("gpu-llama", 2, "bf16", 4, 2048, ft="lora", ranks=1),
+    J("gpu-llama", 3, "bf16", 4, 2048, ckpt=True, ft="lora", ranks=1),
+    J("gpt2", 2, "bf16", 8, 1024, ranks=1),
+    J("gpt2", 3, "fp32", 4, 1024, ckpt=True, ranks=1),
+]
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
 
 
@@ -274,12 +289,21 @@ def rank_threads(ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // ranks)
 
 
-def make_cluster(device: str, ranks: int, gpu: str | None, gpu_mib: int | None, profile: str | None):
+def make_cluster(device: str, ranks: int, gpu: str | None, gpu_mib: int | None, profile: str | None,
+                 gpu_name: str | None = None):
     from zerokit.spec.hardware import build_cluster
 
     if device == "cpu":
         return build_cluster(gpu=gpu or "cpu", gpus_per_node=ranks, hardware_profile=profile)
-    return build_cluster(gpu=gpu, gpu_memory=None if gpu else (f"{gpu_mib}MiB" if gpu_mib else None),
+    if gpu is None and gpu_name:  # what `zerokit launch` does without --gpu: the GPU's catalog entry when it has one
+        from zerokit.core.errors import ZerokitError
+        from zerokit.spec.hardware import resolve_gpu_name
+
+        try:
+            gpu = resolve_gpu_name(gpu_name)[0]
+        except ZerokitError:
+            gpu = None
+    return build_cluster(gpu=gpu, gpu_memory=f"{gpu_mib}MiB" if gpu_mib else None,
                          gpus_per_node=ranks, hardware_profile=profile)
 
 
@@ -307,7 +331,7 @@ def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, step
 
 
 def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, memory_steps: int,
-            timeout: int, profile: str | None = None) -> dict:
+            timeout: int, profile: str | None = None, drop_checkpoints: bool = False) -> dict:
     import shutil
 
     out = runs / job.name
@@ -328,6 +352,11 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
             rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
+    if drop_checkpoints:  # nothing here is measured, and a 250M-parameter job's checkpoint is 4 GB of disk
+        from zerokit.launch.checkpoints import CKPT_SUBDIR, FINAL_SUBDIR
+
+        for sub in (CKPT_SUBDIR, FINAL_SUBDIR):
+            shutil.rmtree(out / sub, ignore_errors=True)
     return {"returncode": rc, "wall_s": time.perf_counter() - t0, "command": shlex.join(cmd)}
 
 
@@ -347,11 +376,18 @@ def measure(out: Path, warmup: int) -> dict[int, dict]:
                 if best is None or ph["peak_bytes"] > best:
                     best, phase, cats = ph["peak_bytes"], name, ph.get("categories") or {}
                     phases_at = {k: v["peak_bytes"] for k, v in r["phases"].items()}
+        used = [r["device_used_bytes"] for r in steps if r.get("device_used_bytes")]
+        outside = [r["outside_allocator_bytes"] for r in steps if r.get("outside_allocator_bytes") is not None]
+        reserved = [r["peak_reserved_bytes"] for r in steps if r.get("peak_reserved_bytes")]
         timed = [r["step_time"] for r in steps if r["step"] > warmup and not r.get("metered")]
         if not timed:  # everything metered (CUDA: free counters): all steps after the warm-up
             timed = [r["step_time"] for r in steps if r["step"] > warmup]
         res[rank] = {"peak_bytes": best, "peak_phase": phase, "categories": cats, "phase_peaks": phases_at,
                      "init_peak_bytes": start.get("init_peak_bytes"), "memory_method": start.get("memory_method"),
+                     # CUDA: the allocator's reserve, the GPU's used memory (nvidia-smi) and the part outside torch
+                     "reserved_peak_bytes": max(reserved) if reserved else None,
+                     "device_used_bytes": max(used) if used else None,
+                     "outside_allocator_bytes": max(outside) if outside else None,
                      "step_seconds": statistics.median(timed) if timed else None, "timed_steps": len(timed),
                      "step_times": [r["step_time"] for r in steps]}
     return res
@@ -375,9 +411,23 @@ def predict(job: Job, cluster, cfg: dict) -> dict:
     spec = job.spec()
     knobs = ZeroKnobs.from_zero_config(cfg.get("zero_optimization") or {})
     ev = evaluate(spec, cluster, Workload(seq_len=job.seq_len), job.setup(), knobs)
-    return {"per_rank_bytes": ev.memory.per_gpu_total, "terms": dict(ev.memory.per_gpu),
+    smi = ev.memory.nvidia_smi
+    # what max_memory_allocated can show: the fit's CUDA-context allowance is priced in nvidia-smi's figure instead
+    allocated = ev.memory.per_gpu_total - ev.memory.per_gpu.get("cuda_context", 0)
+    terms = {k: v for k, v in ev.memory.per_gpu.items() if k != "cuda_context"}
+    return {"per_rank_bytes": allocated, "terms": terms, "nvidia_smi": smi.to_dict() if smi else None,
             "phases": dict(getattr(ev.memory, "phases", {}) or {}), "step_seconds": ev.time.step_seconds,
             "time": ev.time.to_dict(), "params": spec.params}
+
+
+def gpu_name() -> str | None:
+    """nvidia-smi's name of GPU 0 (None without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def machine() -> str:
@@ -397,7 +447,32 @@ def machine() -> str:
             vers.append(f"{pkg} {md.version(pkg)}")
         except md.PackageNotFoundError:
             pass
-    return f"{platform.node()}: {os.cpu_count()} cores ({cpu}); python {platform.python_version()}; " + ", ".join(vers)
+    gpu = gpu_name()
+    return (f"{platform.node()}: {os.cpu_count()} cores ({cpu}); " + (f"GPU {gpu}; " if gpu else "")
+            + f"python {platform.python_version()}; " + ", ".join(vers))
+
+
+def cuda_section(jobs_out: list[dict]) -> str:
+    """CUDA: what nvidia-smi shows beside the allocated peak (estimate/reserved.py), per job: the allocator's reserve,
+    the GPU's used memory at step ends, and the part of it outside torch's allocator (context, NCCL, libraries)."""
+    lines = ["beyond the allocated peak (estimate/reserved.py; measured: max_memory_reserved, cudaMemGetInfo at step "
+             "ends), MiB predicted / measured (err):"]
+    for j in jobs_out:
+        smi = j["prediction"].get("nvidia_smi")
+        for rank, m in sorted(j["measured"].items()):
+            if not smi or not m.get("device_used_bytes"):
+                continue
+            t = smi["nvidia_smi_terms"]
+            outside = t["cuda_context_bytes"] + t["nccl_buffers_bytes"]
+            cells = []
+            for what, p, meas in (("reserved", smi["allocator_reserved_bytes"], m.get("reserved_peak_bytes")),
+                                  ("nvidia-smi", smi["nvidia_smi_bytes"], m.get("device_used_bytes")),
+                                  ("outside torch", outside, m.get("outside_allocator_bytes"))):
+                err = rel_err(p, meas)
+                cells.append(f"{what} {p / 2**20:,.0f} / {meas / 2**20:,.0f} ({err:+.1%})" if meas and err is not None
+                             else f"{what} {p / 2**20:,.0f} / -")
+            lines.append(f"  {j['name']} r{rank}: " + "; ".join(cells))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -405,6 +480,7 @@ def main(argv=None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="the representative subset (default)")
     g.add_argument("--full", action="store_true", help="the whole grid")
+    g.add_argument("--one-gpu", action="store_true", help="the rows sized for one CUDA device (ONE_GPU)")
     ap.add_argument("--only", help="regex on job names")
     ap.add_argument("--limit", type=int, help="at most this many jobs")
     ap.add_argument("--steps", type=int, default=12, help="optimizer steps per job (the first metered, then warm-up, then timed)")
@@ -414,30 +490,49 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=None, help="output prefix (default bench/results/accuracy_<device>)")
     ap.add_argument("--hardware-profile", help="predict time with this `zerokit calibrate` profile")
     ap.add_argument("--gpu", help="catalog accelerator for the prediction (CUDA; default: detected memory)")
-    ap.add_argument("--reuse", action="store_true", help="do not run jobs whose metrics exist; re-predict only")
+    ap.add_argument("--reuse", action="store_true", help="do not run jobs whose metrics exist; re-predict only (on the "
+                                                         "device the runs recorded, also from another machine)")
+    ap.add_argument("--drop-checkpoints", action="store_true", help="delete each job's checkpoints and final weights "
+                                                                    "once it ends (large models fill the disk)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per job")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the grid this many times, round-robin, and keep each job's fastest median step time "
                          "(a shared machine's interference only adds time); the spread is reported")
     args = ap.parse_args(argv)
 
-    device, ranks, gpu_mib = detect_device()
-    jobs = full_grid() if args.full else list(QUICK)
+    jobs = full_grid() if args.full else list(ONE_GPU) if args.one_gpu else list(QUICK)
     if args.only:
         jobs = [j for j in jobs if re.search(args.only, j.name)]
     if args.limit:
         jobs = jobs[: args.limit]
-    cluster = make_cluster(device, ranks, args.gpu, gpu_mib, args.hardware_profile)
-    fp16_cpu = device == "cpu" and any(j.precision == "fp16" for j in jobs)
-    runs = Path(args.runs) / ("full" if args.full else "quick")
+    runs = Path(args.runs) / ("full" if args.full else "one-gpu" if args.one_gpu else "quick")
     runs.mkdir(parents=True, exist_ok=True)
+    # the device the jobs ran on, so that --reuse re-predicts GPU runs on a machine without one
+    device_file = runs / "device.json"
+    if args.reuse and device_file.is_file():
+        d = json.loads(device_file.read_text())
+        device, ranks, gpu_mib, machine_text = d["device"], d["ranks"], d["gpu_mib"], d.get("machine")
+        gpu_model = d.get("gpu_model")
+        # runs from another kind of device (a GPU's, re-predicted here): never run a missing job on this one
+        foreign = device != detect_device()[0]
+    else:
+        foreign = False
+        from zerokit.spec.hardware import local_gpus
+
+        device, ranks, gpu_mib = detect_device()
+        machine_text = machine()
+        gpu_model = local_gpus()[0][0] if device == "cuda" else None
+        device_file.write_text(json.dumps({"device": device, "ranks": ranks, "gpu_mib": gpu_mib,
+                                           "machine": machine_text, "gpu_model": gpu_model}) + "\n")
+    cluster = make_cluster(device, ranks, args.gpu, gpu_mib, args.hardware_profile, gpu_model)
+    fp16_cpu = device == "cpu" and any(j.precision == "fp16" for j in jobs)
     results = Path(args.results) if args.results else ROOT / "bench" / "results" / f"accuracy_{device}"
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     # repeat 1 in runs/, repeat r in runs/rep<r>/ (so --reuse finds runs made before --repeat existed)
     rep_dirs = [runs] + [runs / f"rep{r}" for r in range(2, args.repeat + 1)]
     fp16_profile = fp16_cpu_profile(args.hardware_profile, runs) if fp16_cpu else None
-    fp16_cluster = make_cluster(device, ranks, args.gpu, gpu_mib, fp16_profile) if fp16_cpu else None
+    fp16_cluster = make_cluster(device, ranks, args.gpu, gpu_mib, fp16_profile, gpu_model) if fp16_cpu else None
 
     by_ranks = {}
 
@@ -446,7 +541,8 @@ def main(argv=None) -> int:
             return fp16_cluster
         if device == "cpu" and job.ranks != ranks:  # the 4-rank jobs (TP x DP, hpZ): a node of 4 CPU ranks
             if job.ranks not in by_ranks:
-                by_ranks[job.ranks] = make_cluster(device, job.ranks, args.gpu, gpu_mib, args.hardware_profile)
+                by_ranks[job.ranks] = make_cluster(device, job.ranks, args.gpu, gpu_mib, args.hardware_profile,
+                                                   gpu_model)
             return by_ranks[job.ranks]
         return cluster
     t_all = time.perf_counter()
@@ -454,11 +550,11 @@ def main(argv=None) -> int:
     for r, rdir in enumerate(rep_dirs, 1):
         for i, job in enumerate(jobs, 1):
             have = (rdir / job.name / "metrics" / "rank0.jsonl").is_file()
-            if not (args.reuse and have):
+            if not (args.reuse and have) and not foreign:
                 tag = f" (repeat {r}/{args.repeat})" if args.repeat > 1 else ""
                 print(f"[{i}/{len(jobs)}] {job.name}{tag} ...", file=sys.stderr, flush=True)
                 run = run_job(job, rdir, device, ranks, cluster_of(job), args.steps, args.memory_steps, args.timeout,
-                              fp16_profile if cluster_of(job) is fp16_cluster else None)
+                              fp16_profile if cluster_of(job) is fp16_cluster else None, args.drop_checkpoints)
                 print(f"    rc={run['returncode']} {run['wall_s']:.1f} s", file=sys.stderr, flush=True)
                 run_of.setdefault(job.name, run)
     rows, jobs_out = [], []
@@ -495,7 +591,7 @@ def main(argv=None) -> int:
     if spreads:
         summary["repeat_spread_median"] = statistics.median(spreads)
         summary["repeat_spread_max"] = max(spreads)
-    grid = "--full" if args.full else "--quick"
+    grid = "--full" if args.full else "--one-gpu" if args.one_gpu else "--quick"
     cmd = f"python bench/accuracy/run.py {grid}" + (f" --only '{args.only}'" if args.only else "") + (
         f" --limit {args.limit}" if args.limit else "") + (f" --repeat {args.repeat}" if args.repeat > 1 else "") + (
         f" --hardware-profile {args.hardware_profile}" if args.hardware_profile else "")
@@ -506,7 +602,7 @@ def main(argv=None) -> int:
         + (f" ({sum(j.ranks != ranks for j in jobs)} of them on the ranks their name says: _r4 = 4)"
            if device == "cpu" and any(j.ranks != ranks for j in jobs) else ""),
         f"command: {cmd}" + ("   (re-predicted against existing runs: --reuse)" if args.reuse else ""),
-        f"machine: {machine()}",
+        f"machine: {machine_text}",
         f"date: {time.strftime('%Y-%m-%d %H:%M:%S')}; wall {wall:.0f} s; {args.steps} steps per job, "
         f"first {args.warmup} left out of the time median"
         + (f"; each job run {args.repeat} times round-robin, the fastest median kept (a shared machine's "
@@ -533,10 +629,12 @@ def main(argv=None) -> int:
         header.append(f"exited non-zero after training (metrics complete; see <runs>/<job>.log): {', '.join(nonzero)}")
     text = "\n".join(header) + "\n\n" + format_table(rows, summary) + "\n\nterms (CPU meter categories at the peak phase; " \
         "pred/meas MiB):\n" + format_terms(rows) + "\n"
+    if device == "cuda":
+        text += "\n" + cuda_section(jobs_out) + "\n"
     results.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{results}.txt").write_text(text)
     Path(f"{results}.json").write_text(json.dumps({
-        "command": cmd, "machine": machine(), "device": device, "ranks": ranks, "wall_s": wall, "steps": args.steps,
+        "command": cmd, "machine": machine_text, "device": device, "ranks": ranks, "wall_s": wall, "steps": args.steps,
         "warmup": args.warmup, "memory_steps": args.memory_steps, "hardware_profile": args.hardware_profile,
         "summary": summary, "rows": rows, "jobs": jobs_out}, indent=1, default=str) + "\n")
     print(text)

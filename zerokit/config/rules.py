@@ -838,9 +838,7 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
         elif stage != 3:
             out.append(Finding("warning", where, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "
                                                  "ignores it; remove it or use stage 3"))
-        else:
-            out.append(Finding("warning", where, f"ZeRO++ {name} quantizes what ZeRO-3 sends; zerokit's memory and "
-                                                 f"time figures assume unquantized collectives yet"))
+        # else priced: its buffers (estimate/memory.py zeropp_terms) and its bytes (estimate/timing.py collective_bytes)
     return out
 
 

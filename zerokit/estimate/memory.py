@@ -27,16 +27,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.units import GiB
+from zerokit.core.units import GiB, MiB
+from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEXT_BYTES
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
-from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element
+from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element
 
 
-# CUDA context + cuBLAS/NCCL workspaces: planners in the field add 0.65-1 GB (shared/reference
-# memory-and-time.md, "DeepSpeed buffers that users hit"). We take the upper-middle of that range.
-CUDA_CONTEXT_BYTES = int(0.8 * GiB)
+# The fit's allowance for the CUDA context: no allocation of torch's, so not in max_memory_allocated, but on the GPU.
+# Planners in the field add 0.65-1 GB (shared/reference memory-and-time.md, "DeepSpeed buffers that users hit");
+# measured on an H200 in real DeepSpeed jobs, 1.29-1.68 GiB (estimate/reserved.py): the measured central figure.
+CUDA_CONTEXT_BYTES = RESERVED_CUDA_CONTEXT_BYTES[0]
+# torch's cuBLAS workspace, allocated through the caching allocator (so inside max_memory_allocated) once per cuBLAS
+# handle and stream, at the first GEMM: measured 33,554,432 B on an H200 (torch 2.11: 96 MiB allocated after a first
+# bf16 GEMM of two 32 MiB inputs into a 32 MiB output). Pre-Hopper GPUs get less by torch's defaults; the H200's
+# figure is kept as the bound.
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
 # Fraction of device memory a plan may use; the rest absorbs allocator fragmentation
 # (Colossal-AI's planner uses 0.95).
 DEFAULT_MEMORY_FRACTION = 0.95
@@ -194,6 +201,8 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         # fp32 RMSNorm too (its .to(float32) is a no-op); a mixed-precision RMSNorm keeps its own fp32 copy
         per_token -= (model.norms_per_layer - model.norm_inputs_per_layer) * e * h
     scores = a * seq_len  # attention scores per token
+    if explicit_mask is None:
+        explicit_mask = _masked_layers(model, seq_len) > 0
     if attention == "eager":
         # HF's eager path repeats K/V to every head (repeat_kv) and keeps the fp32 softmax output
         # plus its cast back to the training dtype for the second matmul.
@@ -201,13 +210,14 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         per_token += (4 + (e if precision != "fp32" else 0)) * scores
         if model.attention_dropout > 0:
             per_token += (mask + e) * scores
-    elif attention == "sdpa" and model.sdpa_broadcast_kv:
+    elif attention == "sdpa" and sdpa_runs_math_kernel(model, precision, on_cpu, explicit_mask):
         # math kernel (attention.cpp _scaled_dot_product_attention_math): q/k/v upcast to fp32 and
         # scaled, softmax kept in fp32 for the probabilities @ v matmul; o_proj's input is a copy.
         # torch.matmul broadcasts K/V over the heads as a stride-0 view for one sequence, but copies
         # them to every head for a micro batch > 1 (the (b, a) dims cannot be folded into one).
         # Traced (falcon-7b, seq 2048, micro batch 1): 700,292 B/token per layer, exactly this.
-        kv = k if tokens == seq_len else a
+        # enable_gqa: the math kernel repeats K/V to every head (repeat_interleave: copies, any micro batch)
+        kv = k if tokens == seq_len and model.sdpa_broadcast_kv else a
         per_token += 4 * (a + 2 * kv) * d + 4 * scores + e * h
     else:
         # the kernel's output, (b, s, a, d): a d wide, the hidden size except where heads x head_dim differ from it
@@ -216,8 +226,6 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         per_token += 4 * a
         if model.attention_output_copy:
             per_token += e * a * d
-        if explicit_mask is None:
-            explicit_mask = _masked_layers(model, seq_len) > 0
         if attention == "sdpa" and explicit_mask:
             # integrations/sdpa_attention.py: use_gqa_in_sdpa() is False with a mask on CUDA/CPU, so
             # repeat_kv; the kernel keeps the mask it converted from bool (traced: mistral-7b, s 4096)
@@ -233,6 +241,22 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
     if model.hidden_dropout > 0:
         per_token += 2 * h * mask
     return per_token * tokens
+
+
+def sdpa_runs_math_kernel(model: ModelSpec, precision: str, on_cpu: bool, explicit_mask: bool) -> bool:
+    """Whether sdpa falls back to torch's math kernel (fp32 scores kept, K/V copied; see activation_bytes_per_layer):
+    - K/V heads broadcast without enable_gqa (Falcon MQA, model.sdpa_broadcast_kv): no fused kernel takes them;
+    - on CUDA, grouped K/V heads in fp32: transformers passes enable_gqa=True when there is no mask
+      (integrations/sdpa_attention.py use_gqa_in_sdpa), flash attention takes only fp16/bf16 and the memory-efficient
+      kernel no grouped heads (torch sdp_utils.cpp: check_batch_size_and_num_heads_dense<false> in its constraints),
+      so math runs and repeats K/V to every head (repeat_interleave). Measured on an H200 (torch 2.11, Llama 16/4
+      heads, fp32, ZeRO-1): the flash-style rule predicted 27% under the allocated peak, this one 2.6%
+      (bench/results/accuracy_h200.txt). CPU's flash kernel takes fp32 and the grouped heads: the CPU grid
+      (bench/results/accuracy_cpu.txt) measures no score-sized tensor there."""
+    if model.sdpa_broadcast_kv:
+        return True
+    grouped = model.num_kv_heads < model.num_attention_heads and model.head_dim <= 256
+    return not on_cpu and precision == "fp32" and grouped and not explicit_mask
 
 
 def _masked_layers(model: ModelSpec, seq_len: int) -> int:
@@ -329,7 +353,8 @@ def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cp
     h, i = model.hidden_size, model.intermediate_size
     experts = model.experts_per_token if model.num_experts > 1 else 1
     widths = (h, model.num_attention_heads * model.head_dim, h, i * experts)
-    kernel_keeps_output = (attention != "eager" and not model.attention_output_copy and not model.sdpa_broadcast_kv)
+    math_kernel = attention == "sdpa" and sdpa_runs_math_kernel(model, precision, on_cpu, False)
+    kernel_keeps_output = attention != "eager" and not model.attention_output_copy and not math_kernel
     kept_anyway = (False, kernel_keeps_output, False, model.mlp_activation == "relu")
     adapters, frozen = model.lora_slots, model.frozen_slots
     dropout = model.lora_dropout > 0
@@ -389,7 +414,7 @@ def final_norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
 def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_cpu: bool = False) -> dict[str, int]:
     """Activations, logits and loss for one micro batch, per GPU.
 
-    With Falcon's math-kernel attention (model.sdpa_broadcast_kv) the step's activation peak is not at
+    With math-kernel attention (sdpa_runs_math_kernel: Falcon's MQA; grouped heads in fp32 on CUDA) the step's peak is not at
     the start of backward but in the last layer's attention backward: `attention_backward` is what it
     adds on top of the start of backward (activations + logits_and_loss + logits_grad), 0 otherwise.
     """
@@ -468,7 +493,8 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         kv = model.num_kv_heads
         terms["sp_all_to_all_buffers"] = 2 * e * (model.num_attention_heads + 2 * kv) * model.head_dim * tokens
     terms["attention_backward"] = 0
-    if attention == "sdpa" and model.sdpa_broadcast_kv and not setup.activation_checkpointing:
+    if (attention == "sdpa" and sdpa_runs_math_kernel(model, setup.precision, on_cpu, masked > 0)
+            and not setup.activation_checkpointing):
         # The math kernel's backward of the last layer (traced, falcon-7b: the peak op is
         # _softmax_backward_data) holds the fp32 gradients of the probabilities and of the scores
         # (8 B/score) while the layer's attention activations are still saved; by then the logits,
@@ -711,6 +737,12 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         released = 0 if setup.activation_checkpointing else e * model.no_backward_params + model.no_backward_quantized_bytes
         live["stage3_live_params"] = min(weight_bytes(model, e) - released,
                                          persistent_bytes + e * max(window, 2 * model.largest_layer_params))
+        if n == 1 and (setup.offload_param == "none" or on_cpu):
+            # one rank holds every partition whole: all_gather_coalesced takes _no_gather_coalesced, and NoGatherHandle
+            # points param.data at ds_tensor.data on the same device, a view, no copy (partition_parameters.py).
+            # Measured on an H200 (bench/results/accuracy_h200.txt): ZeRO-3 at one rank peaked 471 MiB above ZeRO-0, its
+            # gradient partition, not 940 (+ a gathered copy of the 469 MiB model)
+            live["stage3_live_params"] = 0
         if setup.offload_param != "none" and on_cpu:
             persistent["parameters_offloaded"] = e * psi // n
         if setup.hpz_partition_size > 1:
@@ -724,10 +756,17 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             hpz_bytes = weight_bytes(model, e) // setup.hpz_partition_size
             if model.params > window:
                 persistent["hpz_secondary_partition"] = hpz_bytes
+    zeropp = zeropp_terms(model, cluster, setup, knobs)
+    if "parameters_frozen_int8" in zeropp["persistent"]:
+        frozen_16bit = model.params - model.trainable - model.quantized_params
+        persistent["parameters"] = max(0, persistent["parameters"] - e * frozen_16bit // n)
+    persistent.update(zeropp["persistent"])
+    live.update(zeropp["live"])
     if on_cpu:
         persistent.update(cpu_offload_terms(model, cluster, setup))
     if not on_cpu:
         persistent["cuda_context"] = CUDA_CONTEXT_BYTES
+        persistent["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
     # the HF outputs object keeps the logits until replaced; a tiled loss returns none
     held_logits = {} if setup.tiled_loss else {"logits_output": logits * e}
     grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
@@ -766,6 +805,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if acts.get("attention_backward"):
         # Falcon's math-kernel attention peaks later in backward than its start (activation_terms)
         backward["attention_backward"] = acts["attention_backward"]
+    backward.update(zeropp["backward"])  # qgZ's per-tensor buffers, in backward's reductions
     if setup.gradient_accumulation_steps > 1:
         # from the second micro step on, the gradients accumulated so far are alive while the next
         # micro batch's activations are (ZeRO-3 keeps its partition in `persistent` already)
@@ -815,6 +855,43 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             step_extra["optimizer_step_temporaries"] = 2 * 4 * updated
     phases["step"] = {**persistent, **step_extra, **held_logits, **hpz_after_backward}
     return phases
+
+
+def zeropp_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs) -> dict[str, dict[str, int]]:
+    """ZeRO++'s quantized collectives, per phase group ("persistent", "live", "backward"): derived from DeepSpeed 0.19.8's
+    source, not measured (they need CUDA and, for qgZ, several nodes; one GPU runs neither: DeepSpeed skips the gather
+    at one rank and qgZ within one node). Only at ZeRO-3 on GPUs, over more than one ZeRO rank.
+    - qwZ (zero_quantized_weights; zero_quantized_nontrainable_weights for the frozen weights alone): each gather call
+      (partition_parameters.py _all_gather_coalesced with quantize=True) fills an int8 buffer of the bucket's full size
+      plus its fp32 scales, and AllGatherCoalescedHandle.wait dequantizes it into an fp16 copy (CUDAQuantizer works in
+      fp16) before the parameters get their own tensors: 1 byte per element of every gather in flight (the prefetch
+      bucket and the module being fetched) and 2 bytes per element of the largest module's. The gathered parameters
+      themselves are stage3_live_params as before.
+    - zero_quantized_nontrainable_weights: a frozen weight's partition is stored int8 with its scales
+      (_partition_param: quantize when not requires_grad): parameters_frozen_int8, in place of its E bytes per element.
+    - qgZ (zero_quantized_gradients): stage3.py __avg_scatter_grads calls all_to_all_quant_reduce when the world spans
+      more than one node (global world / local GPUs > 1); per gradient tensor, one at a time: its int4 swizzled copy and
+      the intra-node all-to-all's output (half a byte per element each), then 1/L of it reduced (int4 in and out) and
+      dequantized to fp16: (1 + 3 / L) bytes per element of the largest gradient, L the GPUs per node."""
+    out: dict[str, dict[str, int]] = {"persistent": {}, "live": {}, "backward": {}}
+    n = setup.zero_ranks(cluster.world_size)
+    if setup.zero_stage != 3 or cluster.accelerator.is_cpu or n == 1:
+        return out
+    e = dtype_bytes(setup.precision)
+    frozen_16bit = model.params - model.trainable - model.quantized_params
+    quantized_gathers = knobs.zero_quantized_weights or (knobs.zero_quantized_nontrainable_weights and frozen_16bit > 0)
+    if quantized_gathers:
+        largest = min(model.largest_layer_params, model.params)
+        in_flight = min(model.params, knobs.stage3_prefetch_bucket_size + largest)
+        out["live"]["qwz_gather_buffers"] = int(QWZ_BYTES_PER_ELEMENT * in_flight) + 2 * largest
+    if knobs.zero_quantized_nontrainable_weights and frozen_16bit > 0 and setup.offload_param == "none":
+        # replaces E bytes per element of that partition in "parameters" (phase_terms)
+        out["persistent"]["parameters_frozen_int8"] = int(QWZ_BYTES_PER_ELEMENT * frozen_16bit) // n
+    if knobs.zero_quantized_gradients and cluster.nodes > 1:
+        local = max(1, cluster.gpus_per_node)
+        largest_grad = min(model.largest_layer_params, model.trainable)
+        out["backward"]["qgz_reduce_buffers"] = int((1 + 3 / local) * largest_grad)
+    return out
 
 
 # The loss's backward writes the fp32 gradient of the logits while the nll_loss gradient (fp32) is alive:

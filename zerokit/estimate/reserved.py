@@ -7,9 +7,10 @@ and by freed blocks it keeps cached. ZeRO-3 adds to the latter: every parameter 
 full-size tensor before use and released after (deepspeed/runtime/zero/partition_parameters.py all_gather /
 partition), so blocks of parameter sizes are freed and re-requested between activation allocations.
 
-Every term is DERIVED FROM SOURCES, NOT MEASURED (no GPU was available to this work); each carries a low/high
-range. The fit verdict stays on the allocated peak plus the fragmentation budget (DEFAULT_MEMORY_FRACTION):
-this figure is for comparing with nvidia-smi, not for deciding what fits. Derivation: docs/memory-model.md,
+The context is measured (one H200, bench/results/accuracy_h200.txt); the NCCL, rounding and churn terms are derived
+from sources, not measured; each carries a low/high range. The fit verdict stays on the allocated peak plus the
+fragmentation budget (DEFAULT_MEMORY_FRACTION): this figure is for comparing with nvidia-smi, not for deciding what
+fits. Derivation: docs/memory-model.md,
 "What nvidia-smi shows".
 """
 
@@ -26,12 +27,14 @@ if TYPE_CHECKING:
     from zerokit.spec.model import ModelSpec
     from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
-# CUDA context per GPU (central, low, high). PyTorch PR #86509 (torch 1.13 sets CUDA_MODULE_LOADING=LAZY
-# when unset) measured a bare context at 287,047,680 B with lazy loading vs 666,632,192 B eager; lazy
-# loading exists since CUDA 11.7 and is the driver default on Linux since 12.2 (NVIDIA CUDA programming guide,
-# "Lazy Loading"). A training run loads more kernels lazily (GEMMs, attention, NCCL, the optimizer): central
-# 512 MiB; high 1.25 GiB for an eager context plus eagerly loaded cuBLAS/cuDNN/NCCL modules (not measured).
-CUDA_CONTEXT_BYTES = (512 * MiB, 287_047_680, int(1.25 * GiB))
+# CUDA context per GPU (central, low, high): what a training process holds outside torch's allocator, less NCCL's
+# buffers. Measured on an H200 (torch 2.11, CUDA 13.0, driver 580; bench/results/accuracy_h200.txt, cudaMemGetInfo
+# total - free - memory_reserved at step ends): 1,325 MiB in one-rank ZeRO-3 jobs and 1,697-1,717 MiB at ZeRO-0/1/2
+# (kernels loaded lazily as the run first uses them: GEMMs, attention, the fused optimizer, NCCL's); a bare context
+# there was 619 MiB after the first tensor and 685 MiB after the first GEMM. Central: their middle, 1.5 GiB; high:
+# above the largest measured. Low: PyTorch PR #86509's bare lazy-loading context, 287,047,680 B (torch 1.13 sets
+# CUDA_MODULE_LOADING=LAZY; 666,632,192 B eager).
+CUDA_CONTEXT_BYTES = (int(1.5 * GiB), 287_047_680, int(1.75 * GiB))
 # NCCL's buffers per rank: NCCL_BUFFSIZE (default 4 MiB, NCCL user guide, Environment Variables) per channel
 # per ring peer (2 peers: previous and next rank). Channels (central, low, high): 16 (NVLink nodes), 2 (PCIe),
 # 32 with a second protocol buffer of the same size (LL128); assumptions, not measured.

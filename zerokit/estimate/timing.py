@@ -36,7 +36,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES
-from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
+from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
 
 # DeepSpeedCPUAdam throughput per node when no calibration is given. ZeRO-Offload paper
 # (Ren et al. 2021, Table 3): CPU-Adam updates 1B params in ~0.22-0.44 s on a dual-socket server.
@@ -184,14 +184,30 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     # threshold) are gathered once per step rather than per pass; not subtracted here: for real models they are the
     # norms and biases, ~1e-5 of the bytes (the ZeRO paper's 1.5x holds, tests/test_timing.py)
     weights = model.weight_bytes(bytes_per_element(setup.precision))
+    knobs = knobs or ZeroKnobs.for_model(model)
+    qgz_intra = 0.0
+    if not cluster.accelerator.is_cpu:  # ZeRO++'s quantizer runs on CUDA only (config.rules flags it elsewhere)
+        frozen_16bit = model.params - model.trainable - model.quantized_params
+        e = bytes_per_element(setup.precision)
+        if knobs.zero_quantized_weights:  # qwZ: every gather int8 + scales (partition_parameters.py quantize=True)
+            weights -= (e - QWZ_BYTES_PER_ELEMENT) * (model.params - model.quantized_params)
+        elif knobs.zero_quantized_nontrainable_weights:  # the frozen weights' gathers only
+            weights -= (e - QWZ_BYTES_PER_ELEMENT) * frozen_16bit
+        if knobs.zero_quantized_gradients and cluster.nodes > 1:
+            # qgZ (coalesced_collectives.py all_to_all_quant_reduce): int4 (half a byte per element) through an all-to-all
+            # within the node, then 1/L of it (reduced) through an all-to-all across the nodes, L the GPUs per node;
+            # instead of the reduce-scatter of the gradients. ZeRO++ (Wang et al. 2023, section 3.3): 4x less traffic
+            local = max(1, cluster.gpus_per_node)
+            grads = 0.5 * model.trainable / local * (cluster.nodes - 1) / cluster.nodes
+            qgz_intra = accum * 0.5 * model.trainable * (local - 1) / local
     hpz = min(setup.hpz_partition_size, n)
     if hpz > 1:
         # hpZ: the forward gathers over every ZeRO rank; backward's (and recompute's) gather the secondary partition
         # within the hpz group of consecutive ranks, a node or less (stage3.py / partition_parameters.py
         # _all_gather_params with ds_secondary_tensor)
         return CollectiveBytes(accum * grads, accum * weights * ring,
-                               intra_node=accum * (gathers - 1) * weights * (hpz - 1) / hpz)
-    return CollectiveBytes(accum * grads, accum * gathers * weights * ring)
+                               intra_node=accum * (gathers - 1) * weights * (hpz - 1) / hpz + qgz_intra)
+    return CollectiveBytes(accum * grads, accum * gathers * weights * ring, intra_node=qgz_intra)
 
 
 def model_parallel_bytes(model: ModelSpec, setup: ZeroSetup, seq_len: int) -> float:

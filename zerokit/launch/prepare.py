@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ from zerokit.launch import user_script
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
 from zerokit.spec.finetune import Finetune
-from zerokit.spec.hardware import Cluster, HardwareOptions
+from zerokit.spec.hardware import Cluster, HardwareOptions, local_gpus_in_catalog
 from zerokit.spec.resolve import ResolvedModel, resolve_model
 from zerokit.spec.setup import Workload, optimizer_steps
 
@@ -187,9 +188,11 @@ def resolve_cluster(req: LaunchRequest) -> tuple[Cluster, dict, bool]:
     hw = req.hardware
     n_cuda, cuda_mib = cuda_devices()
     gpus_per_node = hw.gpus_per_node if hw.gpus_per_node is not None else (None if hw.hostfile else n_cuda or 1)
-    gpu_memory = hw.gpu_memory or (None if hw.gpu else (f"{cuda_mib}MiB" if cuda_mib else None))
-    cluster = replace(hw, gpu=hw.gpu or (None if n_cuda else "cpu"), gpu_memory=gpu_memory,
-                      gpus_per_node=gpus_per_node).build()
+    gpu = hw.gpu or (None if n_cuda else "cpu")
+    if gpu is None and hw.gpu_memory is None and local_gpus_in_catalog():
+        gpu = "auto"  # the local GPUs' kind from nvidia-smi: their TFLOP/s and links, not the default's
+    gpu_memory = hw.gpu_memory or (None if gpu else (f"{cuda_mib}MiB" if cuda_mib else None))
+    cluster = replace(hw, gpu=gpu, gpu_memory=gpu_memory, gpus_per_node=gpus_per_node).build()
     hosts = dict(cluster.hosts) if cluster.hosts else {}
     multi_node = bool(hosts) and not (len(hosts) == 1 and is_local(next(iter(hosts))))
     if cluster.nodes > 1 and not hosts and not (req.sbatch or req.launcher == "slurm"):
@@ -229,6 +232,36 @@ def check_dist_backend_installed(req: LaunchRequest, cluster: Cluster, ranks_her
     if backend == "hccl" and not installed("torch_npu", "habana_frameworks"):
         raise ZerokitError("--dist-backend hccl needs Ascend's torch_npu (pip install torch_npu) or Gaudi's "
                            "habana_frameworks: install the one for your accelerator, or use gloo")
+
+
+def check_cuda_arch_list(cluster: Cluster, ranks_here: bool) -> None:
+    """TORCH_CUDA_ARCH_LIST with an architecture variant (9.0a, 10.0a: valid for torch, and what Hopper builds of
+    FlashAttention-3 ask for) that the installed DeepSpeed's JIT op builder cannot parse: its
+    CUDAOpBuilder.compute_capability_args sorts the list with int() on each part, so every rank fails building
+    FusedAdam (or any CUDA op) with "invalid literal for int() with base 10: '0a'" (seen on an H200 with DeepSpeed
+    0.19.8; deepspeedai/DeepSpeed#7589, the fix in #8619). Asked of DeepSpeed's own builder, so a DeepSpeed that parses
+    variants passes; deepspeed is imported only when the list has a variant."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if cluster.accelerator.is_cpu or not ranks_here or not re.search(r"\d\.\d+[a-zA-Z]", archs):
+        return
+    from zerokit.core.quiet import library_output
+
+    with library_output():
+        try:
+            from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder  # the CUDA builder, whatever the accelerator
+        except ImportError:
+            return  # DeepSpeed's absence is reported where the ranks start
+        builder = FusedAdamBuilder()
+        builder.jit_mode, builder._jit_arch_list = True, archs
+        try:
+            builder.compute_capability_args()
+        except ValueError:
+            plain = ";".join(re.sub(r"(\d+\.\d+)[a-zA-Z]+", r"\1", a) for a in re.split(r"[;\s]+", archs) if a)
+            raise ZerokitError(f"TORCH_CUDA_ARCH_LIST={archs!r} names an architecture variant that this DeepSpeed's JIT "
+                               f"op builder cannot parse (compute_capability_args; DeepSpeed#8619), so every rank would "
+                               f"fail building its CUDA ops: export TORCH_CUDA_ARCH_LIST='{plain}' for the run") from None
+        except Exception:  # noqa: BLE001  (anything else is the build's own to report, in the ranks)
+            return
 
 
 def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
@@ -534,6 +567,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     config = model.read_config()
     cluster, hosts, multi_node = resolve_cluster(req)
     check_dist_backend_installed(req, cluster, ranks_here=not (multi_node or req.sbatch))
+    check_cuda_arch_list(cluster, ranks_here=not (multi_node or req.sbatch))
     spec = load_model_spec(model)
     seq_len = choose_seq_len(req, spec)
     script = check_user_script(req) if req.script_command else None

@@ -5,7 +5,8 @@ forward, backward, step) and a user's HF Trainer through zerokit.integrations.hf
 "step", from on_step_begin to on_step_end, since the Trainer runs forward and backward inside one call).
 The same figures in both, so the predicted-vs-measured report reads them the same way.
 
-CUDA: the allocator's max_memory_allocated/reserved, reset at each phase start (one synchronize per phase).
+CUDA: the allocator's max_memory_allocated/reserved, reset at each phase start (one synchronize per phase), and at
+each step's end the device's used memory (cudaMemGetInfo: what nvidia-smi shows).
 CPU: zerokit.measure.meter.MemoryMeter's exact live tensor bytes; each phase opens a fresh peak window
 (MemoryMeter.reset_peak), so the category mix recorded is the one at that phase's own peak (parameters,
 buffers, gradients, optimizer_states as labelled by register_deepspeed_engine; other tensors carry the phase
@@ -120,4 +121,16 @@ class StepPhaseMeter:
             rec["peak_allocated_bytes"] = int(self.overall)  # running peak of the run so far
         if self.on_cuda:
             rec["peak_reserved_bytes"] = int(self.reserved)
+            rec.update(self.device_fields())
         return rec
+
+    def device_fields(self) -> dict:
+        """CUDA: what nvidia-smi shows for this GPU now (cudaMemGetInfo's total - free: the CUDA context, NCCL's
+        buffers, cuBLAS's and every other library's cudaMalloc outside torch's allocator, and the allocator's
+        reserve) and the allocator's reserve now; their difference is what estimate/reserved.py prices as the
+        context and NCCL buffers. One process per GPU is assumed (the launcher's layout): the device-wide figure is
+        then this rank's."""
+        torch = self.torch
+        free, total = torch.cuda.mem_get_info()
+        used, reserved = int(total - free), int(torch.cuda.memory_reserved())
+        return {"device_used_bytes": used, "reserved_now_bytes": reserved, "outside_allocator_bytes": used - reserved}

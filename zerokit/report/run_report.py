@@ -93,10 +93,15 @@ def summarize_metrics(metrics: dict[int, list[dict]]) -> dict:
         steady = unmetered or steady
         peaks = [r.get("peak_allocated_bytes") for r in steps + ends if r.get("peak_allocated_bytes")]
         reserved = [r.get("peak_reserved_bytes") for r in steps + ends if r.get("peak_reserved_bytes")]
+        used = [r.get("device_used_bytes") for r in steps if r.get("device_used_bytes")]
+        outside = [r.get("outside_allocator_bytes") for r in steps if r.get("outside_allocator_bytes") is not None]
         st = statistics.median([r["step_time"] for r in steady]) if steady else None
         ranks[rank] = {
             "peak_memory_bytes": max(peaks) if peaks else None,
             "peak_reserved_bytes": max(reserved) if reserved else None,
+            # CUDA: the GPU's used memory at step ends (nvidia-smi's figure), and the part outside torch's allocator
+            "device_used_bytes": max(used) if used else None,
+            "outside_allocator_bytes": max(outside) if outside else None,
             "step_seconds": st,
             "tokens_per_second": statistics.median([r["tokens_per_s"] for r in steady]) if steady else None,
             "steps": max((r["step"] for r in steps), default=0),
@@ -127,10 +132,14 @@ def prediction_from_evaluation(ev, steps: int | None, time_source: str | None = 
     (spec.hardware.Cluster.time_source: a measured profile and when, or the catalog)."""
     mem, t = ev.memory, ev.time
     smi = getattr(mem, "nvidia_smi", None)
+    context = int(mem.per_gpu.get("cuda_context", 0))
     return {
         "setup": ev.setup.label,
         "fits": ev.fits,
         "per_rank_memory_bytes": int(mem.per_gpu_total),
+        # what torch.cuda.max_memory_allocated (and the CPU meter) can show: the fit's CUDA-context allowance is no
+        # allocation of torch's; it is priced, with NCCL's buffers, in nvidia_smi_bytes
+        "allocated_peak_bytes": int(mem.per_gpu_total) - context,
         "memory_terms": {k: int(v) for k, v in mem.per_gpu.items()},
         "per_node_cpu_bytes": int(getattr(mem, "per_node_cpu_total", 0) or 0),
         "step_seconds": float(t.step_seconds),
@@ -141,6 +150,8 @@ def prediction_from_evaluation(ev, steps: int | None, time_source: str | None = 
         "time_source": time_source,
         # what torch.cuda.max_memory_reserved should show (estimate/reserved.py); None on CPU
         "allocator_reserved_bytes": smi.allocator_reserved() if smi else None,
+        "nvidia_smi_bytes": smi.nvidia_smi_bytes if smi else None,
+        "outside_allocator_bytes": (smi.terms["cuda_context_bytes"] + smi.terms["nccl_buffers_bytes"]) if smi else None,
     }
 
 
@@ -155,9 +166,12 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
     restart accounting."""
     p = prediction or {}
     run = run or {}
+    # the allocated peak: per_rank_memory_bytes less the CUDA-context allowance (reports written before it existed: the
+    # whole figure, which has no context term on CPU)
+    allocated = p.get("allocated_peak_bytes", p.get("per_rank_memory_bytes"))
     rows = [
         {"name": "peak memory per rank (max over ranks)", "unit": "bytes",
-         "predicted": p.get("per_rank_memory_bytes"), "measured": measured.get("peak_memory_bytes_max")},
+         "predicted": allocated, "measured": measured.get("peak_memory_bytes_max")},
         {"name": "step time (median, steady state)", "unit": "s",
          "predicted": p.get("step_seconds"), "measured": measured.get("step_seconds")},
         {"name": "throughput (all ranks)", "unit": "tokens/s",
@@ -167,10 +181,19 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
         {"name": "total wall time (incl. start-up, restarts)", "unit": "s",
          "predicted": None, "measured": run.get("wall_s")},
     ]
-    reserved = [m.get("peak_reserved_bytes") for m in measured.get("ranks", {}).values() if m.get("peak_reserved_bytes")]
+    by_rank = measured.get("ranks", {}).values()
+    reserved = [m.get("peak_reserved_bytes") for m in by_rank if m.get("peak_reserved_bytes")]
+    used = [m.get("device_used_bytes") for m in by_rank if m.get("device_used_bytes")]
+    outside = [m.get("outside_allocator_bytes") for m in by_rank if m.get("outside_allocator_bytes") is not None]
     if reserved:  # CUDA only: the allocator's reserve (nvidia-smi less the CUDA context and NCCL's buffers)
         rows.insert(1, {"name": "allocator reserved peak (max over ranks)", "unit": "bytes",
                         "predicted": p.get("allocator_reserved_bytes"), "measured": max(reserved)})
+    if used:  # CUDA only: estimate/reserved.py's figure against cudaMemGetInfo at step ends
+        rows.insert(2, {"name": "nvidia-smi used per GPU (max over ranks)", "unit": "bytes",
+                        "predicted": p.get("nvidia_smi_bytes"), "measured": max(used)})
+    if outside:
+        rows.insert(3, {"name": "outside torch's allocator: CUDA context, NCCL (max over ranks)", "unit": "bytes",
+                        "predicted": p.get("outside_allocator_bytes"), "measured": max(outside)})
     for r in rows:
         r["ratio"] = _ratio(r["measured"], r["predicted"])
     efficiency_to_match = None
@@ -180,10 +203,10 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
         efficiency_to_match = efficiency_from_run(p["step_seconds"], measured["step_seconds"], p["efficiency"])
     per_rank = []
     for rank, m in sorted(measured.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
-        per_rank.append({"rank": int(rank), "predicted_bytes": p.get("per_rank_memory_bytes"),
+        per_rank.append({"rank": int(rank), "predicted_bytes": allocated,
                          "measured_bytes": m.get("peak_memory_bytes"),
                          "measured_reserved_bytes": m.get("peak_reserved_bytes"),
-                         "ratio": _ratio(m.get("peak_memory_bytes"), p.get("per_rank_memory_bytes")),
+                         "ratio": _ratio(m.get("peak_memory_bytes"), allocated),
                          "step_seconds": m.get("step_seconds"), "tokens_per_second": m.get("tokens_per_second")})
     return {
         "setup": p.get("setup"),

@@ -162,6 +162,16 @@ def detect_accelerator() -> tuple[Accelerator, int]:
     return replace(catalog()[key], memory_bytes=mib * MiB, detected=found), len(gpus)
 
 
+def local_gpus_in_catalog() -> bool:
+    """Whether `--gpu auto` can name this machine's GPUs: one kind, and the catalog knows it. A run on the local GPUs
+    without --gpu is then priced on that GPU's figures, not only on its memory."""
+    try:
+        detect_accelerator()
+    except ZerokitError:
+        return False
+    return True
+
+
 # -- the communication backend (--dist-backend) -------------------------------------------------------------
 # The torch.distributed backends DeepSpeed can be told to use (deepspeed.comm.init_distributed(dist_backend=...)).
 DIST_BACKENDS = ("nccl", "gloo", "mpi", "ccl", "hccl")

@@ -242,6 +242,12 @@ def optimizer_steps(num_sequences: int, world: int, micro: int, accum: int, step
     return max(1, int(math.floor((epochs or 1.0) * micro_per_epoch / accum)))
 
 
+# ZeRO++'s quantizer (deepspeed/runtime/zero/partition_parameters.py CUDAQuantizer): int8 values in groups of about
+# target_group_size = 8000 elements (its adaptive grouping keeps each under 16k), one fp32 scale per group
+QWZ_GROUP_ELEMENTS = 8000
+QWZ_BYTES_PER_ELEMENT = 1 + 4 / QWZ_GROUP_ELEMENTS
+
+
 @dataclass(frozen=True)
 class ZeroKnobs:
     """DeepSpeed's buffer settings, in elements, as they appear in zero_optimization.
@@ -259,6 +265,12 @@ class ZeroKnobs:
     stage3_max_reuse_distance: int = 1_000_000_000
     stage3_param_persistence_threshold: int = 100_000
     sub_group_size: int = 1_000_000_000
+    # ZeRO++ (stage 3, CUDA: DeepSpeed's quantizer kernels): qwZ gathers parameters as int8 with fp32 scales, also only
+    # the frozen ones stored so (nontrainable); qgZ reduces gradients as int4 through two all-to-alls, across nodes only.
+    # Priced in estimate/memory.py (zeropp_terms) and estimate/timing.py (collective_bytes); render never writes them.
+    zero_quantized_weights: bool = False
+    zero_quantized_nontrainable_weights: bool = False
+    zero_quantized_gradients: bool = False
     # Not a zero_optimization key: what updates the fp32 weights on a GPU (on CPU targets render always writes
     # torch AdamW). "deepspeed": the config's optimizer block built by DeepSpeed (FusedAdam; DeepSpeedCPUAdam with
     # offload), in place. "torch_adamw": torch.optim.AdamW unfused, i.e. a config without an optimizer block (the

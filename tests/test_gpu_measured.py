@@ -1,0 +1,104 @@
+"""Oracles from real GPU runs: the one-GPU accuracy rows measured on an H200 (bench/results/accuracy_h200.json,
+`python bench/accuracy/run.py --one-gpu`, torch 2.11, CUDA 13.0, DeepSpeed 0.19.8), re-predicted here by the harness's
+own predict(). What they pin: the allocated peak on CUDA (grouped-head fp32 attention on torch's math kernel, one-rank
+ZeRO-3 without gathered copies, the cuBLAS workspace), the CUDA context outside torch's allocator, and the run report
+reading a real CUDA metrics file."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "accuracy_h200.json"
+sys.path.insert(0, str(REPO / "bench" / "accuracy"))
+
+import run as harness  # noqa: E402  (bench/accuracy/run.py)
+
+
+def _measured_jobs() -> list[dict]:
+    data = json.loads(RESULTS.read_text())
+    assert data["device"] == "cuda" and "H200" in data["machine"]
+    return [j for j in data["jobs"] if j["measured"]]
+
+
+def _cluster():
+    return harness.make_cluster("cuda", 1, None, 143771, None, "NVIDIA H200")
+
+
+def test_allocated_peak_on_an_h200_meets_the_grids_targets():
+    """The issue's targets for the accuracy grid (peak memory median <= 3%, max <= 8%), against torch's
+    max_memory_allocated on the H200, for every measured row (7: ZeRO-0..3, bf16 and fp32, checkpointing, LoRA, Llama
+    and GPT-2). Before the GPU rules the fp32 row (Llama 16/4 heads) was 27% under and the one-rank ZeRO-3 rows 3-9%
+    over."""
+    cluster = _cluster()
+    errs = {}
+    for j in _measured_jobs():
+        job = harness.Job(**j["job"])
+        cfg = harness.render(job, cluster, 12)
+        pred = harness.predict(job, cluster, cfg)["per_rank_bytes"]
+        meas = j["measured"]["0"]["peak_bytes"]
+        errs[job.name] = (pred - meas) / meas
+    assert len(errs) == 7
+    assert statistics.median(abs(e) for e in errs.values()) <= 0.03, errs
+    assert max(abs(e) for e in errs.values()) <= 0.08, errs
+
+
+def test_one_rank_zero3_holds_no_gathered_copy():
+    """Measured on the H200 (same model, micro batch, sequence): ZeRO-3 peaked one gradient partition (the 16-bit
+    model, 469 MiB) above ZeRO-0, not two: at one rank NoGatherHandle points param.data at the partition."""
+    by_name = {j["name"]: j["measured"]["0"]["peak_bytes"] for j in _measured_jobs()}
+    z0, z3 = by_name["gpu-llama_z0_bf16_mb4_s2048_r1"], by_name["gpu-llama_z3_bf16_mb4_s2048_r1"]
+    from zerokit.spec.model import load_model_spec
+
+    sixteen_bit = 2 * load_model_spec(harness.MODELS["gpu-llama"]).params
+    assert abs((z3 - z0) - sixteen_bit) < 0.01 * sixteen_bit
+    from zerokit.estimate.memory import estimate_memory
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    est = estimate_memory(load_model_spec(harness.MODELS["gpu-llama"]), _cluster(),
+                          ZeroSetup(zero_stage=3, precision="bf16", micro_batch_size=4), Workload(seq_len=2048))
+    assert est.phase_terms["backward"].get("stage3_live_params", 0) == 0
+
+
+def test_the_context_range_holds_what_the_h200_showed():
+    """cudaMemGetInfo's used memory less torch's reserve at step ends (outside_allocator_bytes): 1,325-1,717 MiB on the
+    H200; zerokit's context range (estimate/reserved.py, one rank: no NCCL peers) must hold every job's figure, and
+    its central value must be within 20% of each."""
+    from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES
+
+    central, low, high = CUDA_CONTEXT_BYTES
+    outside = [j["measured"]["0"]["outside_allocator_bytes"] for j in _measured_jobs()]
+    assert len(outside) == 7 and all(low <= b <= high for b in outside), outside
+    assert all(abs(central - b) / b <= 0.20 for b in outside), outside
+
+
+def test_the_run_report_reads_a_real_cuda_metrics_file():
+    """tests/data/h200_run: the metrics of gpu-llama ZeRO-0 bf16 (micro batch 4, seq 2048) as the H200 rank wrote them.
+    The report compares the allocated peak without the fit's context allowance, the allocator's reserve, nvidia-smi's
+    figure and the part outside torch's allocator, each with what the rank measured."""
+    from zerokit.plan.planner import evaluate
+    from zerokit.report import run_report as zreport
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    measured = zreport.summarize_metrics(zreport.read_metrics(REPO / "tests" / "data" / "h200_run"))
+    rank = measured["ranks"][0]
+    assert measured["memory_method"] == "cuda_max_allocated"
+    assert rank["device_used_bytes"] > rank["peak_reserved_bytes"] > rank["peak_memory_bytes"]
+    assert rank["outside_allocator_bytes"] == pytest.approx(1715 * 2**20, rel=0.01)
+    ev = evaluate(load_model_spec(harness.MODELS["gpu-llama"]), _cluster(), Workload(seq_len=2048),
+                  ZeroSetup(zero_stage=0, precision="bf16", micro_batch_size=4))
+    rep = zreport.build_report(zreport.prediction_from_evaluation(ev, 12), measured)
+    rows = {r["name"]: r for r in rep["rows"]}
+    peak = rows["peak memory per rank (max over ranks)"]
+    assert peak["predicted"] == ev.memory.per_gpu_total - ev.memory.per_gpu["cuda_context"]
+    assert peak["ratio"] == pytest.approx(1.0, abs=0.01)  # measured 12,426 MiB; predicted 12,392
+    outside = rows["outside torch's allocator: CUDA context, NCCL (max over ranks)"]
+    assert outside["ratio"] == pytest.approx(1715 / 1536, rel=0.01)
+    assert rows["nvidia-smi used per GPU (max over ranks)"]["measured"] == rank["device_used_bytes"]
+    assert rows["allocator reserved peak (max over ranks)"]["measured"] == rank["peak_reserved_bytes"]
