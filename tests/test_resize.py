@@ -273,3 +273,29 @@ def test_resume_on_another_world_size_equals_the_uninterrupted_run(workdir, stag
         assert mine[k] == pytest.approx(theirs[k], rel=LOSS_REL), k
     report = json.loads((out / "report.json").read_text())
     assert report["world_size"] == after and [r["rank"] for r in report["per_rank"]] == list(range(after))
+
+
+def test_tp_and_sp_checkpoints_hold_their_replicas_batch_and_refuse_what_deepspeed_cannot_reload(tmp_path):
+    """The shape file records the AutoTP and SP degrees: the global batch counts data-parallel replicas (ranks of one
+    TP or SP group read the same samples), a resume may change only the data-parallel degree, and an SP checkpoint is
+    not re-cut (DeepSpeed 0.19.8: check_resize_parallelism)."""
+    from zerokit.launch.checkpoints import check_resize_parallelism
+
+    tag = tmp_path / CKPT_SUBDIR / "step2"
+    tag.mkdir(parents=True)
+    write_shape(tag, world_size=4, micro_batch=2, grad_accum=2, zero_stage=1, precision="fp32", tensor_parallel=2)
+    write_latest(tmp_path / CKPT_SUBDIR, "step2")
+    rs = detect_resize(tmp_path / CKPT_SUBDIR, 8)
+    assert rs.old.tensor_parallel == 2 and rs.old.data_parallel == 2 and rs.old.global_batch == 8
+    assert held_accumulation(rs.old.global_batch, 2, 8 // 2, 2) == 1
+    check_resize_parallelism(rs, 2, 1)  # same degree: fine
+    with pytest.raises(ZerokitError, match="keep tensor_parallel.autotp_size 2"):
+        check_resize_parallelism(rs, 1, 1)
+    with pytest.raises(ZerokitError) as e:
+        held_accumulation(8, 2, 3, 2)
+    assert "3 data-parallel replicas" in str(e.value) and "resume on 2, 4, 8 ranks" in str(e.value)
+    write_shape(tag, world_size=2, micro_batch=1, grad_accum=2, zero_stage=2, precision="fp32", sequence_parallel=2)
+    rs = detect_resize(tmp_path / CKPT_SUBDIR, 4)
+    with pytest.raises(ZerokitError) as e:
+        check_resize_parallelism(rs, 1, 2)
+    assert "sequence-parallel run (SP 2 on 2 ranks)" in str(e.value) and "\n" not in str(e.value)

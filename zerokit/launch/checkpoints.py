@@ -136,10 +136,17 @@ class CheckpointShape:
     zero_stage: int | None = None
     precision: str | None = None  # fp32 | bf16 | fp16
     zero_partitions: int = 0  # zero_pp_rank_*_optim_states.pt files: 0 = ZeRO-0, whose optimizer is not partitioned
+    # the AutoTP and Ulysses degrees (ranks of one TP or SP group read the same samples: launch/parallel.py RankLayout)
+    tensor_parallel: int = 1
+    sequence_parallel: int = 1
+
+    @property
+    def data_parallel(self) -> int:
+        return max(1, self.world_size // (self.tensor_parallel * self.sequence_parallel))
 
     @property
     def global_batch(self) -> int | None:
-        return self.micro_batch * self.grad_accum * self.world_size if self.micro_batch and self.grad_accum else None
+        return self.micro_batch * self.grad_accum * self.data_parallel if self.micro_batch and self.grad_accum else None
 
 
 @dataclass(frozen=True)
@@ -161,10 +168,10 @@ class Resize:
 
 
 def write_shape(tag_dir: str | os.PathLike, world_size: int, micro_batch: int, grad_accum: int, zero_stage: int,
-                precision: str) -> None:
+                precision: str, tensor_parallel: int = 1, sequence_parallel: int = 1) -> None:
     atomic_write_text(Path(tag_dir) / SHAPE_FILE, json.dumps(
         {"world_size": world_size, "micro_batch": micro_batch, "grad_accum": grad_accum, "zero_stage": zero_stage,
-         "precision": precision}) + "\n")
+         "precision": precision, "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel}) + "\n")
 
 
 def read_shape(ckpt_dir: str | os.PathLike) -> CheckpointShape | None:
@@ -181,7 +188,8 @@ def read_shape(ckpt_dir: str | os.PathLike) -> CheckpointShape | None:
         return CheckpointShape(tag=tag, step=step_of_tag(tag) or 0, world_size=int(d["world_size"]),
                                micro_batch=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
                                zero_stage=d.get("zero_stage"), precision=d.get("precision"),
-                               zero_partitions=len(shards))
+                               zero_partitions=len(shards), tensor_parallel=int(d.get("tensor_parallel", 1)),
+                               sequence_parallel=int(d.get("sequence_parallel", 1)))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if not shards:
@@ -197,14 +205,42 @@ def detect_resize(ckpt_dir: str | os.PathLike, new_world_size: int) -> Resize | 
     return Resize(old=shape, new_world_size=new_world_size)
 
 
-def held_accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
-    """Gradient accumulation that keeps `global_batch` on `world_size` ranks of `micro_batch`: one line naming the
-    global batch and the world sizes that would split it when it does not divide."""
+def check_resize_parallelism(resize: Resize, tensor_parallel: int, sequence_parallel: int) -> None:
+    """What a resume on another world size can change: the data-parallel degree only.
+    - A Ulysses SP checkpoint: DeepSpeed 0.19.8 cannot re-cut one. Its SP mpu answers the tensor-parallel questions (the
+      checkpoint records tp_degree = sp: engine._checkpoint_parallel_metadata, so ds_to_universal counts one model
+      file short), and with that fixed, loading the universal checkpoint asks parallel_state_sp for
+      get_tensor_model_parallel_world_size, which it lacks (stage_1_and_2._load_universal_checkpoint ->
+      base_optimizer.load_hp_checkpoint_state_from_checkpoint_dir). Both seen on 2 -> 4 CPU ranks at SP 2.
+    - AutoTP at another degree: the checkpoint's shards are TP slices that zerokit does not re-cut. At the same degree
+      (TP 2 on 2 ranks -> TP 2 x DP 2 on 4) the universal path reproduces the uninterrupted run (tests/test_resize.py)."""
+    old = resize.old
+    if old.sequence_parallel > 1:
+        raise ZerokitError(f"--resume: checkpoint {old.tag} was written by a sequence-parallel run (SP "
+                           f"{old.sequence_parallel} on {old.world_size} ranks), which DeepSpeed 0.19.8 cannot reload "
+                           f"on another number of ranks (its universal checkpoint does not know SP): resume on "
+                           f"{old.world_size} ranks")
+    if sequence_parallel > 1:
+        raise ZerokitError(f"--resume on {resize.new_world_size} ranks with sequence parallelism: DeepSpeed 0.19.8 loads "
+                           f"a universal checkpoint only without it: resume on {old.world_size} ranks, or without "
+                           "sequence_parallel_size")
+    if tensor_parallel != old.tensor_parallel:
+        raise ZerokitError(f"--resume: checkpoint {old.tag} holds AutoTP slices of degree {old.tensor_parallel}; this "
+                           f"run asks for {tensor_parallel}: keep tensor_parallel.autotp_size {old.tensor_parallel} "
+                           "(only the data-parallel degree may change)")
+
+
+def held_accumulation(global_batch: int, micro_batch: int, world_size: int, ranks_per_replica: int = 1) -> int:
+    """Gradient accumulation that keeps `global_batch` on `world_size` data-parallel replicas of `micro_batch` (the
+    ranks, without TP or SP): one line naming the global batch and the world sizes that would split it when it does
+    not divide."""
     per_step = micro_batch * world_size
     if global_batch % per_step:
-        fits = [w for w in range(1, global_batch // micro_batch + 1) if global_batch % (micro_batch * w) == 0][:8]
+        fits = [w * ranks_per_replica for w in range(1, global_batch // micro_batch + 1)
+                if global_batch % (micro_batch * w) == 0][:8]
+        replicas = f"{world_size} ranks" if ranks_per_replica == 1 else f"{world_size} data-parallel replicas"
         raise ZerokitError(f"the checkpoint's global batch {global_batch} cannot be split into micro batch "
-                           f"{micro_batch} x {world_size} ranks: resume on {', '.join(map(str, fits))} ranks "
+                           f"{micro_batch} x {replicas}: resume on {', '.join(map(str, fits))} ranks "
                            "(--gpus-per-node/--nodes), or use a --config whose micro batch divides it")
     return global_batch // per_step
 

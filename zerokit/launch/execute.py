@@ -40,10 +40,15 @@ def convert_for_resize(plan: LaunchPlan) -> str:
     else:
         how = f"ZeRO-0 keeps the whole optimizer state: loaded as it is on {rs.new_world_size} rank" + (
             "s" * (rs.new_world_size > 1))
+    from zerokit.config.rules import parallelism_from_config
+
     micro, accum = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
+    par = parallelism_from_config(cfg)
+    replicas = rs.new_world_size // (par.tensor_parallel * par.sequence_parallel)
+    across = (f"{rs.new_world_size} rank{'s' * (rs.new_world_size > 1)}" if replicas == rs.new_world_size else
+              f"{replicas} data-parallel replica{'s' * (replicas > 1)} (TP {par.tensor_parallel} on {rs.new_world_size} ranks)")
     return (f"checkpoint step {rs.old.step} was written by {rs.old.world_size} rank{'s' * (rs.old.world_size > 1)}; "
-            f"{how}; global batch {micro * accum * rs.new_world_size} held: micro {micro} x accumulation {accum} x "
-            f"{rs.new_world_size} rank{'s' * (rs.new_world_size > 1)}")
+            f"{how}; global batch {micro * accum * replicas} held: micro {micro} x accumulation {accum} x {across}")
 
 
 def write_run_directory(plan: LaunchPlan) -> None:

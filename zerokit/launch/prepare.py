@@ -19,7 +19,14 @@ from typing import Any
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
 from zerokit.core.quiet import verbose
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
-from zerokit.launch.checkpoints import CKPT_SUBDIR, Resize, detect_resize, held_accumulation, read_latest
+from zerokit.launch.checkpoints import (
+    CKPT_SUBDIR,
+    Resize,
+    check_resize_parallelism,
+    detect_resize,
+    held_accumulation,
+    read_latest,
+)
 from zerokit.launch.command import LaunchSpec, validate
 from zerokit.launch import user_script
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
@@ -384,13 +391,18 @@ def held_global_batch(req: LaunchRequest, resize: Resize | None) -> int | None:
 
 def _hold_in_config(ds_config: dict, held: int, resize: Resize, world: int) -> dict:
     """The user's micro batch stays; accumulation is re-derived for the new world size (DeepSpeed's
-    _configure_train_batch_size: train_batch_size = micro x accumulation x world)."""
+    _configure_train_batch_size: train_batch_size = micro x accumulation x world, its replicas under TP or SP)."""
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else resize.old.micro_batch
     if not micro:
         raise ZerokitError("--resume on another world size needs train_micro_batch_size_per_gpu in --config: set it")
+    from zerokit.config.rules import parallelism_from_config
+
+    par = parallelism_from_config(ds_config)
+    check_resize_parallelism(resize, par.tensor_parallel, par.sequence_parallel)
+    per_replica = par.tensor_parallel * par.sequence_parallel  # ranks of one TP or SP group read the same samples
     out = dict(ds_config, train_micro_batch_size_per_gpu=micro,
-               gradient_accumulation_steps=held_accumulation(held, micro, world))
+               gradient_accumulation_steps=held_accumulation(held, micro, world // per_replica, per_replica))
     if "train_batch_size" in out:
         out["train_batch_size"] = held
     return out
@@ -449,6 +461,10 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
         pins.pop("gradient_accumulation_steps", None)  # re-derived for the new world size
         pins.update({k: v for k, v in (("zero_stage", resize.old.zero_stage), ("precision", resize.old.precision))
                      if v is not None})
+        check_resize_parallelism(resize, pins.get("tensor_parallel", resize.old.tensor_parallel),
+                                 pins.get("sequence_parallel", 1))
+        if resize.old.tensor_parallel > 1:  # its AutoTP slices load only at their own degree
+            pins.setdefault("tensor_parallel", resize.old.tensor_parallel)
     workload = Workload(seq_len=seq_len, global_batch=held or req.global_batch, samples=samples,
                         epochs=req.epochs or 1.0)
     plan = make_plan(spec, cluster, workload, pins, memory_fraction=req.memory_fraction)

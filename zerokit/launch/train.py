@@ -636,7 +636,8 @@ def main(args: RankOptions) -> int:
         _crash_hook("checkpoint", step, rank)
         dist.barrier()  # every rank has finished writing its part
         if rank == 0:  # what wrote it, for a resume on another world size (launch/checkpoints.py read_shape)
-            write_shape(ckpt_dir / tag, world, mb, ga, stage, "bf16" if bf16 else "fp16" if fp16 else "fp32")
+            write_shape(ckpt_dir / tag, world, mb, ga, stage, "bf16" if bf16 else "fp16" if fp16 else "fp32",
+                        layout.tensor_parallel, layout.sequence_parallel)
             write_latest(ckpt_dir, tag)
         dist.barrier()
 
