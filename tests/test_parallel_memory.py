@@ -323,3 +323,8 @@ def test_quantized_frozen_partitions_replace_their_16bit_bytes(reference_llama):
     frozen = lora.params - lora.trainable
     assert plain["parameters"] - q["parameters"] == 2 * frozen // 8
     assert q["parameters_frozen_int8"] == int((1 + 4 / 8000) * frozen) // 8
+    # with hpZ its secondary partition is quantized as well (partition_parameters.py _partition_param_sec)
+    hpz = replace(setup, hpz_partition_size=4)
+    plain = phase_terms(lora, H100x8, hpz, wl, knobs)["step"]["hpz_secondary_partition"]
+    q = phase_terms(lora, H100x8, hpz, wl, replace(knobs, zero_quantized_nontrainable_weights=True))["step"]
+    assert plain - q["hpz_secondary_partition"] == int((2 - 1 - 4 / 8000) * frozen) // 4

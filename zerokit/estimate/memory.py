@@ -754,6 +754,10 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             # params / 2: 2,525,440 B on tiny-llama, alive after init and the first forward, gone after the step and
             # absent at the next start of backward; bench/results/accuracy_cpu_parallel.txt).
             hpz_bytes = weight_bytes(model, e) // setup.hpz_partition_size
+            frozen_16bit = model.params - model.trainable - model.quantized_params
+            if knobs.zero_quantized_nontrainable_weights and not on_cpu and frozen_16bit > 0:
+                # _partition_param_sec quantizes a frozen weight's secondary partition too: int8 + scales
+                hpz_bytes -= int((e - QWZ_BYTES_PER_ELEMENT) * frozen_16bit) // setup.hpz_partition_size
             if model.params > window:
                 persistent["hpz_secondary_partition"] = hpz_bytes
     zeropp = zeropp_terms(model, cluster, setup, knobs)
