@@ -754,16 +754,15 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
             # params / 2: 2,525,440 B on tiny-llama, alive after init and the first forward, gone after the step and
             # absent at the next start of backward; bench/results/accuracy_cpu_parallel.txt).
             hpz_bytes = weight_bytes(model, e) // setup.hpz_partition_size
-            frozen_16bit = model.params - model.trainable - model.quantized_params
-            if knobs.zero_quantized_nontrainable_weights and not on_cpu and frozen_16bit > 0:
+            frozen = model.frozen_unquantized_params
+            if knobs.zero_quantized_nontrainable_weights and not on_cpu and frozen > 0:
                 # _partition_param_sec quantizes a frozen weight's secondary partition too: int8 + scales
-                hpz_bytes -= int((e - QWZ_BYTES_PER_ELEMENT) * frozen_16bit) // setup.hpz_partition_size
+                hpz_bytes -= int((e - QWZ_BYTES_PER_ELEMENT) * frozen) // setup.hpz_partition_size
             if model.params > window:
                 persistent["hpz_secondary_partition"] = hpz_bytes
     zeropp = zeropp_terms(model, cluster, setup, knobs)
     if "parameters_frozen_int8" in zeropp["persistent"]:
-        frozen_16bit = model.params - model.trainable - model.quantized_params
-        persistent["parameters"] = max(0, persistent["parameters"] - e * frozen_16bit // n)
+        persistent["parameters"] = max(0, persistent["parameters"] - e * model.frozen_unquantized_params // n)
     persistent.update(zeropp["persistent"])
     live.update(zeropp["live"])
     if on_cpu:
@@ -881,16 +880,15 @@ def zeropp_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: Ze
     n = setup.zero_ranks(cluster.world_size)
     if setup.zero_stage != 3 or cluster.accelerator.is_cpu or n == 1:
         return out
-    e = dtype_bytes(setup.precision)
-    frozen_16bit = model.params - model.trainable - model.quantized_params
-    quantized_gathers = knobs.zero_quantized_weights or (knobs.zero_quantized_nontrainable_weights and frozen_16bit > 0)
+    frozen = model.frozen_unquantized_params
+    quantized_gathers = knobs.zero_quantized_weights or (knobs.zero_quantized_nontrainable_weights and frozen > 0)
     if quantized_gathers:
         largest = min(model.largest_layer_params, model.params)
         in_flight = min(model.params, knobs.stage3_prefetch_bucket_size + largest)
         out["live"]["qwz_gather_buffers"] = int(QWZ_BYTES_PER_ELEMENT * in_flight) + 2 * largest
-    if knobs.zero_quantized_nontrainable_weights and frozen_16bit > 0 and setup.offload_param == "none":
+    if knobs.zero_quantized_nontrainable_weights and frozen > 0 and setup.offload_param == "none":
         # replaces E bytes per element of that partition in "parameters" (phase_terms)
-        out["persistent"]["parameters_frozen_int8"] = int(QWZ_BYTES_PER_ELEMENT * frozen_16bit) // n
+        out["persistent"]["parameters_frozen_int8"] = int(QWZ_BYTES_PER_ELEMENT * frozen) // n
     if knobs.zero_quantized_gradients and cluster.nodes > 1:
         local = max(1, cluster.gpus_per_node)
         largest_grad = min(model.largest_layer_params, model.trainable)

@@ -187,12 +187,11 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     knobs = knobs or ZeroKnobs.for_model(model)
     qgz_intra = 0.0
     if not cluster.accelerator.is_cpu:  # ZeRO++'s quantizer runs on CUDA only (config.rules flags it elsewhere)
-        frozen_16bit = model.params - model.trainable - model.quantized_params
         e = bytes_per_element(setup.precision)
         if knobs.zero_quantized_weights:  # qwZ: every gather int8 + scales (partition_parameters.py quantize=True)
             weights -= (e - QWZ_BYTES_PER_ELEMENT) * (model.params - model.quantized_params)
         elif knobs.zero_quantized_nontrainable_weights:  # the frozen weights' gathers only
-            weights -= (e - QWZ_BYTES_PER_ELEMENT) * frozen_16bit
+            weights -= (e - QWZ_BYTES_PER_ELEMENT) * model.frozen_unquantized_params
         if knobs.zero_quantized_gradients and cluster.nodes > 1:
             # qgZ (coalesced_collectives.py all_to_all_quant_reduce): int4 (half a byte per element) through an all-to-all
             # within the node, then 1/L of it (reduced) through an all-to-all across the nodes, L the GPUs per node;

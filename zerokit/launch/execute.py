@@ -44,7 +44,7 @@ def convert_for_resize(plan: LaunchPlan) -> str:
 
     micro, accum = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
     par = parallelism_from_config(cfg)
-    replicas = rs.new_world_size // (par.tensor_parallel * par.sequence_parallel)
+    replicas = par.data_parallel(rs.new_world_size)
     across = (f"{rs.new_world_size} rank{'s' * (rs.new_world_size > 1)}" if replicas == rs.new_world_size else
               f"{replicas} data-parallel replica{'s' * (replicas > 1)} (TP {par.tensor_parallel} on {rs.new_world_size} ranks)")
     return (f"checkpoint step {rs.old.step} was written by {rs.old.world_size} rank{'s' * (rs.old.world_size > 1)}; "

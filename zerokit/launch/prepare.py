@@ -400,9 +400,9 @@ def _hold_in_config(ds_config: dict, held: int, resize: Resize, world: int) -> d
 
     par = parallelism_from_config(ds_config)
     check_resize_parallelism(resize, par.tensor_parallel, par.sequence_parallel)
-    per_replica = par.tensor_parallel * par.sequence_parallel  # ranks of one TP or SP group read the same samples
+    # the ranks of one TP or SP group read the same samples: the batch counts data-parallel replicas
     out = dict(ds_config, train_micro_batch_size_per_gpu=micro,
-               gradient_accumulation_steps=held_accumulation(held, micro, world // per_replica, per_replica))
+               gradient_accumulation_steps=held_accumulation(held, micro, par.data_parallel(world), par.model_parallel))
     if "train_batch_size" in out:
         out["train_batch_size"] = held
     return out

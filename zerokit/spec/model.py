@@ -127,6 +127,12 @@ class ModelSpec:
         """Parameters with gradients, an fp32 master copy and Adam moments (DeepSpeed keeps them for these only)."""
         return self.params if self.trainable_params is None else self.trainable_params
 
+    @property
+    def frozen_unquantized_params(self) -> int:
+        """Frozen weights held in the training dtype (not QLoRA's 4-bit ones): what ZeRO++'s
+        zero_quantized_nontrainable_weights stores and gathers as int8."""
+        return self.params - self.trainable - self.quantized_params
+
     def weight_bytes(self, bytes_per_element: int) -> int:
         """Bytes of every parameter tensor as held: the training dtype's bytes_per_element, except QLoRA's 4-bit base
         weights at their packed size (spec/finetune.py packed_4bit_elements: half a byte per weight in uint8, or the
