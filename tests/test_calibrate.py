@@ -143,6 +143,27 @@ def test_torch_adamw_rate():
     assert measure_torch_adamw(100_000, "cpu", min_time_s=0.05) > 0
 
 
+def test_compute_benchmark_on_one_rank():
+    """A one-GPU machine calibrates on one rank (measure.calibrate.benchmark_world_size): no collective to measure,
+    the compute benchmark alone. Two ranks sharing one GPU would each read half its speed. Run here on the CPU, where
+    the same path (a 1-rank process group, Lockstep) runs: every job timed, in order, a deeper model slower."""
+    pytest.importorskip("torch")
+    from zerokit.measure import compute_fit
+    from zerokit.measure.calibrate import benchmark_world_size, time_compute
+    from zerokit.measure.ranks import device_of
+
+    assert benchmark_world_size(device_of("cpu")) == 2  # a CPU job's ranks share the cores: timed in pairs
+    jobs = [j for j in compute_fit.benchmark_jobs(["fp32"], False, True, 1)
+            if j["family"] == "gated" and not j["checkpointing"]]
+    depths = [j["config"]["num_hidden_layers"] for j in jobs]
+    secs = time_compute(1, {"jobs": jobs, "min_time_s": 0.05, "device": None}, threads=1)
+    assert len(secs) == len(jobs) and all(s > 0 for s in secs)
+    by_depth = {}
+    for d, s in zip(depths, secs):
+        by_depth.setdefault(d, []).append(s)
+    assert min(by_depth[max(depths)]) > max(by_depth[min(depths)]), by_depth
+
+
 @pytest.mark.slow
 def test_quick_calibration_end_to_end(tmp_path):
     pytest.importorskip("torch")

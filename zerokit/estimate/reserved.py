@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # CUDA context per GPU (central, low, high): what a training process holds outside torch's allocator, less NCCL's
 # buffers. Measured on an H200 (torch 2.11, CUDA 13.0, driver 580; bench/results/accuracy_h200.txt, cudaMemGetInfo
-# total - free - memory_reserved at step ends): 1,325 MiB in one-rank ZeRO-3 jobs and 1,697-1,717 MiB at ZeRO-0/1/2
+# total - free - memory_reserved at step ends): 1,311-1,325 MiB in one-rank ZeRO-3 jobs and 1,697-1,717 MiB at ZeRO-0/1/2
 # (kernels loaded lazily as the run first uses them: GEMMs, attention, the fused optimizer, NCCL's); a bare context
 # there was 619 MiB after the first tensor and 685 MiB after the first GEMM. Central: their middle, 1.5 GiB; high:
 # above the largest measured. Low: PyTorch PR #86509's bare lazy-loading context, 287,047,680 B (torch 1.13 sets

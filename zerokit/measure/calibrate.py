@@ -209,6 +209,36 @@ def _worker_main() -> None:
     finish_rank(0)
 
 
+def _run_benchmark_ranks(world_size: int, sizes: list[int], iters: int, backend: str | None, timeout_s: float,
+                         compute: dict | None, threads: int | None, what: str) -> tuple[list[dict], list | None]:
+    """Run `world_size` benchmark ranks (_worker_main): the collectives over `sizes`, then the compute jobs of
+    `compute` in lockstep. Returns rank 0's (collective rows, compute seconds or None)."""
+    import torch  # noqa: PLC0415
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    spec = {"world_size": world_size, "port": free_port(), "sizes": list(sizes), "iters": iters, "backend": backend,
+            "compute": compute}
+    env = dict(os.environ, ZEROKIT_COLL_SPEC=json.dumps(spec))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    else:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-c", "from zerokit.measure.calibrate import _worker_main; _worker_main()"]
+    outs = run_local_ranks(cmd, [dict(env, ZEROKIT_COLL_RANK=str(r)) for r in range(world_size)], timeout_s,
+                           f"{what} over {world_size} {backend} rank(s)")
+    return tagged_json(outs[0], "ZEROKIT_RESULT") or [], tagged_json(outs[0], "ZEROKIT_COMPUTE")
+
+
+def time_compute(world_size: int, compute: dict, threads: int | None = None, timeout_s: float = 900.0) -> list[float]:
+    """The compute benchmark alone ({jobs, min_time_s, device}: compute_fit.benchmark_jobs) on `world_size` ranks in
+    lockstep, one rank per GPU on a GPU machine: each job's seconds, in the jobs' order."""
+    _, secs = _run_benchmark_ranks(world_size, [], 1, None, timeout_s, compute, threads, "compute benchmark")
+    if secs is None or len(secs) != len(compute["jobs"]):
+        raise ZerokitError("the compute benchmark printed no result: rerun `zerokit calibrate`")
+    return secs
+
+
 def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] = (1 * MiB, 16 * MiB), iters: int = 5,
                         backend: str | None = None, timeout_s: float = 120.0, compute: dict | None = None,
                         threads: int | None = None) -> dict:
@@ -222,18 +252,8 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
         raise ZerokitError("collective bandwidth needs at least 2 ranks")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    spec = {"world_size": world_size, "port": free_port(), "sizes": list(sizes), "iters": iters, "backend": backend,
-            "compute": compute}
-    env = dict(os.environ, ZEROKIT_COLL_SPEC=json.dumps(spec))
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    else:
-        env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, "-c", "from zerokit.measure.calibrate import _worker_main; _worker_main()"]
-    outs = run_local_ranks(cmd, [dict(env, ZEROKIT_COLL_RANK=str(r)) for r in range(world_size)], timeout_s,
-                           f"collective benchmark over {world_size} {backend} ranks")
-    rows = tagged_json(outs[0], "ZEROKIT_RESULT")
-    compute_seconds = tagged_json(outs[0], "ZEROKIT_COMPUTE")
+    rows, compute_seconds = _run_benchmark_ranks(world_size, list(sizes), iters, backend, timeout_s, compute, threads,
+                                                 "collective benchmark")
     if not rows:
         raise ZerokitError("collective benchmark printed no result")
     last = rows[-1]
@@ -383,13 +403,7 @@ def measure_adapter_costs(compute_timing: dict, jobs: list[dict], compute_spec: 
     (compute_fit.fit_adapters). bench/calibrate_adapters.py runs this alone against an existing profile."""
     from zerokit.measure import compute_fit  # noqa: PLC0415
 
-    passes = []
-    for _ in range(COMPUTE_PASSES):
-        secs = measure_collectives(world_size, [4096], iters=3, compute=compute_spec, threads=threads,
-                                   timeout_s=900.0).get("compute_seconds") or []
-        if len(secs) != len(jobs):
-            raise ZerokitError("the LoRA adapter benchmark printed no result: rerun `zerokit calibrate`")
-        passes.append(secs)
+    passes = [time_compute(world_size, compute_spec, threads) for _ in range(COMPUTE_PASSES)]
     return compute_fit.fit_adapters(compute_timing, jobs, [min(ts) for ts in zip(*passes)])
 
 
@@ -410,9 +424,37 @@ def measure_peft_hooks(profile: dict, precisions: list[str], world_size: int, th
         notes.append(f"ZeRO-3 LoRA hooks: {e}")
 
 
+def benchmark_world_size(device) -> int:
+    """How many local ranks calibration runs: one per GPU on a GPU machine (a training job's ranks never share a GPU:
+    two ranks timing compute on one GPU would each read half its speed), two on a CPU machine (they share the cores
+    as a CPU job's ranks do: Lockstep)."""
+    import torch  # noqa: PLC0415
+
+    return max(1, torch.cuda.device_count()) if device.type == "cuda" else 2
+
+
+def measure_model_parallel(profile: dict, precisions: list[str], world_size: int, threads: int | None, notes: list[str],
+                           log=None) -> None:
+    """What a TP or SP call costs inside a step (engine_fit.measure_model_parallel_calls); a failure is a note (the
+    back-to-back latencies then price those calls), as is a machine with too few ranks for TP 2 / SP 2."""
+    from zerokit.measure.engine_fit import MODEL_PARALLEL_DEGREE, measure_model_parallel_calls  # noqa: PLC0415
+
+    if world_size % MODEL_PARALLEL_DEGREE:
+        notes.append(f"TP/SP calls: {world_size} rank(s), none of TP {MODEL_PARALLEL_DEGREE} or SP "
+                     f"{MODEL_PARALLEL_DEGREE} to time; back-to-back latencies price them")
+        return
+    if log:
+        log(f"TP {MODEL_PARALLEL_DEGREE} and SP {MODEL_PARALLEL_DEGREE} engines ...")
+    try:
+        measure_model_parallel_calls(profile, precisions, world_size, threads, log=log)
+    except ZerokitError as e:
+        notes.append(f"TP/SP calls: {e}")
+
+
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
-                    world_size: int = 2, log=None) -> dict:
+                    world_size: int | None = None, log=None) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
+    world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
     quick=True: small sizes and short timings (110 s on a 2-core CPU machine with peft and bitsandbytes, measured; the
     full calibration 304 s, with the LoRA and QLoRA models and engines)."""
     import torch  # noqa: PLC0415
@@ -436,6 +478,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
                                "pick a writable file path for --output") from None
     t0 = time.perf_counter()
     device = device_of(device)
+    world_size = world_size or benchmark_world_size(device)
     notes: list[str] = []
     min_t = 0.3 if quick else 1.5
     if device.type == "cpu":
@@ -514,12 +557,20 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
         notes.append(f"only {torch.cuda.device_count()} GPU(s): collectives measured over gloo between host processes, "
                      "not GPU links; intra_node_bw is kept from the catalog (plans with --dist-backend gloo use them)")
-    try:
-        coll = measure_collectives(world_size, coll_bytes, iters=3 if quick else 10, compute=compute_spec, threads=threads,
-                                   timeout_s=900.0)
-    except ZerokitError as e:
-        coll = {"error": str(e)}
-        notes.append(f"collectives: {e}")
+    if world_size < 2:  # one GPU: no peer to measure a link with
+        notes.append("collectives: one rank, no link to measure; the catalog's bandwidths stand")
+        try:
+            coll = {"compute_seconds": time_compute(world_size, compute_spec, threads)}
+        except ZerokitError as e:
+            coll = {"error": str(e)}
+            notes.append(f"compute: {e}")
+    else:
+        try:
+            coll = measure_collectives(world_size, coll_bytes, iters=3 if quick else 10, compute=compute_spec,
+                                       threads=threads, timeout_s=900.0)
+        except ZerokitError as e:
+            coll = {"error": str(e)}
+            notes.append(f"collectives: {e}")
 
     compute_timing = None
     if coll.get("compute_seconds"):
@@ -529,12 +580,9 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         def compute_seconds(keys):  # {(family, precision): seconds of its jobs}: the first run's, or re-timed ones
             if keys is None:
                 jobs, secs = compute_jobs, coll["compute_seconds"]
-            else:  # the same ranks in lockstep, with one small collective (measure_collectives needs one)
+            else:  # the same ranks in lockstep
                 jobs = [j for k in keys for j in jobs_of(k)]
-                secs = measure_collectives(world_size, [4096], iters=3, compute=dict(compute_spec, jobs=jobs),
-                                           threads=threads, timeout_s=900.0).get("compute_seconds") or []
-                if len(secs) != len(jobs):
-                    raise ZerokitError("the compute benchmark's re-measurement printed no result: rerun `zerokit calibrate`")
+                secs = time_compute(world_size, dict(compute_spec, jobs=jobs), threads)
             out: dict = {}
             for j, t in zip(jobs, secs):
                 out.setdefault((j["family"], j["precision"]), []).append(t)
@@ -629,6 +677,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
             notes.append(f"engine costs: {e}")
         else:
             measure_peft_hooks(profile, precs, world_size, threads, notes, say)
+            measure_model_parallel(profile, precs, world_size, threads, notes, say)
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
         from zerokit.core.fsutil import atomic_write_text  # noqa: PLC0415
