@@ -304,10 +304,21 @@ def test_sequence_parallel_is_a_warning_not_an_unknown_key():
     assert "prices the split sequence" in found["sequence_parallel_size"].message
 
 
-@pytest.mark.xfail(strict=True, reason="the batch under sequence parallelism (DeepSpeed's data-parallel world is "
-                                       "world / sequence_parallel_size): the parallelism issue")
 def test_sequence_parallel_auto_config_is_checked(capsys, tmp_path):
+    """An "auto" config with Ulysses SP 2 on 16 ranks: the Trainer's train_batch_size (micro x accumulation x 16
+    processes) would fail DeepSpeed's batch check, which counts world / sp = 8; accelerate overrides it with
+    x parallelism_config.data_parallel_size (Accelerator._prepare_deepspeed, sp_backend "deepspeed"), and so does
+    fill_auto. DeepSpeed's own config classes then accept the filled config for 16 ranks."""
+    cfg = {**load("llamafactory-z3"), "sequence_parallel_size": 2}
     path = tmp_path / "sp.json"
-    path.write_text(json.dumps({**load("llamafactory-z3"), "sequence_parallel_size": 2}))
-    code, out = run_check(capsys, path)
-    assert code in (0, 1) and out["valid"]
+    path.write_text(json.dumps(cfg))
+    code, out = run_check(capsys, path, "--micro-batch", "2", "--grad-accum", "3")
+    assert code in (0, 1) and out["valid"], out
+    assumed = {a["key"]: a for a in out["assumed"]}
+    assert assumed["train_batch_size"]["value"] == "micro x accumulation x 8"
+    filled = rules.fill_auto(cfg, {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 16, 4096)
+    assert filled["train_batch_size"] == 2 * 3 * 8
+    rules.validate_with_deepspeed(filled, 16)  # DeepSpeed's batch assertion, at 16 ranks (raises on a mismatch)
+    no_sp = rules.fill_auto(load("llamafactory-z3"), {"train_micro_batch_size_per_gpu": 2,
+                                                      "gradient_accumulation_steps": 3}, 16, 4096)
+    assert no_sp["train_batch_size"] == 2 * 3 * 16  # without SP: every process, as the Trainer computes it

@@ -270,7 +270,10 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
         add(accum, values.get(accum, ds_check.TRAINER_DEFAULTS[accum]),
             arg(accum, "--grad-accum", "TrainingArguments' default; --grad-accum N to change"))
     if "train_batch_size" in autos:
-        add("train_batch_size", f"micro x accumulation x {world_size}", "as the Trainer computes it")
+        dp = ds_check.batch_world_size(config, world_size)
+        add("train_batch_size", f"micro x accumulation x {dp}",
+            "as the Trainer computes it" if dp == world_size else
+            f"as accelerate sets it under sequence parallelism: {world_size} ranks / sequence_parallel_size")
     if precision is not None:
         flag = "no --bf16/--fp16" if precision == "fp32" else f"--{precision}"
         add("precision", precision, "--precision given" if precision_given else
@@ -296,7 +299,7 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
 
 
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 4  # 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced
+_VERDICT_SCHEMA = 5  # 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,

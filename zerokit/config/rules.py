@@ -385,7 +385,8 @@ def fill_auto(config: dict, setup_or_values=None, world_size: int = 1, hidden_si
 
     setup_or_values: a ZeroSetup (micro batch, accumulation, precision), or a mapping of dotted config keys to
     values (e.g. {"optimizer.params.lr": 1e-4, "train_micro_batch_size_per_gpu": 4}), or None. Anything not given
-    takes TrainingArguments' default (TRAINER_DEFAULTS); train_batch_size is micro x accumulation x world size;
+    takes TrainingArguments' default (TRAINER_DEFAULTS); train_batch_size is micro x accumulation x the ranks DeepSpeed's
+    batch check counts (batch_world_size: world / sequence_parallel_size under Ulysses);
     warmup_max_lr is the learning rate. Bucket sizes: h^2, int(0.9 h^2), 10 h from hidden_size as the Trainer does;
     without a hidden size, DeepSpeed's defaults (what DeepSpeed uses for a key whose value is "auto").
     "auto" on keys the Trainer does not fill is left alone, as the Trainer leaves it.
@@ -413,7 +414,11 @@ def fill_auto(config: dict, setup_or_values=None, world_size: int = 1, hidden_si
     accum = _get(out, "gradient_accumulation_steps")
     micro = values["train_micro_batch_size_per_gpu"] if micro in (None, AUTO) else micro
     accum = values["gradient_accumulation_steps"] if accum in (None, AUTO) else accum
-    values.setdefault("train_batch_size", micro * accum * world_size if _is_int(micro) and _is_int(accum) else None)
+    # micro x accumulation x the data-parallel ranks: under Ulysses, accelerate sets it so "at the last moment"
+    # (Accelerator._prepare_deepspeed, sp_backend "deepspeed": x parallelism_config.data_parallel_size), over the
+    # Trainer's micro x accumulation x every process, as DeepSpeed's batch check counts world / sp (batch_world_size)
+    values.setdefault("train_batch_size", micro * accum * batch_world_size(out, world_size)
+                      if _is_int(micro) and _is_int(accum) else None)
     values.setdefault("scheduler.params.warmup_max_lr", values["optimizer.params.lr"])
     values.setdefault("scheduler.params.total_num_steps", values["scheduler.params.warmup_num_steps"])
     buckets = ZeroKnobs.for_hidden_size(hidden_size)
