@@ -76,3 +76,79 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
         fit = fits[str(stage)]
         assert t.engine_seconds == pytest.approx(fit["per_step_s"] + fit["per_layer_micro_s"] * 8)
         assert t.step_seconds - t.engine_seconds == pytest.approx(r["predicted_s"], rel=1e-6)
+
+
+def test_model_parallel_calls_priced_at_the_fitted_cost_else_the_latencies(tmp_path):
+    """timing.model_parallel_call_seconds: with a fitted cost per TP / SP call in the profile (engine_fit
+    measure_model_parallel_calls), every call of model_parallel_calls at that cost, ring steps counted; without one,
+    the back-to-back latencies (all-reduce for AutoTP, all-to-all for Ulysses, all-gather for the gathers); and the
+    step time moves by exactly the difference."""
+    from zerokit.estimate.timing import (estimate_time, model_parallel_call_seconds, model_parallel_calls,
+                                         ring_steps)
+    from zerokit.measure.engine_fit import synthetic_config
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.profile import load_profile
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile.json")
+    for fits in prof["engine_overhead"]["by_precision"].values():
+        fits.pop("tp", None), fits.pop("sp", None)
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(synthetic_config(4, (4, 2))))
+    spec = load_model_spec(str(model_dir))
+    work = Workload(seq_len=64)
+
+    def price(profile, **setup):
+        path = tmp_path / "prof.json"
+        path.write_text(json.dumps(profile))
+        ranks = setup.get("tensor_parallel", 1) * setup.get("sequence_parallel", 1)
+        cluster = build_cluster(gpu="cpu", gpus_per_node=max(2, ranks), hardware_profile=str(path))
+        s = ZeroSetup(zero_stage=2, precision="bf16", micro_batch_size=2, **setup)
+        return cluster, s, estimate_time(spec, cluster, s, work).step_seconds
+
+    for kind, setup, latency in (("tp", {"tensor_parallel": 2}, "all_reduce_latency_s"),
+                                 ("sp", {"sequence_parallel": 2}, "all_to_all_latency_s"),
+                                 ("sp", {"sequence_parallel": 4}, "all_to_all_latency_s")):
+        cluster, s, before = price(prof, **setup)
+        calls = model_parallel_calls(spec, s)
+        steps = ring_steps(s.tensor_parallel * s.sequence_parallel)
+        back_to_back = (calls.reduces * prof[latency] + calls.gathers * prof["all_gather_latency_s"]) * steps
+        assert model_parallel_call_seconds(cluster.profile.timing, spec, s) == pytest.approx(back_to_back)
+        fitted = json.loads(json.dumps(prof))
+        fitted["engine_overhead"]["by_precision"]["bf16"][kind] = {"per_call_s": 0.0004}
+        cluster, s, after = price(fitted, **setup)
+        in_step = (calls.reduces + calls.gathers) * steps * 0.0004
+        assert model_parallel_call_seconds(cluster.profile.timing, spec, s) == pytest.approx(in_step)
+        # (CPU ranks beyond the profile's cores share them: every term slower by the same factor)
+        share = cluster.profile.cpu_oversubscription(cluster.gpus_per_node)
+        assert after - before == pytest.approx(share * (in_step - back_to_back))
+    cluster, s, _ = price(prof)
+    assert model_parallel_call_seconds(cluster.profile.timing, spec, s) == 0.0  # no TP, no SP: no calls
+
+
+@pytest.mark.slow
+def test_real_tp_and_sp_engines_fit_a_cost_per_call(tmp_path):
+    """measure_model_parallel_calls on real DeepSpeed engines: AutoTP 2 and Ulysses SP 2 over gloo on 2 ranks, at 1 and
+    8 layers. Each run is priced without its TP / SP calls and carries their count (model_parallel_calls, as counted on
+    real steps in tests/test_timing.py); the deeper engine costs more; the fit is what the estimate then charges."""
+    pytest.importorskip("deepspeed")
+    from zerokit.estimate.timing import model_parallel_fit
+    from zerokit.measure.engine_fit import MODEL_PARALLEL_RUNS, measure_model_parallel_calls
+    from zerokit.spec.profile import load_profile
+
+    prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile.json")
+    out = measure_model_parallel_calls(prof, ["bf16"], world_size=2, threads=1)
+    assert set(out) == {"bf16"} and set(out["bf16"]) == {"tp", "sp"}
+    fits = prof["engine_overhead"]["by_precision"]["bf16"]
+    for kind in ("tp", "sp"):
+        runs = {r["layers"]: r for r in fits[kind]["runs"]}
+        assert set(runs) == {r[0] for r in MODEL_PARALLEL_RUNS}
+        shallow, deep = runs[min(runs)], runs[max(runs)]
+        assert deep["seconds"] > shallow["seconds"] and deep["mp_calls"] > shallow["mp_calls"] > 0
+        assert all(r["kind"] == kind and 0 < r["predicted_s"] for r in runs.values())
+        # the least-squares slope through the origin, as the estimate reads it back
+        pts = [(r["mp_calls"], r["seconds"] - r["predicted_s"]) for r in runs.values()]
+        slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+        assert fits[kind]["per_call_s"] == pytest.approx(slope) == model_parallel_fit(prof["engine_overhead"], "bf16", kind)

@@ -287,6 +287,35 @@ def model_parallel_calls(model: ModelSpec, setup: ZeroSetup) -> CollectiveCalls:
     return CollectiveCalls(0, 0)
 
 
+def model_parallel_call_seconds(terms, model: ModelSpec, setup: ZeroSetup) -> float:
+    """What the TP or SP group's collective calls (model_parallel_calls; model = the full model) cost per optimizer step
+    beyond their bytes. Where the profile fitted it on real TP 2 / SP 2 engines (engine_fit.measure_model_parallel_calls:
+    engine_overhead.by_precision[precision]["tp" | "sp"].per_call_s), that cost per call: a call inside a step waits
+    for the group's slowest rank and runs beside the other ranks' compute, which calls timed back to back do not.
+    Measured on the 2-core machine, the back-to-back latencies priced TP 2 rows 9-33% over and SP 2 rows 14-26% under
+    (bench/results/accuracy_cpu_parallel.txt as of dd53276); with the fit, on fresh runs, every TP and SP row is within
+    -12.4% to +0.1% (the table now). Else the back-to-back latencies (all-to-all for Ulysses' exchanges,
+    all-reduce for AutoTP's, all-gather for the gathers), measured between 2 ranks; over n ranks a ring takes n - 1
+    steps (ring_steps)."""
+    tp, sp = setup.tensor_parallel, setup.sequence_parallel
+    if tp * sp == 1:
+        return 0.0
+    calls = model_parallel_calls(model, setup)
+    steps = ring_steps(tp * sp)
+    fit = model_parallel_fit(terms.engine_overhead, setup.precision, "sp" if sp > 1 else "tp")
+    if fit is not None:
+        return (calls.reduces + calls.gathers) * steps * fit
+    reduce = terms.all_to_all_latency_s if sp > 1 else terms.all_reduce_latency_s
+    return (calls.reduces * reduce + calls.gathers * terms.all_gather_latency_s) * steps
+
+
+def model_parallel_fit(engine: dict | None, precision: str, kind: str) -> float | None:
+    """The fitted seconds per TP ("tp") or SP ("sp") call (engine_fit.measure_model_parallel_calls), None when the
+    profile has none."""
+    per_call = (engine_fits(engine, precision).get(kind) or {}).get("per_call_s")
+    return float(per_call) if isinstance(per_call, (int, float)) and per_call >= 0 else None
+
+
 def intra_node_bandwidth(cluster: Cluster) -> float:
     """Bytes/s per rank for collectives that stay inside a node: link_bandwidth's rule for one node."""
     acc, backend = cluster.accelerator, cluster.comm_backend
@@ -485,14 +514,11 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
-        mp_calls = model_parallel_calls(full_model, setup)
         # (spec.profile.TimingTerms gives older profiles' shared latency to both kinds, and an all-to-all an
         # all-reduce's). The latencies were measured between 2 ranks; a ring over n ranks takes n - 1 steps (ring_steps)
         zero_steps = ring_steps(n)
-        mp_steps = ring_steps(setup.tensor_parallel * setup.sequence_parallel)
-        mp_reduce = terms.all_to_all_latency_s if setup.sequence_parallel > 1 else terms.all_reduce_latency_s
-        comm += (calls.reduces * zero_steps * terms.all_reduce_latency_s + mp_calls.reduces * mp_steps * mp_reduce
-                 + (calls.gathers * zero_steps + mp_calls.gathers * mp_steps) * terms.all_gather_latency_s)
+        comm += ((calls.reduces * terms.all_reduce_latency_s + calls.gathers * terms.all_gather_latency_s) * zero_steps
+                 + model_parallel_call_seconds(terms, full_model, setup))
         engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
                          setup.gradient_accumulation_steps, setup.activation_checkpointing,
                          offload=setup.offload_optimizer != "none")
@@ -562,13 +588,18 @@ def zero3_module_hook_seconds(engine: dict | None, model: ModelSpec, setup: Zero
     return per_module * model.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
 
 
+def engine_fits(engine: dict | None, precision: str) -> dict:
+    """A profile's engine fits (measure/engine_fit.py) for `precision`: a precision that was not measured (fp16 on a bf16
+    machine) takes the other 16-bit one's, else any; {} without a measurement."""
+    by = (engine or {}).get("by_precision") or {}
+    return by.get(precision) or by.get("bf16" if precision == "fp16" else "fp16") or next(iter(by.values()), None) or {}
+
+
 def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,
                    checkpointing: bool = False, offload: bool = False) -> float:
     """The fitted engine cost (measure/engine_fit.py measures it on real engines) of one optimizer step (0 without a measurement for the stage); a precision
     that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
-    by = (engine or {}).get("by_precision") or {}
-    fits = by.get(precision) or by.get("bf16" if precision == "fp16" else "fp16") or next(iter(by.values()), None)
-    fit = (fits or {}).get(str(stage))
+    fit = engine_fits(engine, precision).get(str(stage))
     if not fit:
         return 0.0
     per_layer = float(fit["per_layer_micro_s"]) + (float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0)

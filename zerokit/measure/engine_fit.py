@@ -45,9 +45,18 @@ MICRO_BATCH, SEQ_LEN = 2, 64
 STEPS, WARMUP = 12, 2
 
 
-def synthetic_config(layers: int) -> dict:
+# TP 2 and SP 2 engines (measure_model_parallel_calls) at two depths, at ZeRO-2 (both run under it); 4 query and 2 K/V
+# heads of 24, as AutoTP shards both and Ulysses splits the heads over the group
+MODEL_PARALLEL_RUNS = ((1, 1, False, "none"), (8, 1, False, "none"))
+MODEL_PARALLEL_STAGE = 2
+MODEL_PARALLEL_DEGREE = 2
+MODEL_PARALLEL_HEADS = (4, 2)
+MODEL_PARALLEL_PASSES = 3
+
+
+def synthetic_config(layers: int, heads: tuple[int, int] = (3, 1)) -> dict:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 96, "intermediate_size": 256,
-            "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": layers, "vocab_size": 1024,
+            "num_attention_heads": heads[0], "num_key_value_heads": heads[1], "num_hidden_layers": layers, "vocab_size": 1024,
             "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
             "attention_dropout": 0.0, "torch_dtype": "float32"}
 
@@ -69,6 +78,7 @@ def _rank_main() -> None:
     deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if spec["backend"] == "nccl" else torch.device("cpu")
     results = []
+    sp_mpus: dict = {}
     for job in spec["jobs"]:
         cfg = job["ds_config"]
         keep = HfDeepSpeedConfig(cfg) if cfg["zero_optimization"]["stage"] == 3 else None  # noqa: F841 (zero.Init)
@@ -78,6 +88,18 @@ def _rank_main() -> None:
         if job["ckpt"]:
             model.gradient_checkpointing_enable()  # as zerokit.launch.train does
         model.config.use_cache = False  # as zerokit.launch.train runs it (a KV cache in training costs time)
+        sp = int(cfg.get("sequence_parallel_size") or 1)
+        mpu = None
+        if sp > 1:  # Ulysses as zerokit.launch.parallel.register_ulysses sets it up: the sdpa wrapper and the SP groups,
+            # once per process (DeepSpeed asserts "sequence parallel group is already initialized"; the wrapper replaces
+            # sdpa in transformers' registry, so the later models of the same shape run it too)
+            if sp not in sp_mpus:
+                from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF  # noqa: PLC0415
+
+                sp_mpus[sp] = UlyssesSPAttentionHF.register_with_transformers(
+                    model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=sp,
+                    micro_batch_size=cfg["train_micro_batch_size_per_gpu"], seq_length_is_variable=True)
+            mpu = sp_mpus[sp]
         if job.get("lora_r"):  # as zerokit.launch.train applies LoRA: peft over the (zero.Init) base, then at
             # ZeRO-3 the adapters cast to a 16-bit run's dtype (DeepSpeed skips them: see launch/train.py)
             from peft import LoraConfig, get_peft_model  # noqa: PLC0415
@@ -88,8 +110,17 @@ def _rank_main() -> None:
                 if dtype is not None and not hasattr(p, "ds_id") and p.is_floating_point() and p.dtype != dtype:
                     p.data = p.data.to(dtype)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                          config=cfg)
-        x = torch.randint(0, conf.vocab_size, (cfg["train_micro_batch_size_per_gpu"], job["seq_len"]), device=device)
+                                          config=cfg, mpu=mpu)
+        # the same sample on every rank (the seed above): what a TP or SP group reads
+        x = torch.randint(0, conf.vocab_size, (cfg["train_micro_batch_size_per_gpu"], job["seq_len"]),
+                          generator=torch.Generator().manual_seed(0)).to(device)
+        batch = {"input_ids": x, "labels": x}
+        if sp > 1:  # this rank's slice of the sequence, with its global positions (launch/parallel.sp_shard); the loss
+            # is the slice's own (the group's weighted mean adds two small all_gathers, priced by their latency)
+            chunk = job["seq_len"] // sp
+            lo = chunk * (dist.get_rank() % sp)
+            pos = torch.arange(lo, lo + chunk, device=device).unsqueeze(0).expand(x.shape[0], chunk)
+            batch = {"input_ids": x[:, lo:lo + chunk], "labels": x[:, lo:lo + chunk], "position_ids": pos}
         times = []
         dist.barrier()
         for _ in range(STEPS):
@@ -97,7 +128,7 @@ def _rank_main() -> None:
             # before every step puts both ranks' compute in lockstep and measured ~20% slower steps here)
             t0 = time.perf_counter()
             for _ in range(cfg["gradient_accumulation_steps"]):
-                loss = engine(input_ids=x, labels=x).loss
+                loss = engine(**batch).loss
                 engine.backward(loss)
                 engine.step()
             if device.type == "cuda":
@@ -105,7 +136,7 @@ def _rank_main() -> None:
             times.append(time.perf_counter() - t0)
         t = torch.tensor([statistics.median(times[WARMUP:])], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum", "ckpt", "offload")},
+        results.append({**{k: job[k] for k in ("precision", "stage", "layers", "accum", "ckpt", "offload", "kind")},
                         "seconds": float(t.item())})
         engine.destroy()
         del engine, model, keep
@@ -131,15 +162,18 @@ def _fit(points: list[tuple[float, float]]) -> dict:
 
 
 def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_size: int, threads: int | None,
-                 timeout_s: float, log, finetune=None, job_extra: dict | None = None) -> list[dict]:
+                 timeout_s: float, log, finetune=None, job_extra: dict | None = None, kind: str = "dp") -> list[dict]:
     """Train the synthetic engines (runs_of(stage): (layers, accumulation, checkpointing, offload) each) on
     `world_size` local ranks; each row has its measured median step seconds and predicted_s, its price with
     `profile` (finetune(spec, model_dir): the spec as fine-tuned; ZeRO-3's per-peft-module hook term left out, as
-    that is what measure_zero3_peft_hooks measures) and extra_modules (peft's per layer)."""
+    that is what measure_zero3_peft_hooks measures) and extra_modules (peft's per layer). kind "tp" / "sp": every engine
+    TP or SP MODEL_PARALLEL_DEGREE on the MODEL_PARALLEL_HEADS model, its TP / SP calls left out of predicted_s (what
+    measure_model_parallel_calls measures), with mp_calls: those calls per step, ring steps counted."""
     import torch  # noqa: PLC0415
 
     from zerokit.config.render import render_ds_config  # noqa: PLC0415
-    from zerokit.estimate.timing import estimate_time, zero3_module_hook_seconds  # noqa: PLC0415
+    from zerokit.estimate.timing import (estimate_time, model_parallel_call_seconds, model_parallel_calls,  # noqa: PLC0415
+                                         ring_steps, zero3_module_hook_seconds)
     from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json  # noqa: PLC0415
     from zerokit.spec.hardware import build_cluster  # noqa: PLC0415
     from zerokit.spec.model import load_model_spec  # noqa: PLC0415
@@ -154,12 +188,13 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
         cluster = build_cluster(gpu=None if on_gpu else "cpu", gpus_per_node=world_size, hardware_profile=str(prof_path))
         engine_terms = cluster.profile.timing.engine_overhead if cluster.profile is not None else None
         workload = Workload(seq_len=SEQ_LEN)
-        jobs, preds, modules = [], {}, {}
+        jobs, preds, modules, mp_calls = [], {}, {}, {}
         specs = {}
         for layers in sorted({run[0] for stage in stages for run in runs_of(stage)}):
             d = tmp / f"layers{layers}"
             d.mkdir()
-            (d / "config.json").write_text(json.dumps(synthetic_config(layers)))
+            heads = MODEL_PARALLEL_HEADS if kind != "dp" else (3, 1)
+            (d / "config.json").write_text(json.dumps(synthetic_config(layers, heads)))
             spec = load_model_spec(str(d))
             specs[layers] = (str(d), finetune(spec, str(d)) if finetune else spec)
         for precision in precisions:
@@ -168,13 +203,19 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
                     model_dir, spec = specs[layers]
                     setup = ZeroSetup(zero_stage=stage, precision=precision, micro_batch_size=MICRO_BATCH,
                                       gradient_accumulation_steps=accum, activation_checkpointing=ckpt,
-                                      offload_optimizer=off)
+                                      offload_optimizer=off,
+                                      tensor_parallel=MODEL_PARALLEL_DEGREE if kind == "tp" else 1,
+                                      sequence_parallel=MODEL_PARALLEL_DEGREE if kind == "sp" else 1)
                     cfg = render_ds_config(setup, cluster, spec, workload, lr=1e-4, warmup_steps=1, total_steps=STEPS)
                     jobs.append({"precision": precision, "stage": stage, "layers": layers, "accum": accum, "ckpt": ckpt,
                                  "offload": off, "seq_len": SEQ_LEN, "model_dir": model_dir, "ds_config": cfg,
-                                 **(job_extra or {})})
+                                 "kind": kind, **(job_extra or {})})
                     key = (precision, stage, layers, accum, ckpt, off)
                     preds[key] = estimate_time(spec, cluster, setup, workload).step_seconds
+                    if kind != "dp":
+                        preds[key] -= model_parallel_call_seconds(cluster.profile.timing, spec, setup)
+                        calls = model_parallel_calls(spec, setup)
+                        mp_calls[key] = (calls.reduces + calls.gathers) * ring_steps(MODEL_PARALLEL_DEGREE)
                     if stage == 3 and spec.extra_modules_per_layer:
                         preds[key] -= zero3_module_hook_seconds(engine_terms, spec, setup)
                     modules[key] = spec.extra_modules_per_layer
@@ -199,7 +240,8 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
     out = []
     for r in rows:
         key = (r["precision"], r["stage"], r["layers"], r["accum"], r["ckpt"], r["offload"])
-        out.append(dict(r, predicted_s=preds[key], **({"extra_modules": modules[key]} if modules[key] else {})))
+        out.append(dict(r, predicted_s=preds[key], **({"extra_modules": modules[key]} if modules[key] else {}),
+                        **({"mp_calls": mp_calls[key]} if key in mp_calls else {})))
     return out
 
 
@@ -236,6 +278,44 @@ def measure_zero3_peft_hooks(profile: dict, precisions: list[str], world_size: i
         out[p] = max(0.0, sum(x * y for x, y in pts) / sxx) if sxx else 0.0
         fits[p]["3"]["per_peft_module_s"] = out[p]
         fits[p]["3"]["peft_runs"] = [r for r in runs if r["precision"] == p]
+    return out
+
+
+def measure_model_parallel_calls(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
+                                 timeout_s: float = 900.0, log=None) -> dict:
+    """What a TP or SP collective call costs inside a real step, measured: TP 2 and SP 2 engines (ZeRO-2, the synthetic
+    model with MODEL_PARALLEL_HEADS) at two depths, less their price with everything else in `profile` (its stage-2
+    engine fit included), over their TP / SP calls (timing.model_parallel_calls, ring steps counted); least squares
+    through the origin, so per-layer work TP or SP adds beyond the priced bytes and FLOPs (AutoTP's wrapped Linears,
+    Ulysses' reshapes) is in it too. Why: calls timed back to back are not what a step pays; on the 2-core machine they
+    priced TP 2 rows 9-33% over and SP 2 rows 14-26% under (bench/results/accuracy_cpu_parallel.txt as of dd53276). Writes
+    {"per_call_s", "runs"} as each precision's engine_overhead "tp" and "sp" entries (timing.model_parallel_call_seconds
+    reads them) and returns {precision: {"tp": s, "sp": s}}; {} where the stage-2 fit is missing or the world size is
+    not a multiple of the degree (one GPU)."""
+    import copy  # noqa: PLC0415
+
+    fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
+    precisions = [p for p in precisions if (fits.get(p) or {}).get(str(MODEL_PARALLEL_STAGE))]
+    if not precisions or world_size % MODEL_PARALLEL_DEGREE:
+        return {}
+    priced = copy.deepcopy(profile)  # a re-measurement replaces, never builds on, an earlier figure
+    for p in precisions:
+        for kind in ("tp", "sp"):
+            priced["engine_overhead"]["by_precision"][p].pop(kind, None)
+    out: dict = {}
+    for kind in ("tp", "sp"):
+        # MODEL_PARALLEL_PASSES passes, each engine's fastest kept: another tenant's burst only adds time (two single
+        # passes here fitted TP bf16 at 0.63 and 1.05 ms a call, from 4-layer steps of 80 and 95 ms)
+        passes = [_run_engines(priced, precisions, (MODEL_PARALLEL_STAGE,), lambda stage: MODEL_PARALLEL_RUNS,
+                               world_size, threads, timeout_s, log, kind=kind) for _ in range(MODEL_PARALLEL_PASSES)]
+        runs = [min(same, key=lambda r: r["seconds"]) for same in zip(*passes)]
+        for p in precisions:
+            mine = [r for r in runs if r["precision"] == p]
+            pts = [(r["mp_calls"], r["seconds"] - r["predicted_s"]) for r in mine]
+            sxx = sum(x * x for x, _ in pts)
+            per_call = max(0.0, sum(x * y for x, y in pts) / sxx) if sxx else 0.0
+            fits[p][kind] = {"per_call_s": per_call, "runs": mine}
+            out.setdefault(p, {})[kind] = per_call
     return out
 
 

@@ -27,7 +27,9 @@ every number measured on the machine named in "device"):
   all_reduce_latency_s, all_gather_latency_s, all_to_all_latency_s: the same per kind (all-to-all: Ulysses' exchange;
     profiles before it price an all-to-all as an all-reduce)
   engine_overhead: {world_size, by_precision: {precision: {"0".."3": {per_step_s, per_layer_micro_s, ...}}}}:
-    what real DeepSpeed engines cost beyond the terms above (measure/engine_fit.py); absent in quick mode
+    what real DeepSpeed engines cost beyond the terms above (measure/engine_fit.py); absent in quick mode; with
+    "tp" and "sp": {per_call_s, runs} beside the stages, what a TP 2 / SP 2 collective call costs inside a real step
+    (engine_fit.measure_model_parallel_calls, read by estimate.timing.model_parallel_call_seconds)
   notes: [str], quick: bool, created, software: {torch, deepspeed}, wall_s
 """
 
