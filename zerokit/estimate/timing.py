@@ -300,13 +300,19 @@ def model_parallel_call_seconds(terms, model: ModelSpec, setup: ZeroSetup) -> fl
     tp, sp = setup.tensor_parallel, setup.sequence_parallel
     if tp * sp == 1:
         return 0.0
-    calls = model_parallel_calls(model, setup)
-    steps = ring_steps(tp * sp)
     fit = model_parallel_fit(terms.engine_overhead, setup.precision, "sp" if sp > 1 else "tp")
     if fit is not None:
-        return (calls.reduces + calls.gathers) * steps * fit
+        return model_parallel_call_steps(model, setup) * fit
+    calls = model_parallel_calls(model, setup)
     reduce = terms.all_to_all_latency_s if sp > 1 else terms.all_reduce_latency_s
-    return (calls.reduces * reduce + calls.gathers * terms.all_gather_latency_s) * steps
+    return (calls.reduces * reduce + calls.gathers * terms.all_gather_latency_s) * ring_steps(tp * sp)
+
+
+def model_parallel_call_steps(model: ModelSpec, setup: ZeroSetup) -> int:
+    """The TP / SP calls of a step (model_parallel_calls, all kinds) x their ring steps: what a fitted cost per call
+    multiplies, and what engine_fit.measure_model_parallel_calls fits it over."""
+    calls = model_parallel_calls(model, setup)
+    return (calls.reduces + calls.gathers) * ring_steps(setup.tensor_parallel * setup.sequence_parallel)
 
 
 def model_parallel_fit(engine: dict | None, precision: str, kind: str) -> float | None:

@@ -214,9 +214,10 @@ def _worker_main() -> None:
 
 
 def _run_benchmark_ranks(world_size: int, sizes: list[int], iters: int, backend: str | None, timeout_s: float,
-                         compute: dict | None, threads: int | None, what: str) -> tuple[list[dict], list | None]:
+                         compute: dict | None, threads: int | None, what: str) -> tuple[str, list[dict], list | None]:
     """Run `world_size` benchmark ranks (_worker_main): the collectives over `sizes`, then the compute jobs of
-    `compute` in lockstep. Returns rank 0's (collective rows, compute seconds or None)."""
+    `compute` in lockstep. Returns the backend (nccl when there is a GPU per rank, else gloo, unless given) and rank
+    0's collective rows and compute seconds (None without `compute`)."""
     import torch  # noqa: PLC0415
 
     if backend is None:
@@ -231,13 +232,13 @@ def _run_benchmark_ranks(world_size: int, sizes: list[int], iters: int, backend:
     cmd = [sys.executable, "-c", "from zerokit.measure.calibrate import _worker_main; _worker_main()"]
     outs = run_local_ranks(cmd, [dict(env, ZEROKIT_COLL_RANK=str(r)) for r in range(world_size)], timeout_s,
                            f"{what} over {world_size} {backend} rank(s)")
-    return tagged_json(outs[0], "ZEROKIT_RESULT") or [], tagged_json(outs[0], "ZEROKIT_COMPUTE")
+    return backend, tagged_json(outs[0], "ZEROKIT_RESULT") or [], tagged_json(outs[0], "ZEROKIT_COMPUTE")
 
 
 def time_compute(world_size: int, compute: dict, threads: int | None = None, timeout_s: float = 900.0) -> list[float]:
     """The compute benchmark alone ({jobs, min_time_s, device}: compute_fit.benchmark_jobs) on `world_size` ranks in
     lockstep, one rank per GPU on a GPU machine: each job's seconds, in the jobs' order."""
-    _, secs = _run_benchmark_ranks(world_size, [], 1, None, timeout_s, compute, threads, "compute benchmark")
+    _, _, secs = _run_benchmark_ranks(world_size, [], 1, None, timeout_s, compute, threads, "compute benchmark")
     if secs is None or len(secs) != len(compute["jobs"]):
         raise ZerokitError("the compute benchmark printed no result: rerun `zerokit calibrate`")
     return secs
@@ -250,13 +251,9 @@ def measure_collectives(world_size: int = 2, sizes: list[int] | tuple[int, ...] 
     Returns per-size times and bus bandwidths (GB/s) and the largest size's figures as the headline;
     with `compute` ({jobs, min_time_s, device}: compute_fit.benchmark_jobs) the same ranks then time
     those models in lockstep, returned as "compute_seconds"."""
-    import torch  # noqa: PLC0415
-
     if world_size < 2:
         raise ZerokitError("collective bandwidth needs at least 2 ranks")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    rows, compute_seconds = _run_benchmark_ranks(world_size, list(sizes), iters, backend, timeout_s, compute, threads,
+    backend, rows, compute_seconds = _run_benchmark_ranks(world_size, list(sizes), iters, backend, timeout_s, compute, threads,
                                                  "collective benchmark")
     if not rows:
         raise ZerokitError("collective benchmark printed no result")

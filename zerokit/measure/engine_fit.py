@@ -161,6 +161,12 @@ def _fit(points: list[tuple[float, float]]) -> dict:
     return {"per_step_s": a, "per_layer_micro_s": b}
 
 
+def _slope_through_origin(points: list[tuple[float, float]]) -> float:
+    """y = b x, least squares, b >= 0 (0 without points off x = 0)."""
+    sxx = sum(x * x for x, _ in points)
+    return max(0.0, sum(x * y for x, y in points) / sxx) if sxx else 0.0
+
+
 def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_size: int, threads: int | None,
                  timeout_s: float, log, finetune=None, job_extra: dict | None = None, kind: str = "dp") -> list[dict]:
     """Train the synthetic engines (runs_of(stage): (layers, accumulation, checkpointing, offload) each) on
@@ -172,8 +178,8 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
     import torch  # noqa: PLC0415
 
     from zerokit.config.render import render_ds_config  # noqa: PLC0415
-    from zerokit.estimate.timing import (estimate_time, model_parallel_call_seconds, model_parallel_calls,  # noqa: PLC0415
-                                         ring_steps, zero3_module_hook_seconds)
+    from zerokit.estimate.timing import (estimate_time, model_parallel_call_seconds,  # noqa: PLC0415
+                                         model_parallel_call_steps, zero3_module_hook_seconds)
     from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json  # noqa: PLC0415
     from zerokit.spec.hardware import build_cluster  # noqa: PLC0415
     from zerokit.spec.model import load_model_spec  # noqa: PLC0415
@@ -214,8 +220,7 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
                     preds[key] = estimate_time(spec, cluster, setup, workload).step_seconds
                     if kind != "dp":
                         preds[key] -= model_parallel_call_seconds(cluster.profile.timing, spec, setup)
-                        calls = model_parallel_calls(spec, setup)
-                        mp_calls[key] = (calls.reduces + calls.gathers) * ring_steps(MODEL_PARALLEL_DEGREE)
+                        mp_calls[key] = model_parallel_call_steps(spec, setup)
                     if stage == 3 and spec.extra_modules_per_layer:
                         preds[key] -= zero3_module_hook_seconds(engine_terms, spec, setup)
                     modules[key] = spec.extra_modules_per_layer
@@ -272,10 +277,8 @@ def measure_zero3_peft_hooks(profile: dict, precisions: list[str], world_size: i
                         finetune, {"lora_r": LORA_R})
     out = {}
     for p in precisions:
-        pts = [(r["extra_modules"] * r["layers"] * r["accum"], r["seconds"] - r["predicted_s"])
-               for r in runs if r["precision"] == p]
-        sxx = sum(x * x for x, _ in pts)
-        out[p] = max(0.0, sum(x * y for x, y in pts) / sxx) if sxx else 0.0
+        out[p] = _slope_through_origin([(r["extra_modules"] * r["layers"] * r["accum"], r["seconds"] - r["predicted_s"])
+                                        for r in runs if r["precision"] == p])
         fits[p]["3"]["per_peft_module_s"] = out[p]
         fits[p]["3"]["peft_runs"] = [r for r in runs if r["precision"] == p]
     return out
@@ -311,9 +314,7 @@ def measure_model_parallel_calls(profile: dict, precisions: list[str], world_siz
         runs = [min(same, key=lambda r: r["seconds"]) for same in zip(*passes)]
         for p in precisions:
             mine = [r for r in runs if r["precision"] == p]
-            pts = [(r["mp_calls"], r["seconds"] - r["predicted_s"]) for r in mine]
-            sxx = sum(x * x for x, _ in pts)
-            per_call = max(0.0, sum(x * y for x, y in pts) / sxx) if sxx else 0.0
+            per_call = _slope_through_origin([(r["mp_calls"], r["seconds"] - r["predicted_s"]) for r in mine])
             fits[p][kind] = {"per_call_s": per_call, "runs": mine}
             out.setdefault(p, {})[kind] = per_call
     return out
