@@ -1,11 +1,12 @@
-"""Add what a TP or SP collective call costs inside a step (measure/engine_fit.measure_model_parallel_calls) to a
-hardware profile measured before the fit existed.
+"""Add what a TP or SP collective call costs inside a step (measure/engine_fit.measure_model_parallel_calls), and
+on a CPU what a ZeRO-3 call costs per ring step on 4 ranks (engine_fit.measure_zero_ring_calls), to a hardware profile
+measured before those fits existed.
 
-`zerokit calibrate` measures it itself (after the engine costs). This runs only the TP 2 and SP 2 synthetic engines
-on the profile's ranks and fits their cost per call beyond everything the profile already prices, which stays as it
-is (so predictions without TP or SP, and any table made with them, do not change).
+`zerokit calibrate` measures both itself (after the engine costs). This runs only their synthetic engines and fits
+their cost per call beyond everything the profile already prices, which stays as it is (so predictions without TP,
+SP or a ZeRO-3 ring of more than 2 ranks, and any table made with them, do not change).
 
-    python bench/calibrate_model_parallel.py bench/results/accuracy_cpu_profile.json [-o OUT.json]
+    python bench/calibrate_model_parallel.py bench/results/accuracy_cpu_profile.json [-o OUT.json] [--fits tp-sp,ring]
 """
 
 from __future__ import annotations
@@ -25,11 +26,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="a zerokit hardware profile JSON measured on this machine, with engine costs")
     ap.add_argument("-o", "--output", help="where to write the profile with the TP/SP call costs (default: in place)")
+    ap.add_argument("--fits", default="tp-sp,ring",
+                    help="which fits to (re)measure, comma-separated: tp-sp, ring (default both)")
     args = ap.parse_args(argv)
+    fits_wanted = {f.strip() for f in args.fits.split(",") if f.strip()}
+    if not fits_wanted or fits_wanted - {"tp-sp", "ring"}:
+        raise SystemExit(f"error: --fits {args.fits!r}: name tp-sp, ring or both (comma-separated)")
 
     from zerokit.core.errors import ZerokitError
     from zerokit.core.fsutil import atomic_write_text
-    from zerokit.measure.calibrate import measure_model_parallel
+    from zerokit.measure.calibrate import measure_model_parallel, measure_zero_ring
     from zerokit.spec.profile import load_profile
 
     try:
@@ -41,18 +47,26 @@ def main(argv=None) -> int:
     world = int((prof.get("collectives") or {}).get("world_size") or 2)
     precs = sorted(prof["engine_overhead"].get("by_precision") or {})
     notes = prof.setdefault("notes", [])
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
-    measure_model_parallel(prof, precs, world, prof.get("compute_threads"), notes,
-                           lambda m: print(m, file=sys.stderr, flush=True))
+    if "tp-sp" in fits_wanted:
+        measure_model_parallel(prof, precs, world, prof.get("compute_threads"), notes, say)
+    if "ring" in fits_wanted:
+        if (prof.get("device") or {}).get("type") != "cpu":
+            raise SystemExit("error: --fits ring is a CPU machine's fit (on GPUs the engines run on every GPU): "
+                             "pass --fits tp-sp")
+        measure_zero_ring(prof, precs, prof.get("compute_threads"), notes, say)
     wall = time.perf_counter() - t0
-    notes.append(f"TP/SP call costs added {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} by "
+    notes.append(f"{' and '.join(sorted(fits_wanted))} call costs added "
+                 f"{_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} by "
                  f"bench/calibrate_model_parallel.py ({wall:.0f} s), against this profile's other terms")
     for prec, fits in prof["engine_overhead"]["by_precision"].items():
-        for kind in ("tp", "sp"):
-            if kind in fits:
-                runs = ", ".join(f"{r['layers']} layer(s) {r['seconds'] * 1e3:.1f} ms ({r['mp_calls']} calls, "
-                                 f"{r['predicted_s'] * 1e3:.1f} ms without them)" for r in fits[kind]["runs"])
-                print(f"{kind.upper()} {prec}: {fits[kind]['per_call_s'] * 1e3:.3f} ms per call; {runs}")
+        for kind, fit, calls in (("TP", fits.get("tp"), "mp_calls"), ("SP", fits.get("sp"), "mp_calls"),
+                                 ("ZeRO-3 ring", (fits.get("3") or {}).get("ring"), "ring_calls")):
+            if fit:
+                runs = ", ".join(f"{r['layers']} layer(s) {r['seconds'] * 1e3:.1f} ms ({r[calls]:g} call steps, "
+                                 f"{r['predicted_s'] * 1e3:.1f} ms without them)" for r in fit["runs"])
+                print(f"{kind} {prec}: {fit['per_call_s'] * 1e3:.3f} ms per call; {runs}")
     atomic_write_text(args.output or args.profile, json.dumps(prof, indent=2) + "\n")
     return 0
 

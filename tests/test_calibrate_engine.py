@@ -33,6 +33,15 @@ def test_engine_seconds_picks_the_precision_and_stage():
     eng["by_precision"]["fp32"]["3"]["offload"] = {"per_step_s": 0.005, "per_layer_micro_s": 0.0005}  # only offloaded
     assert engine_seconds(eng, "fp32", 3, layers=10, accum=2) == pytest.approx(0.02)
     assert engine_seconds(eng, "fp32", 3, layers=10, accum=2, offload=True) == pytest.approx(0.02 + 0.005 + 0.0005 * 20)
+    # a ZeRO-1/2 fit per collective call (engine_fit.PER_CALL_STAGES): the step's calls, whatever the depth; recompute
+    # stays per layer; without the calls (or in an older profile's per-layer fit) per layer and micro step
+    eng["by_precision"]["fp32"]["2"] = {"per_step_s": 0.004, "per_layer_micro_s": 0.0, "per_call_s": 0.0007,
+                                        "per_layer_recompute_s": 0.002}
+    assert engine_seconds(eng, "fp32", 2, layers=10, accum=2, calls=37) == pytest.approx(0.004 + 0.0007 * 37)
+    assert engine_seconds(eng, "fp32", 2, layers=40, accum=2, calls=37) == pytest.approx(0.004 + 0.0007 * 37)
+    assert engine_seconds(eng, "fp32", 2, layers=10, accum=2, checkpointing=True, calls=5) == pytest.approx(
+        0.004 + 0.0007 * 5 + 0.002 * 20)
+    assert engine_seconds(eng, "fp32", 2, layers=10, accum=2) == pytest.approx(0.004)
 
 
 @pytest.mark.slow
@@ -42,7 +51,8 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     from zerokit.measure.engine_fit import SEQ_LEN, MICRO_BATCH, measure_engine_overhead, synthetic_config
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
-    from zerokit.estimate.timing import estimate_time
+    from zerokit.estimate.timing import collective_calls_per_step, estimate_time
+    from zerokit.measure.engine_fit import PER_CALL_STAGES
     from zerokit.spec.setup import Workload, ZeroSetup
 
     # a profile as calibrate writes it before the engine step (the committed CPU benchmark profile)
@@ -71,10 +81,17 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     spec = load_model_spec(str(model_dir))
     for stage in STAGES:
         r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"], r["ckpt"], r["offload"]) == (4, 2, False, "none"))
-        t = estimate_time(spec, cluster, ZeroSetup(zero_stage=stage, precision="fp32", micro_batch_size=MICRO_BATCH,
-                                                    gradient_accumulation_steps=2), Workload(seq_len=SEQ_LEN))
+        setup = ZeroSetup(zero_stage=stage, precision="fp32", micro_batch_size=MICRO_BATCH, gradient_accumulation_steps=2)
+        t = estimate_time(spec, cluster, setup, Workload(seq_len=SEQ_LEN))
         fit = fits[str(stage)]
-        assert t.engine_seconds == pytest.approx(fit["per_step_s"] + fit["per_layer_micro_s"] * 8)
+        calls = collective_calls_per_step(spec, cluster, setup)
+        assert r["calls"] == calls.reduces + calls.gathers
+        if stage in PER_CALL_STAGES:  # ZeRO-1/2: per collective call of the step (2 ranks: 36 fp32 buckets here)
+            assert fit["per_layer_micro_s"] == 0.0 and fit["per_call_s"] >= 0
+            assert t.engine_seconds == pytest.approx(fit["per_step_s"] + fit["per_call_s"] * r["calls"])
+        else:
+            assert "per_call_s" not in fit
+            assert t.engine_seconds == pytest.approx(fit["per_step_s"] + fit["per_layer_micro_s"] * 8)
         assert t.step_seconds - t.engine_seconds == pytest.approx(r["predicted_s"], rel=1e-6)
 
 
@@ -152,3 +169,89 @@ def test_real_tp_and_sp_engines_fit_a_cost_per_call(tmp_path):
         pts = [(r["mp_calls"], r["seconds"] - r["predicted_s"]) for r in runs.values()]
         slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
         assert fits[kind]["per_call_s"] == pytest.approx(slope) == model_parallel_fit(prof["engine_overhead"], "bf16", kind)
+
+
+def test_zero3_calls_over_a_wider_ring_priced_at_the_fitted_latency_else_back_to_back(tmp_path):
+    """timing.zero_call_seconds: ZeRO-3 over more than 2 ranks with a fitted ring latency in the profile
+    (engine_fit.measure_zero_ring_calls), every call x its ring steps at that latency; without one, or over 2 ranks
+    (what the 2-rank engine fits were fitted against), or at ZeRO-1/2, the back-to-back latencies per kind x ring steps;
+    a profile whose latencies were measured on a wider ring (8 GPUs) already holds its ring's steps. The step time
+    moves by exactly the difference, times the CPU's oversubscription."""
+    from zerokit.estimate.timing import collective_calls_per_step, estimate_time, ring_steps, zero_call_seconds
+    from zerokit.measure.engine_fit import synthetic_config
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.profile import load_profile
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile.json")
+    for fits in prof["engine_overhead"]["by_precision"].values():
+        fits["3"].pop("ring", None)
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(synthetic_config(4)))
+    spec = load_model_spec(str(model_dir))
+    work = Workload(seq_len=64)
+
+    def price(profile, ranks, stage):
+        path = tmp_path / "prof.json"
+        path.write_text(json.dumps(profile))
+        cluster = build_cluster(gpu="cpu", gpus_per_node=ranks, hardware_profile=str(path))
+        s = ZeroSetup(zero_stage=stage, precision="fp32", micro_batch_size=2)
+        return cluster, s, estimate_time(spec, cluster, s, work).step_seconds
+
+    fitted = json.loads(json.dumps(prof))
+    fitted["engine_overhead"]["by_precision"]["fp32"]["3"]["ring"] = {"ranks": 4, "per_call_s": 0.001}
+    for ranks, stage in ((4, 3), (2, 3), (4, 2)):
+        cluster, s, before = price(prof, ranks, stage)
+        calls = collective_calls_per_step(spec, cluster, s)
+        back_to_back = ((calls.reduces * prof["all_reduce_latency_s"] + calls.gathers * prof["all_gather_latency_s"])
+                        * ring_steps(ranks))
+        assert zero_call_seconds(cluster.profile.timing, spec, cluster, s) == pytest.approx(back_to_back)
+        cluster, s, after = price(fitted, ranks, stage)
+        if (ranks, stage) == (4, 3):
+            in_step = (calls.reduces + calls.gathers) * ring_steps(4) * 0.001
+            assert in_step != pytest.approx(back_to_back)
+            assert zero_call_seconds(cluster.profile.timing, spec, cluster, s) == pytest.approx(in_step)
+            share = cluster.profile.cpu_oversubscription(cluster.gpus_per_node)
+            assert share == 2  # 4 ranks on the profile's 2 cores
+            assert after - before == pytest.approx(share * (in_step - back_to_back))
+        else:
+            assert after == pytest.approx(before)
+    # latencies measured on 8 ranks were 7 ring steps each: an 8-rank call costs what was measured, a 4-rank one 3/7
+    wide = json.loads(json.dumps(prof))
+    wide["collectives"]["world_size"] = 8
+    for ranks in (8, 4):
+        path = tmp_path / "wide.json"
+        path.write_text(json.dumps(wide))
+        cluster = build_cluster(gpu="cpu", gpus_per_node=ranks, hardware_profile=str(path))
+        s = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=2)
+        calls = collective_calls_per_step(spec, cluster, s)
+        measured = calls.reduces * prof["all_reduce_latency_s"] + calls.gathers * prof["all_gather_latency_s"]
+        assert zero_call_seconds(cluster.profile.timing, spec, cluster, s) == pytest.approx(
+            measured * ring_steps(ranks) / ring_steps(8))
+
+
+@pytest.mark.slow
+def test_real_zero3_engines_on_4_ranks_fit_a_ring_latency(tmp_path):
+    """measure_zero_ring_calls on real DeepSpeed engines: ZeRO-3 over gloo on 4 ranks at 1 and 8 layers. Each run is
+    priced without ZeRO's call latencies and carries its calls x ring steps x oversubscription (4 ranks on the profile's
+    2 cores: 2); the deeper engine makes more calls and costs more; the fit is the slope the estimate reads back."""
+    pytest.importorskip("deepspeed")
+    from zerokit.estimate.timing import zero_ring_fit
+    from zerokit.measure.engine_fit import RING_RANKS, RING_RUNS, measure_zero_ring_calls
+    from zerokit.spec.profile import load_profile
+
+    prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile.json")
+    out = measure_zero_ring_calls(prof, ["fp32"], threads=1)
+    assert set(out) == {"fp32"}
+    ring = prof["engine_overhead"]["by_precision"]["fp32"]["3"]["ring"]
+    assert ring["ranks"] == RING_RANKS == 4
+    runs = {r["layers"]: r for r in ring["runs"]}
+    assert set(runs) == {r[0] for r in RING_RUNS}
+    shallow, deep = runs[min(runs)], runs[max(runs)]
+    assert deep["seconds"] > shallow["seconds"] and deep["ring_calls"] > shallow["ring_calls"] > 0
+    assert all(r["kind"] == "ring" and r["stage"] == 3 and 0 < r["predicted_s"] for r in runs.values())
+    pts = [(r["ring_calls"], r["seconds"] - r["predicted_s"]) for r in runs.values()]
+    slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+    assert ring["per_call_s"] == pytest.approx(slope) == zero_ring_fit(prof["engine_overhead"], "fp32")

@@ -287,6 +287,42 @@ def model_parallel_calls(model: ModelSpec, setup: ZeroSetup) -> CollectiveCalls:
     return CollectiveCalls(0, 0)
 
 
+def zero_call_seconds(terms, model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs=None) -> float:
+    """What ZeRO's collective calls (collective_calls_per_step; model: what one rank holds) cost per optimizer step
+    beyond their bytes, before a CPU node's oversubscription (estimate_time multiplies all communication by it).
+    A ring over n ranks takes n - 1 message steps (ring_steps), so a call costs its per-step latency x ring_steps(n).
+    Over more than 2 ranks, where the profile fitted that latency inside real steps on a wider ring
+    (engine_fit.measure_zero_ring_calls: ZeRO-3 engines on 4 ranks, engine_overhead.by_precision[p]["3"]["ring"]),
+    that fitted latency for every call: calls timed back to back between 2 ranks, x 3 ring steps x 2 for 4 ranks on 2
+    cores, priced the 4-rank ZeRO-3 (hpZ) rows 26-52% over (bench/results/accuracy_cpu_parallel.txt as of 6b037c4);
+    with the fit, on fresh runs, -5.4% and +6.0% (the table now).
+    Else the back-to-back latencies per kind (spec.profile.TimingTerms gives older profiles' shared latency to both),
+    which were measured on the profile's benchmark ring (TimingTerms.latency_ranks: 2 on a CPU, the GPUs of the node
+    it ran on) and so already hold ring_steps(those ranks) steps. Over 2 ranks the 2-rank engine fits
+    (engine_fit.measure_engine_overhead) were fitted against the back-to-back latencies, so those price them."""
+    calls = collective_calls_per_step(model, cluster, setup, knobs)
+    n = setup.zero_ranks(cluster.world_size)
+    fitted = zero_ring_fit(terms.engine_overhead, setup.precision) if setup.zero_stage == 3 and n > 2 else None
+    if fitted is not None:
+        return (calls.reduces + calls.gathers) * ring_steps(n) * fitted
+    return ((calls.reduces * terms.all_reduce_latency_s + calls.gathers * terms.all_gather_latency_s)
+            * ring_steps(n) / ring_steps(terms.latency_ranks))
+
+
+def zero_call_steps(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs=None) -> int:
+    """ZeRO's calls of a step (collective_calls_per_step, all kinds) x their ring steps: what a fitted ring latency
+    multiplies, and what engine_fit.measure_zero_ring_calls fits it over."""
+    calls = collective_calls_per_step(model, cluster, setup, knobs)
+    return (calls.reduces + calls.gathers) * ring_steps(setup.zero_ranks(cluster.world_size))
+
+
+def zero_ring_fit(engine: dict | None, precision: str) -> float | None:
+    """The fitted seconds per ZeRO-3 call and ring step on a ring of more than 2 ranks
+    (engine_fit.measure_zero_ring_calls), None when the profile has none."""
+    per_call = ((engine_fits(engine, precision).get("3") or {}).get("ring") or {}).get("per_call_s")
+    return float(per_call) if isinstance(per_call, (int, float)) and per_call >= 0 else None
+
+
 def model_parallel_call_seconds(terms, model: ModelSpec, setup: ZeroSetup) -> float:
     """What the TP or SP group's collective calls (model_parallel_calls; model = the full model) cost per optimizer step
     beyond their bytes. Where the profile fitted it on real TP 2 / SP 2 engines (engine_fit.measure_model_parallel_calls:
@@ -294,9 +330,8 @@ def model_parallel_call_seconds(terms, model: ModelSpec, setup: ZeroSetup) -> fl
     for the group's slowest rank and runs beside the other ranks' compute, which calls timed back to back do not.
     Measured on the 2-core machine, the back-to-back latencies priced TP 2 rows 9-33% over and SP 2 rows 14-26% under
     (bench/results/accuracy_cpu_parallel.txt as of dd53276); with the fit, on fresh runs, every TP and SP row is within
-    -12.4% to +0.1% (the table now). Else the back-to-back latencies (all-to-all for Ulysses' exchanges,
-    all-reduce for AutoTP's, all-gather for the gathers), measured between 2 ranks; over n ranks a ring takes n - 1
-    steps (ring_steps)."""
+    -13.0% to +10.2% (the table now). Else the back-to-back latencies (all-to-all for Ulysses' exchanges,
+    all-reduce for AutoTP's, all-gather for the gathers), per ring step as zero_call_seconds prices them."""
     tp, sp = setup.tensor_parallel, setup.sequence_parallel
     if tp * sp == 1:
         return 0.0
@@ -305,7 +340,8 @@ def model_parallel_call_seconds(terms, model: ModelSpec, setup: ZeroSetup) -> fl
         return model_parallel_call_steps(model, setup) * fit
     calls = model_parallel_calls(model, setup)
     reduce = terms.all_to_all_latency_s if sp > 1 else terms.all_reduce_latency_s
-    return (calls.reduces * reduce + calls.gathers * terms.all_gather_latency_s) * ring_steps(tp * sp)
+    return ((calls.reduces * reduce + calls.gathers * terms.all_gather_latency_s)
+            * ring_steps(tp * sp) / ring_steps(terms.latency_ranks))
 
 
 def model_parallel_call_steps(model: ModelSpec, setup: ZeroSetup) -> int:
@@ -519,15 +555,11 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     optimizer = engine = 0.0
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
+        comm += zero_call_seconds(terms, model, cluster, setup, knobs) + model_parallel_call_seconds(terms, full_model, setup)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
-        # (spec.profile.TimingTerms gives older profiles' shared latency to both kinds, and an all-to-all an
-        # all-reduce's). The latencies were measured between 2 ranks; a ring over n ranks takes n - 1 steps (ring_steps)
-        zero_steps = ring_steps(n)
-        comm += ((calls.reduces * terms.all_reduce_latency_s + calls.gathers * terms.all_gather_latency_s) * zero_steps
-                 + model_parallel_call_seconds(terms, full_model, setup))
         engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
-                         setup.gradient_accumulation_steps, setup.activation_checkpointing,
-                         offload=setup.offload_optimizer != "none")
+                                setup.gradient_accumulation_steps, setup.activation_checkpointing,
+                                offload=setup.offload_optimizer != "none", calls=calls.reduces + calls.gathers)
         if setup.zero_stage == 3 and model.extra_modules_per_layer:
             engine += zero3_module_hook_seconds(terms.engine_overhead, model, setup)
         adamw = terms.torch_adamw_params_per_s
@@ -602,14 +634,21 @@ def engine_fits(engine: dict | None, precision: str) -> dict:
 
 
 def engine_seconds(engine: dict | None, precision: str, stage: int, layers: int, accum: int,
-                   checkpointing: bool = False, offload: bool = False) -> float:
-    """The fitted engine cost (measure/engine_fit.py measures it on real engines) of one optimizer step (0 without a measurement for the stage); a precision
-    that was not measured (fp16 on a bf16 machine) takes the other 16-bit one, else any."""
+                   checkpointing: bool = False, offload: bool = False, calls: int | None = None) -> float:
+    """The fitted engine cost (measure/engine_fit.py measures it on real engines) of one optimizer step (0 without a
+    measurement for the stage); a precision that was not measured (fp16 on a bf16 machine) takes the other 16-bit one,
+    else any. A ZeRO-1/2 fit with per_call_s prices that per collective call of the step (`calls`:
+    collective_calls_per_step, all kinds) in place of per layer and micro step: what ZeRO-1/2's engine adds grows with
+    its gradient buckets, and a LoRA model fills a few buckets per step whatever its depth (engine_fit.PER_CALL_STAGES
+    says what was measured)."""
     fit = engine_fits(engine, precision).get(str(stage))
     if not fit:
         return 0.0
-    per_layer = float(fit["per_layer_micro_s"]) + (float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0)
-    seconds = float(fit["per_step_s"]) + per_layer * layers * accum
+    recompute = float(fit.get("per_layer_recompute_s", 0.0)) if checkpointing else 0.0
+    if fit.get("per_call_s") is not None and calls is not None:
+        seconds = float(fit["per_step_s"]) + float(fit["per_call_s"]) * calls + recompute * layers * accum
+    else:
+        seconds = float(fit["per_step_s"]) + (float(fit["per_layer_micro_s"]) + recompute) * layers * accum
     off = fit.get("offload") if offload else None
     if off:
         seconds += float(off["per_step_s"]) + float(off["per_layer_micro_s"]) * layers * accum

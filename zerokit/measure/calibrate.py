@@ -452,12 +452,26 @@ def measure_model_parallel(profile: dict, precisions: list[str], world_size: int
         notes.append(f"TP/SP calls: {e}")
 
 
+def measure_zero_ring(profile: dict, precisions: list[str], threads: int | None, notes: list[str], log=None) -> None:
+    """What a ZeRO-3 call costs per ring step on RING_RANKS ranks inside real steps (engine_fit.measure_zero_ring_calls),
+    on a CPU machine; a failure is a note (the back-to-back latencies then price those calls)."""
+    from zerokit.measure.engine_fit import RING_RANKS, measure_zero_ring_calls  # noqa: PLC0415
+
+    if log:
+        log(f"ZeRO-3 engines on {RING_RANKS} ranks ...")
+    try:
+        measure_zero_ring_calls(profile, precisions, threads, log=log)
+    except ZerokitError as e:
+        notes.append(f"ZeRO-3 ring calls: {e}")
+
+
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
                     world_size: int | None = None, log=None) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
     world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
     quick=True: small sizes and short timings (110 s on a 2-core CPU machine with peft and bitsandbytes, measured; the
-    full calibration 383 s, with the LoRA and QLoRA models, the engines and the TP / SP engines)."""
+    full calibration 554 s, with the LoRA and QLoRA models, the engines (2 passes), the TP / SP engines and the 4-rank
+    ZeRO-3 ones)."""
     import torch  # noqa: PLC0415
 
     say = log or (lambda msg: None)
@@ -665,7 +679,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "notes": notes,
     }
     if quick:
-        notes.append("engine costs: skipped in quick mode (real DeepSpeed engines per ZeRO stage and precision, ~1 min)")
+        notes.append("engine costs: skipped in quick mode (real DeepSpeed engines per ZeRO stage and precision, ~4 min)")
     else:
         from zerokit.measure.engine_fit import measure_engine_overhead  # noqa: PLC0415
 
@@ -679,6 +693,8 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         else:
             measure_peft_hooks(profile, precs, world_size, threads, notes, say)
             measure_model_parallel(profile, precs, world_size, threads, notes, say)
+            if device.type == "cpu":  # on GPUs the engines above already ran on every GPU of the node
+                measure_zero_ring(profile, precs, threads, notes, say)
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
         from zerokit.core.fsutil import atomic_write_text  # noqa: PLC0415

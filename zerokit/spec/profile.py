@@ -26,10 +26,13 @@ every number measured on the machine named in "device"):
   collective_latency_s: the time of a 4 KiB all-reduce / all-gather, the faster (per-call cost of a collective)
   all_reduce_latency_s, all_gather_latency_s, all_to_all_latency_s: the same per kind (all-to-all: Ulysses' exchange;
     profiles before it price an all-to-all as an all-reduce)
-  engine_overhead: {world_size, by_precision: {precision: {"0".."3": {per_step_s, per_layer_micro_s, ...}}}}:
+  engine_overhead: {world_size, by_precision: {precision: {"0".."3": {per_step_s, per_layer_micro_s, ...}}}} (at
+    "1" and "2" per_call_s, per collective call, in place of per_layer_micro_s in profiles from 2026-11-26 on):
     what real DeepSpeed engines cost beyond the terms above (measure/engine_fit.py); absent in quick mode; with
     "tp" and "sp": {per_call_s, runs} beside the stages, what a TP 2 / SP 2 collective call costs inside a real step
-    (engine_fit.measure_model_parallel_calls, read by estimate.timing.model_parallel_call_seconds)
+    (engine_fit.measure_model_parallel_calls, read by estimate.timing.model_parallel_call_seconds); stage "3" with
+    "ring": {ranks, per_call_s, runs} on a CPU, what a ZeRO-3 call costs per ring step inside real steps on 4 ranks
+    (engine_fit.measure_zero_ring_calls, read by estimate.timing.zero_call_seconds)
   notes: [str], quick: bool, created, software: {torch, deepspeed}, wall_s
 """
 
@@ -161,6 +164,9 @@ class TimingTerms:
     torch_adamw_params_per_s: float = 0.0
     cpu_adam_params_per_s: float = 0.0
     engine_overhead: dict | None = None  # measure/engine_fit.py's fit, read by estimate.timing.engine_seconds
+    # the ranks the latencies above were measured on (collectives.world_size): a call over them took
+    # estimate.timing.ring_steps(latency_ranks) message steps
+    latency_ranks: int = 2
 
     @classmethod
     def from_profile(cls, prof: dict) -> "TimingTerms":
@@ -192,7 +198,9 @@ class TimingTerms:
         rates = {k: float(prof[k]) if _pos(prof.get(k)) else 0.0
                  for k in ("torch_adamw_params_per_s", "cpu_adam_params_per_s")}
         engine = prof.get("engine_overhead") if isinstance(prof.get("engine_overhead"), dict) else None
-        return cls(compute=compute, engine_overhead=engine, **latency, **rates)
+        ranks = (prof.get("collectives") or {}).get("world_size")
+        ranks = int(ranks) if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 2 else 2
+        return cls(compute=compute, engine_overhead=engine, latency_ranks=ranks, **latency, **rates)
 
     def compute_coefficients(self, gated_mlp: bool, precision: str) -> dict[str, float] | None:
         """Seconds per unit of each compute feature for this block family and precision: the GPT-2-style fit
