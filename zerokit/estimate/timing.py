@@ -287,7 +287,8 @@ def model_parallel_calls(model: ModelSpec, setup: ZeroSetup) -> CollectiveCalls:
     return CollectiveCalls(0, 0)
 
 
-def zero_call_seconds(terms, model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs=None) -> float:
+def zero_call_seconds(terms, model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs=None,
+                      calls: CollectiveCalls | None = None) -> float:
     """What ZeRO's collective calls (collective_calls_per_step; model: what one rank holds) cost per optimizer step
     beyond their bytes, before a CPU node's oversubscription (estimate_time multiplies all communication by it).
     A ring over n ranks takes n - 1 message steps (ring_steps), so a call costs its per-step latency x ring_steps(n).
@@ -299,8 +300,9 @@ def zero_call_seconds(terms, model: ModelSpec, cluster: Cluster, setup: ZeroSetu
     Else the back-to-back latencies per kind (spec.profile.TimingTerms gives older profiles' shared latency to both),
     which were measured on the profile's benchmark ring (TimingTerms.latency_ranks: 2 on a CPU, the GPUs of the node
     it ran on) and so already hold ring_steps(those ranks) steps. Over 2 ranks the 2-rank engine fits
-    (engine_fit.measure_engine_overhead) were fitted against the back-to-back latencies, so those price them."""
-    calls = collective_calls_per_step(model, cluster, setup, knobs)
+    (engine_fit.measure_engine_overhead) were fitted against the back-to-back latencies, so those price them.
+    calls: the step's collective_calls_per_step where the caller has them already."""
+    calls = calls or collective_calls_per_step(model, cluster, setup, knobs)
     n = setup.zero_ranks(cluster.world_size)
     fitted = zero_ring_fit(terms.engine_overhead, setup.precision) if setup.zero_stage == 3 and n > 2 else None
     if fitted is not None:
@@ -555,8 +557,9 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     optimizer = engine = 0.0
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
-        comm += zero_call_seconds(terms, model, cluster, setup, knobs) + model_parallel_call_seconds(terms, full_model, setup)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
+        comm += (zero_call_seconds(terms, model, cluster, setup, knobs, calls)
+                 + model_parallel_call_seconds(terms, full_model, setup))
         engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
                                 setup.gradient_accumulation_steps, setup.activation_checkpointing,
                                 offload=setup.offload_optimizer != "none", calls=calls.reduces + calls.gathers)

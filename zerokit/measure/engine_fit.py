@@ -276,6 +276,31 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
     return out
 
 
+def _priced_without(profile: dict, precisions: list[str], stage: str, paths) -> tuple[dict, list[str], dict]:
+    """For a fit measured on top of `profile`'s engine fits: (its engine fits by precision, the precisions among
+    `precisions` with a fit for `stage`, a copy of `profile` without the entries at `paths` (each a key path under a
+    precision's fits) for those precisions): a re-measurement replaces, never builds on, an earlier figure."""
+    import copy  # noqa: PLC0415
+
+    fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
+    precisions = [p for p in precisions if (fits.get(p) or {}).get(stage)]
+    priced = copy.deepcopy(profile)
+    for p in precisions:
+        for *parents, key in paths:
+            node = priced["engine_overhead"]["by_precision"][p]
+            for k in parents:
+                node = node[k]
+            node.pop(key, None)
+    return fits, precisions, priced
+
+
+def _fastest_of(passes: int, run) -> list[dict]:
+    """run() `passes` times (each returns the same engines' rows in the same order) and keep each engine's fastest row:
+    another tenant's burst only adds time."""
+    results = [run() for _ in range(passes)]
+    return [min(same, key=lambda r: r["seconds"]) for same in zip(*results)]
+
+
 def measure_zero3_peft_hooks(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
                              timeout_s: float = 900.0, log=None) -> dict:
     """What each module peft adds costs a ZeRO-3 step (DeepSpeed's fetch/release/trace hooks on every submodule,
@@ -284,17 +309,11 @@ def measure_zero3_peft_hooks(profile: dict, precisions: list[str], world_size: i
     costs included), over the modules peft added (ModelSpec.extra_modules_per_layer x layers x micro steps); least
     squares through the origin. Writes per_peft_module_s into each precision's stage-3 engine fit and returns
     {precision: seconds per module}. timing.zero3_module_hook_seconds reads it."""
-    import copy  # noqa: PLC0415
-
     from zerokit.spec.finetune import Finetune, finetuned_spec  # noqa: PLC0415
 
-    fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
-    precisions = [p for p in precisions if (fits.get(p) or {}).get("3")]
+    fits, precisions, priced = _priced_without(profile, precisions, "3", [("3", "per_peft_module_s")])
     if not precisions:
         return {}
-    priced = copy.deepcopy(profile)  # a re-measurement replaces, never builds on, an earlier figure
-    for p in precisions:
-        priced["engine_overhead"]["by_precision"][p]["3"].pop("per_peft_module_s", None)
 
     def finetune(spec, model_dir):
         return finetuned_spec(spec, model_dir, Finetune(mode="lora", lora_r=LORA_R))
@@ -321,23 +340,16 @@ def measure_model_parallel_calls(profile: dict, precisions: list[str], world_siz
     {"per_call_s", "runs"} as each precision's engine_overhead "tp" and "sp" entries (timing.model_parallel_call_seconds
     reads them) and returns {precision: {"tp": s, "sp": s}}; {} where the stage-2 fit is missing or the world size is
     not a multiple of the degree (one GPU)."""
-    import copy  # noqa: PLC0415
-
-    fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
-    precisions = [p for p in precisions if (fits.get(p) or {}).get(str(MODEL_PARALLEL_STAGE))]
+    fits, precisions, priced = _priced_without(profile, precisions, str(MODEL_PARALLEL_STAGE), [("tp",), ("sp",)])
     if not precisions or world_size % MODEL_PARALLEL_DEGREE:
         return {}
-    priced = copy.deepcopy(profile)  # a re-measurement replaces, never builds on, an earlier figure
-    for p in precisions:
-        for kind in ("tp", "sp"):
-            priced["engine_overhead"]["by_precision"][p].pop(kind, None)
     out: dict = {}
     for kind in ("tp", "sp"):
-        # MODEL_PARALLEL_PASSES passes, each engine's fastest kept: another tenant's burst only adds time (two single
-        # passes here fitted TP bf16 at 0.63 and 1.05 ms a call, from 4-layer steps of 80 and 95 ms)
-        passes = [_run_engines(priced, precisions, (MODEL_PARALLEL_STAGE,), lambda stage: MODEL_PARALLEL_RUNS,
-                               world_size, threads, timeout_s, log, kind=kind) for _ in range(MODEL_PARALLEL_PASSES)]
-        runs = [min(same, key=lambda r: r["seconds"]) for same in zip(*passes)]
+        # MODEL_PARALLEL_PASSES passes, each engine's fastest kept (two single passes here fitted TP bf16 at 0.63 and
+        # 1.05 ms a call, from 4-layer steps of 80 and 95 ms)
+        runs = _fastest_of(MODEL_PARALLEL_PASSES, lambda: _run_engines(
+            priced, precisions, (MODEL_PARALLEL_STAGE,), lambda stage: MODEL_PARALLEL_RUNS, world_size, threads,
+            timeout_s, log, kind=kind))
         for p in precisions:
             mine = [r for r in runs if r["precision"] == p]
             per_call = _slope_through_origin([(r["mp_calls"], r["seconds"] - r["predicted_s"]) for r in mine])
@@ -357,18 +369,11 @@ def measure_zero_ring_calls(profile: dict, precisions: list[str], threads: int |
     calibrations of the same machine. Writes {"ranks", "per_call_s", "runs"} as each precision's stage-3 "ring" entry
     (timing.zero_call_seconds reads it) and returns {precision: seconds}; {} where the stage-3 fit is missing. Run on a
     CPU machine: on GPUs calibration's own engines already run on every GPU of the node."""
-    import copy  # noqa: PLC0415
-
-    fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
-    precisions = [p for p in precisions if (fits.get(p) or {}).get("3")]
+    fits, precisions, priced = _priced_without(profile, precisions, "3", [("3", "ring")])
     if not precisions:
         return {}
-    priced = copy.deepcopy(profile)  # a re-measurement replaces, never builds on, an earlier figure
-    for p in precisions:
-        priced["engine_overhead"]["by_precision"][p]["3"].pop("ring", None)
-    passes = [_run_engines(priced, precisions, (3,), lambda stage: RING_RUNS, RING_RANKS, threads, timeout_s, log,
-                           kind="ring") for _ in range(RING_PASSES)]
-    runs = [min(same, key=lambda r: r["seconds"]) for same in zip(*passes)]  # another tenant only adds time
+    runs = _fastest_of(RING_PASSES, lambda: _run_engines(priced, precisions, (3,), lambda stage: RING_RUNS, RING_RANKS,
+                                                         threads, timeout_s, log, kind="ring"))
     out = {}
     for p in precisions:
         mine = [r for r in runs if r["precision"] == p]
@@ -384,12 +389,11 @@ def measure_engine_overhead(profile: dict, precisions: list[str], world_size: in
     {stage: {per_step_s, per_layer_micro_s, per_layer_recompute_s, offload: {per_step_s, per_layer_micro_s},
     runs: [...]}}}} (ZeRO-1/2: per_call_s too, per_layer_micro_s 0) plus the shapes and world size (offload=False: no
     offloaded runs, no "offload" terms)."""
-    # ENGINE_PASSES passes, each engine's fastest kept: another tenant's burst only adds time, and one slow run moves a
-    # two-point slope (single passes fitted ZeRO-3 fp32's recompute at 4.7 and 16.3 ms a layer on the same machine)
-    passes = [_run_engines(profile, precisions, STAGES,
-                           lambda stage: RUNS + (OFFLOAD_RUNS if stage and offload else ()),
-                           world_size, threads, timeout_s, log) for _ in range(ENGINE_PASSES)]
-    rows = [min(same, key=lambda r: r["seconds"]) for same in zip(*passes)]
+    # ENGINE_PASSES passes, each engine's fastest kept: one slow run moves a two-point slope (single passes fitted
+    # ZeRO-3 fp32's recompute at 4.7 and 16.3 ms a layer on the same machine)
+    rows = _fastest_of(ENGINE_PASSES, lambda: _run_engines(
+        profile, precisions, STAGES, lambda stage: RUNS + (OFFLOAD_RUNS if stage and offload else ()), world_size,
+        threads, timeout_s, log))
     out: dict = {"world_size": world_size, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "by_precision": {}}
     for precision in precisions:
         fits = out["by_precision"][precision] = {}
