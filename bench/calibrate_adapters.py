@@ -34,21 +34,26 @@ def main(argv=None) -> int:
     from zerokit.measure.compute_fit import adapter_jobs
 
     from zerokit.core.errors import ZerokitError
-    from zerokit.spec.profile import load_profile
+    from zerokit.spec.profile import load_profile, slow_precisions
 
     try:
         prof = load_profile(args.profile)  # the project's own reading: one line naming the fix for a bad file
     except ZerokitError as e:
         raise SystemExit(f"error: {e}") from None
     timing = prof.get("compute_timing") or {}
-    precisions = sorted({p for by in timing.values() for p in by})
+    # as calibrate times them: not a precision under 1/SLOW_PRECISION_FACTOR of the best matmul (never planned; an
+    # H200's fp32 is one), whose 24 extra models ran this past 215 s there
+    slow = slow_precisions(prof.get("matmul_tflops") or {})
+    precisions = sorted({p for by in timing.values() for p in by} - set(slow))
     if not precisions:
         raise SystemExit(f"{args.profile} has no compute_timing: run `zerokit calibrate` instead")
     on_gpu = prof["device"]["type"] == "cuda"
     jobs = adapter_jobs(precisions, on_gpu, bool(prof.get("quick")))
     if not jobs:
         raise SystemExit("peft is not installed: pip install 'zerokit[train]'")
-    world = int((prof.get("collectives") or {}).get("world_size") or 2)
+    # the calibration's ranks: its collectives' (none on one GPU: one rank per GPU, as calibrate runs them), else 2
+    world = int((prof.get("collectives") or {}).get("world_size")
+                or (prof["device"].get("count") if on_gpu else None) or 2)
     spec = {"jobs": jobs, "min_time_s": 0.05 if prof.get("quick") else 0.3, "device": "cuda" if on_gpu else None}
     if not on_gpu:
         os.environ.setdefault("OMP_NUM_THREADS", str(prof.get("compute_threads") or 1))

@@ -143,6 +143,60 @@ def test_torch_adamw_rate():
     assert measure_torch_adamw(100_000, "cpu", min_time_s=0.05) > 0
 
 
+# a one-GPU calibration (zerokit calibrate on an H200, 2026-11-26), before torch_adamw_device
+H200_PROFILE = os.path.join(REPO, "bench", "results", "h200_profile_20261126.json")
+
+
+def test_one_gpu_profile_summary():
+    """A one-GPU calibration measures no collective (one rank: measure.calibrate.benchmark_world_size): its summary
+    says so. The H200 calibration of 2026-11-26 wrote this profile, then stopped on KeyError 'backend' printing it."""
+    from zerokit.measure.calibrate import format_profile
+
+    text = format_profile(load_profile(H200_PROFILE))
+    assert "collectives: one rank, not measured" in text and "NVIDIA H200" in text
+
+
+def test_optimizer_rate_priced_only_where_the_step_updates(tmp_path):
+    """torch_adamw_params_per_s prices the update of a step without optimizer offload, which runs on the training
+    device. The H200 profile timed it on the host (before torch_adamw_device) at 779 M params/s and so priced a
+    246M-parameter step's update at 316 ms: its rate is not read. Marked as timed on the GPU, the same rate prices it
+    at trainable / rate; a CPU profile's host is its device."""
+    from zerokit.estimate.timing import estimate_time
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.profile import TimingTerms
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    prof = json.loads(open(H200_PROFILE).read())
+    rate = prof["torch_adamw_params_per_s"]
+    assert "torch_adamw_device" not in prof and rate > 0
+    assert TimingTerms.from_profile(prof).torch_adamw_params_per_s == 0
+    assert TimingTerms.from_profile(dict(prof, torch_adamw_device="cuda")).torch_adamw_params_per_s == rate
+    assert TimingTerms.from_profile(_profile()).torch_adamw_params_per_s == 3.0e7
+
+    spec = load_model_spec(os.path.join(REPO, "bench", "accuracy", "models", "gpu-llama"))
+    setup = ZeroSetup(zero_stage=0, precision="bf16", micro_batch_size=4)
+    optimizer_s = {}
+    for name, p in (("host", prof), ("device", dict(prof, torch_adamw_device="cuda"))):
+        cluster = build_cluster(gpu="h200", gpus_per_node=1, hardware_profile=_write(tmp_path, p, f"{name}.json"))
+        optimizer_s[name] = estimate_time(spec, cluster, setup, Workload(seq_len=2048)).optimizer_seconds
+    assert optimizer_s["host"] == 0
+    assert optimizer_s["device"] == pytest.approx(spec.trainable / rate)
+
+
+def test_quantized_device_map(monkeypatch):
+    """The compute benchmark's 4-bit models load on the rank's own GPU by index. Its ranks pass torch.device("cuda")
+    (index None, after torch.cuda.set_device), and transformers refused {"": None}: the H200 calibration lost its
+    QLoRA and LoRA points to it. No GPU here: the current device is what set_device would have left."""
+    torch = pytest.importorskip("torch")
+    from zerokit.measure.compute_fit import quantized_device_map
+
+    assert quantized_device_map(torch.device("cpu")) == {"": "cpu"}
+    assert quantized_device_map(torch.device("cuda", 1)) == {"": 1}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert quantized_device_map(torch.device("cuda")) == {"": 3}
+
+
 def test_compute_benchmark_on_one_rank():
     """A one-GPU machine calibrates on one rank (measure.calibrate.benchmark_world_size): no collective to measure,
     the compute benchmark alone. Two ranks sharing one GPU would each read half its speed. Run here on the CPU, where
@@ -189,7 +243,7 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert on_disk["matmul_tflops"]["fp16"] is None and any("fp16" in n for n in on_disk["notes"])
     coll = on_disk["collectives"]
     assert coll["backend"] == "gloo" and coll["all_reduce_busbw_gbps"] > 0 and coll["all_gather_busbw_gbps"] > 0
-    assert on_disk["torch_adamw_params_per_s"] > 0
+    assert on_disk["torch_adamw_params_per_s"] > 0 and on_disk["torch_adamw_device"] == "cpu"
     # the compute benchmark: both families in both CPU precisions, every point timed, the fit's costs >= 0
     # and the fit sane (spec.profile.SANITY: FLOP rate plausible, points within its loose error bound)
     from zerokit.measure.compute_fit import fit_problems

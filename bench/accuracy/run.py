@@ -231,7 +231,7 @@ PARALLEL = [
 ]
 QUICK += PARALLEL
 # One GPU (--one-gpu): the rows a single CUDA device runs, at sizes where the model's own terms, not the allocator's
-# fixed costs, make the peak. Every stage, bf16 and fp32, checkpointing, LoRA, Llama and GPT-2.
+# fixed costs, make the peak. Every stage, bf16 and fp32, checkpointing, LoRA, QLoRA, Llama and GPT-2.
 ONE_GPU = [
     J("gpu-llama", 0, "bf16", 4, 2048, ranks=1),
     J("gpu-llama", 1, "fp32", 2, 1024, ranks=1),
@@ -239,6 +239,8 @@ ONE_GPU = [
     J("gpu-llama", 3, "bf16", 4, 2048, ranks=1),
     J("gpu-llama", 2, "bf16", 4, 2048, ft="lora", ranks=1),
     J("gpu-llama", 3, "bf16", 4, 2048, ckpt=True, ft="lora", ranks=1),
+    J("gpu-llama", 2, "bf16", 4, 2048, ft="qlora", ranks=1),
+    J("gpu-llama", 3, "bf16", 4, 2048, ckpt=True, ft="qlora", ranks=1),
     J("gpt2", 2, "bf16", 8, 1024, ranks=1),
     J("gpt2", 3, "fp32", 4, 1024, ckpt=True, ranks=1),
 ]

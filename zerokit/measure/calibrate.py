@@ -647,7 +647,11 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     else:
         notes.append(f"cpu_adam: skipped in quick mode, {where}")
     say("torch AdamW ...")
-    adamw = measure_torch_adamw(n_opt, "cpu", min_time_s=min_t)
+    # on the device a step without optimizer offload updates on: a GPU's (DeepSpeed's FusedAdam there; torch's
+    # foreach AdamW is the same bandwidth-bound pass). Profiles before torch_adamw_device timed the host's on GPUs
+    # too, and priced a 246M-parameter H200 step's update at 316 ms against ~3 ms of HBM traffic (an H200 profile
+    # of 2026-11-26: its gpu-llama ZeRO-0 row predicted 382 ms, measured 89)
+    adamw = measure_torch_adamw(n_opt, device, min_time_s=min_t)
 
     import importlib.metadata as md  # noqa: PLC0415
 
@@ -676,6 +680,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         **copies,
         "cpu_adam_params_per_s": cpu_adam,
         "torch_adamw_params_per_s": adamw,
+        "torch_adamw_device": device.type,
         "notes": notes,
     }
     if quick:
@@ -711,6 +716,8 @@ def format_profile(prof: dict) -> str:
     coll = prof.get("collectives") or {}
     if "error" in coll:
         lines.append(f"collectives: {coll['error']}")
+    elif "backend" not in coll:  # one rank (one GPU): no link measured, the catalog's bandwidths stand
+        lines.append("collectives: one rank, not measured")
     else:
         lines.append(f"all-reduce busbw ({coll['backend']}, {coll['world_size']} ranks): {coll['all_reduce_busbw_gbps']:.2f} GB/s; "
                      f"all-gather: {coll['all_gather_busbw_gbps']:.2f} GB/s")
@@ -723,6 +730,6 @@ def format_profile(prof: dict) -> str:
                          f"per layer, {v['tflops'] * 1e3 if v.get('tflops') else 0:.1f} GFLOP/s")
     ca = prof.get("cpu_adam_params_per_s")
     lines.append("DeepSpeedCPUAdam: " + (f"{ca / 1e6:.1f} M params/s" if ca else "not measured"))
-    lines.append(f"torch AdamW: {prof['torch_adamw_params_per_s'] / 1e6:.1f} M params/s")
+    lines.append(f"torch AdamW ({prof.get('torch_adamw_device', 'cpu')}): {prof['torch_adamw_params_per_s'] / 1e6:.1f} M params/s")
     lines += [f"note: {n}" for n in prof.get("notes", [])]
     return "\n".join(lines)

@@ -151,7 +151,18 @@ def _quantized_model(cfg: dict, dtype, device):
         # loaded as zerokit.launch.train build_quantized loads it (fp32; time_jobs then casts as DeepSpeed does): the
         # 4-bit weights' quant_state keeps the loading dtype, which dequantize_4bit returns
         return type(model).from_pretrained(tmp, quantization_config=q, dtype=torch.float32,
-                                           device_map={"": device.index if device.type == "cuda" else "cpu"})
+                                           device_map=quantized_device_map(device))
+
+
+def quantized_device_map(device) -> dict:
+    """from_pretrained's device_map for a benchmark rank's 4-bit model: the rank's own GPU by index. The ranks pass
+    torch.device("cuda") (each has set its GPU with torch.cuda.set_device), whose index is None, and transformers
+    refuses {"": None}: an H200 calibration lost its QLoRA points to it."""
+    import torch  # noqa: PLC0415
+
+    if device.type != "cuda":
+        return {"": "cpu"}
+    return {"": device.index if device.index is not None else torch.cuda.current_device()}
 
 
 def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[float]:

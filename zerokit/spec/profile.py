@@ -16,7 +16,10 @@ every number measured on the machine named in "device"):
     over that backend (--dist-backend); profiles before this key: their collectives.backend's figures
   h2d_gbps, d2h_gbps: pinned host<->device copies (GPU only, else null)
   cpu_adam_params_per_s: DeepSpeedCPUAdam fp32 step rate (null if its op is not built)
-  torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on the device's host
+  torch_adamw_params_per_s: torch.optim.AdamW (default foreach) step rate on torch_adamw_device
+  torch_adamw_device: "cpu"|"cuda", where that rate was timed: the device a step without optimizer offload updates
+    on. Profiles before this key timed it on the host, also on GPUs: a GPU profile without it has no such rate
+    (TimingTerms.from_profile), as the host's is not what its steps run
   compute_timing: {gated|plain: {precision: {coef: {feature: seconds per unit}, tflops, points}}}, the
     features COMPUTE_FEATURES below: forward + backward with the loss of real HF models (a Llama for
     "gated", a GPT-2 for "plain"), timed on every rank at once and fitted (measure/compute_fit.py); with
@@ -152,6 +155,12 @@ def compute_fit_problem(family: str, precision: str, coef: dict, max_error: floa
     return None
 
 
+def torch_adamw_device(prof: dict) -> str:
+    """Where a profile's torch_adamw_params_per_s was timed: its torch_adamw_device, else the host (calibrate timed it
+    on "cpu" on every machine before that key)."""
+    return prof.get("torch_adamw_device") or "cpu"
+
+
 @dataclass(frozen=True)
 class TimingTerms:
     """The measured step-time terms of a profile, in the units their names say."""
@@ -197,6 +206,8 @@ class TimingTerms:
         latency["all_to_all_latency_s"] = float(a2a) if _pos(a2a) else latency["all_reduce_latency_s"]
         rates = {k: float(prof[k]) if _pos(prof.get(k)) else 0.0
                  for k in ("torch_adamw_params_per_s", "cpu_adam_params_per_s")}
+        if torch_adamw_device(prof) != prof["device"]["type"]:  # the host's rate on a GPU: not what a step runs
+            rates["torch_adamw_params_per_s"] = 0.0
         engine = prof.get("engine_overhead") if isinstance(prof.get("engine_overhead"), dict) else None
         ranks = (prof.get("collectives") or {}).get("world_size")
         ranks = int(ranks) if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 2 else 2
