@@ -1,12 +1,13 @@
-"""Add the LoRA/QLoRA costs (spec.profile.ADAPTER_FEATURES, and ZeRO-3's cost per module peft adds) to a hardware
-profile measured before they existed.
+"""Add the LoRA/QLoRA costs (spec.profile.ADAPTER_FEATURES, and what each module peft adds costs a step at every ZeRO
+stage) to a hardware profile measured before they existed.
 
 `zerokit calibrate` measures them itself (with peft installed). This times only the LoRA and QLoRA versions of the
 calibration's models on the same ranks, in the same lockstep, and fits their costs beyond the profile's own compute
 coefficients, which stay as they are (so the profile's full fine-tune predictions, and any table made with them, do
-not change); then the synthetic ZeRO-3 engines with LoRA (measure/engine_fit.measure_zero3_peft_hooks).
+not change); then the synthetic engines with LoRA at every stage (measure/engine_fit.measure_peft_module_costs).
+--engines-only keeps the profile's adapter costs and refits only the latter.
 
-    python bench/calibrate_adapters.py bench/results/accuracy_cpu_profile.json [-o OUT.json]
+    python bench/calibrate_adapters.py bench/results/accuracy_cpu_profile.json [-o OUT.json] [--engines-only]
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="a zerokit hardware profile JSON measured on this machine")
     ap.add_argument("-o", "--output", help="where to write the profile with the adapter costs (default: in place)")
+    ap.add_argument("--engines-only", action="store_true",
+                    help="keep the profile's adapter compute costs; refit only the per-module engine costs")
     args = ap.parse_args(argv)
 
     from zerokit.core.fsutil import atomic_write_text
-    from zerokit.measure.calibrate import measure_adapter_costs, measure_peft_hooks
+    from zerokit.measure.calibrate import measure_adapter_costs, measure_peft_modules
     from zerokit.measure.compute_fit import adapter_jobs
 
     from zerokit.core.errors import ZerokitError
@@ -58,16 +61,18 @@ def main(argv=None) -> int:
     if not on_gpu:
         os.environ.setdefault("OMP_NUM_THREADS", str(prof.get("compute_threads") or 1))
     t0 = time.perf_counter()
-    print(f"LoRA adapters: {len(jobs)} HF models over {world} local ranks ...", file=sys.stderr, flush=True)
-    measure_adapter_costs(timing, jobs, spec, world, prof.get("compute_threads"))
+    if not args.engines_only:
+        print(f"LoRA adapters: {len(jobs)} HF models over {world} local ranks ...", file=sys.stderr, flush=True)
+        measure_adapter_costs(timing, jobs, spec, world, prof.get("compute_threads"))
     notes = prof.setdefault("notes", [])
-    if prof.get("engine_overhead"):  # then ZeRO-3's cost per module peft adds, priced with the adapter costs above
+    if prof.get("engine_overhead"):  # then each peft module's engine cost per stage, priced with the adapter costs above
         precs = sorted(prof["engine_overhead"].get("by_precision") or {})
-        measure_peft_hooks(prof, precs, world, prof.get("compute_threads"), notes,
-                           lambda m: print(m, file=sys.stderr, flush=True))
+        measure_peft_modules(prof, precs, world, prof.get("compute_threads"), notes,
+                             lambda m: print(m, file=sys.stderr, flush=True))
     wall = time.perf_counter() - t0
+    what = "LoRA engine costs per peft module" if args.engines_only else "LoRA adapter costs (and the engines' per peft module)"
     notes.append(
-        f"LoRA adapter costs (and ZeRO-3's per peft module) added {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} by "
+        f"{what} added {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} by "
         f"bench/calibrate_adapters.py ({wall:.0f} s), against this profile's compute coefficients")
     for family, by in timing.items():
         for prec, v in by.items():
@@ -80,8 +85,10 @@ def main(argv=None) -> int:
                   f"{c.get('dequant_call', 0) * 1e6:.1f} us per dequantization; "
                   f"{len(pts)} points, max |err| {err:.1%}")
     for prec, fits in ((prof.get("engine_overhead") or {}).get("by_precision") or {}).items():
-        if (fits.get("3") or {}).get("per_peft_module_s") is not None:
-            print(f"ZeRO-3 {prec}: {fits['3']['per_peft_module_s'] * 1e6:.1f} us per module peft adds")
+        for stage, fit in sorted(fits.items()):
+            if isinstance(fit, dict) and fit.get("per_peft_module_recompute_s") is not None:
+                print(f"ZeRO-{stage} {prec}: {fit['per_peft_module_s'] * 1e6:.1f} us per module peft adds, "
+                      f"{fit['per_peft_module_recompute_s'] * 1e6:.1f} us more per recomputed one")
     atomic_write_text(args.output or args.profile, json.dumps(prof, indent=2) + "\n")
     return 0
 

@@ -2,6 +2,7 @@
 synthetic engines whose fitted terms timing.py then adds to the same setups' predictions."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,98 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
             assert "per_call_s" not in fit
             assert t.engine_seconds == pytest.approx(fit["per_step_s"] + fit["per_layer_micro_s"] * 8)
         assert t.step_seconds - t.engine_seconds == pytest.approx(r["predicted_s"], rel=1e-6)
+
+
+def _tiny_llama_lora():
+    from zerokit.spec.finetune import Finetune, finetuned_spec
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.resolve import resolve_model
+
+    src = str(resolve_model("tiny-llama").config_file())
+    return finetuned_spec(load_model_spec(src), src, Finetune(mode="lora"))
+
+
+def test_peft_modules_priced_at_the_fitted_costs_else_the_older_rules():
+    """timing.peft_module_seconds: with a stage's fits from the LoRA engines (engine_fit.measure_peft_module_costs),
+    every module peft adds costs per_peft_module_s per micro step and per_peft_module_recompute_s more when its layer is
+    recomputed; without them (older profiles) ZeRO-3 keeps its hook rule and recompute its fixed cost over the layer's
+    13 modules. A full model adds no module: nothing."""
+    from zerokit.estimate.timing import (CALIBRATION_MODULES_PER_LAYER, peft_module_seconds,
+                                         zero3_module_hook_seconds)
+    from zerokit.spec.setup import ZeroSetup
+
+    lora = _tiny_llama_lora()
+    assert lora.extra_modules_per_layer == 70  # peft's modules per tiny-llama layer (tests/test_finetune.py)
+    modules = lora.extra_modules_per_layer * lora.num_layers * 2
+    coef = {"recompute": 0.0017}
+    fitted = {"by_precision": {"bf16": {"2": {"per_step_s": 0.0, "per_layer_micro_s": 0.0, "per_peft_module_s": 2e-5,
+                                              "per_peft_module_recompute_s": 1e-5},
+                                        "3": {"per_step_s": 0.0, "per_layer_micro_s": 0.008, "per_peft_module_s": 2.4e-4,
+                                              "per_peft_module_recompute_s": 1.9e-4}}}}
+    z2 = ZeroSetup(zero_stage=2, precision="bf16", gradient_accumulation_steps=2)
+    z3 = ZeroSetup(zero_stage=3, precision="bf16", gradient_accumulation_steps=2)
+    ckpt = {"activation_checkpointing": True}
+    assert peft_module_seconds(fitted, coef, lora, z2) == pytest.approx(2e-5 * modules)
+    assert peft_module_seconds(fitted, coef, lora, replace(z2, **ckpt)) == pytest.approx(3e-5 * modules)
+    assert peft_module_seconds(fitted, coef, lora, replace(z3, **ckpt)) == pytest.approx(4.3e-4 * modules)
+    assert peft_module_seconds(fitted, coef, lora, replace(z2, precision="fp16")) == pytest.approx(
+        2e-5 * modules)  # fp16 takes bf16's, as engine_seconds does
+    full = replace(lora, extra_modules_per_layer=0)
+    assert peft_module_seconds(fitted, coef, full, replace(z3, **ckpt)) == 0.0
+    # an older profile: stage 3's measured hooks alone, recompute at the layer's fixed cost per module
+    older = {"by_precision": {"bf16": {"2": {"per_step_s": 0.0, "per_layer_micro_s": 0.0},
+                                       "3": {"per_step_s": 0.0, "per_layer_micro_s": 0.008, "per_peft_module_s": 2.4e-4}}}}
+    assert peft_module_seconds(older, coef, lora, z2) == 0.0
+    assert peft_module_seconds(older, coef, lora, replace(z2, **ckpt)) == pytest.approx(
+        0.0017 * modules / CALIBRATION_MODULES_PER_LAYER)
+    assert peft_module_seconds(older, coef, lora, z3) == pytest.approx(zero3_module_hook_seconds(older, lora, z3)) \
+        == pytest.approx(2.4e-4 * modules)
+
+
+@pytest.mark.slow
+def test_real_lora_engines_fit_a_cost_per_peft_module(tmp_path):
+    """measure_peft_module_costs on real DeepSpeed engines with peft LoRA on every Linear, ZeRO-0 to 3 over gloo on 2
+    ranks: each run priced without peft's module costs; the fit is the plain runs' slope per module, then the
+    checkpointed runs' beyond it, and the estimate charges exactly that. ZeRO-3 hooks every submodule (fetch, release,
+    trace: parameter_offload.py), so its cost per module is the highest (measured 203-244 us against 12-37 us at
+    ZeRO-0/1/2 on this CPU, 2026-11-26)."""
+    pytest.importorskip("peft")
+    from zerokit.estimate.timing import estimate_time, peft_module_seconds
+    from zerokit.measure.engine_fit import MICRO_BATCH, PEFT_RUNS, SEQ_LEN, measure_peft_module_costs
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.profile import load_profile
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile_20261126.json")
+    out = measure_peft_module_costs(prof, ["bf16"], world_size=2, threads=1)
+    fits = prof["engine_overhead"]["by_precision"]["bf16"]
+    assert set(out["bf16"]) == set(STAGES)
+    for stage in STAGES:
+        fit = fits[str(stage)]
+        runs = {(r["layers"], r["ckpt"]): r for r in fit["peft_runs"]}
+        assert set(runs) == {(layers, ckpt) for layers, _, ckpt, _ in PEFT_RUNS}
+        assert all(r["extra_modules"] == 70 and r["seconds"] > 0 and r["predicted_s"] > 0 for r in runs.values())
+        assert runs[(8, False)]["seconds"] > runs[(4, False)]["seconds"]
+        plain = [(70 * r["layers"], r["seconds"] - r["predicted_s"]) for r in runs.values() if not r["ckpt"]]
+        slope = max(0.0, sum(x * y for x, y in plain) / sum(x * x for x, _ in plain))
+        assert fit["per_peft_module_s"] == pytest.approx(slope)
+        assert fit["per_peft_module_recompute_s"] >= 0
+        assert out["bf16"][stage] == (fit["per_peft_module_s"], fit["per_peft_module_recompute_s"])
+    assert fits["3"]["per_peft_module_s"] > 2 * max(fits[str(s)]["per_peft_module_s"] for s in (0, 1, 2))
+
+    # the fitted terms reach the estimate: the same LoRA setup costs its priced-without run plus the fit
+    path = tmp_path / "prof.json"
+    path.write_text(json.dumps(prof))
+    cluster = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(path))
+    lora = _tiny_llama_lora()
+    for stage in STAGES:
+        setup = ZeroSetup(zero_stage=stage, precision="bf16", micro_batch_size=MICRO_BATCH, activation_checkpointing=True)
+        t = estimate_time(lora, cluster, setup, Workload(seq_len=SEQ_LEN))
+        fit = fits[str(stage)]
+        extra = (fit["per_peft_module_s"] + fit["per_peft_module_recompute_s"]) * 70 * lora.num_layers
+        assert peft_module_seconds(prof["engine_overhead"], None, lora, setup) == pytest.approx(extra)
+        bare = estimate_time(replace(lora, extra_modules_per_layer=0), cluster, setup, Workload(seq_len=SEQ_LEN))
+        assert t.step_seconds - bare.step_seconds == pytest.approx(extra * cluster.profile.cpu_oversubscription(2), rel=1e-6)
 
 
 def test_model_parallel_calls_priced_at_the_fitted_cost_else_the_latencies(tmp_path):

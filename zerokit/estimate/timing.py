@@ -496,10 +496,9 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
     passes = 4 / 3 if activation_checkpointing else 1.0
     tokens = micro_batch * seq_len // sequence_parallel
     layers = model.num_layers
-    # a recomputed layer's fixed cost is torch.utils.checkpoint replaying its ops (and packing what they save) one
-    # module at a time: peft's extra modules add to it in proportion (CALIBRATION_MODULES_PER_LAYER; measured: tiny-llama
-    # LoRA ZeRO-2 bf16 with checkpointing, 71 ms predicted against 97 without this; bench/results/accuracy_cpu_finetune.txt)
-    recompute = layers * (1 + model.extra_modules_per_layer / CALIBRATION_MODULES_PER_LAYER)
+    # a recomputed layer's fixed cost is torch.utils.checkpoint replaying its ops one module at a time; what peft's extra
+    # modules add to it is priced by peft_module_seconds, with their other per-module costs
+    recompute = layers
     # LoRA (spec.profile.ADAPTER_FEATURES): adapted Linears per micro step (read off the module tree: lora_slots), and
     # their in + out elements over the tokens; recompute repeats the forward's share as for the activations (the
     # recomputed module calls are in "recompute" above). Why: priced on FLOPs alone, a LoRA model's forward + backward
@@ -563,8 +562,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         engine = engine_seconds(terms.engine_overhead, setup.precision, setup.zero_stage, model.num_layers,
                                 setup.gradient_accumulation_steps, setup.activation_checkpointing,
                                 offload=setup.offload_optimizer != "none", calls=calls.reduces + calls.gathers)
-        if setup.zero_stage == 3 and model.extra_modules_per_layer:
-            engine += zero3_module_hook_seconds(terms.engine_overhead, model, setup)
+        engine += peft_module_seconds(terms.engine_overhead, coef, model, setup)
         adamw = terms.torch_adamw_params_per_s
         if adamw and setup.offload_optimizer == "none":
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
@@ -604,6 +602,31 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     )
 
 
+
+
+def peft_module_seconds(engine: dict | None, coef: dict | None, model: ModelSpec, setup: ZeroSetup) -> float:
+    """What the modules peft adds to every decoder layer (ModelSpec.extra_modules_per_layer: tiny-llama all-linear
+    13 -> 83) cost a real step beyond the adapters' compute (compute_features' adapter terms, fitted on peft models
+    outside DeepSpeed): per module and micro step, and once more per module a checkpointed layer recomputes. A profile
+    that timed the synthetic engines with LoRA at every stage (engine_fit.measure_peft_module_costs: the stage's
+    per_peft_module_s and per_peft_module_recompute_s) prices them at what those measured: on this CPU ~0.02 ms a module
+    at ZeRO-0/1/2 and ~0.2 ms at ZeRO-3, whose fetch/release hooks run on every submodule (parameter_offload.py
+    _register_deepspeed_module), recompute included. Profiles before that: ZeRO-3's hooks alone
+    (zero3_module_hook_seconds) and recompute at the recomputed layer's fixed cost over its 13 modules per module,
+    which the engines measured 2-6x too high (checkpointed LoRA engines 30-52 ms over at 8 layers, 2026-11-26)."""
+    modules = model.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
+    if not modules:
+        return 0.0
+    fit = engine_fits(engine, setup.precision).get(str(setup.zero_stage)) or {}
+    if fit.get("per_peft_module_recompute_s") is not None:
+        per_module = float(fit["per_peft_module_s"])
+        if setup.activation_checkpointing:
+            per_module += float(fit["per_peft_module_recompute_s"])
+        return per_module * modules
+    seconds = zero3_module_hook_seconds(engine, model, setup) if setup.zero_stage == 3 else 0.0
+    if setup.activation_checkpointing and coef:
+        seconds += float(coef.get("recompute", 0.0)) * modules / CALIBRATION_MODULES_PER_LAYER
+    return seconds
 
 
 def zero3_module_hook_seconds(engine: dict | None, model: ModelSpec, setup: ZeroSetup) -> float:

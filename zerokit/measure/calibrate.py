@@ -408,21 +408,21 @@ def measure_adapter_costs(compute_timing: dict, jobs: list[dict], compute_spec: 
     return compute_fit.fit_adapters(compute_timing, jobs, [min(ts) for ts in zip(*passes)])
 
 
-def measure_peft_hooks(profile: dict, precisions: list[str], world_size: int, threads: int | None, notes: list[str],
-                       log=None) -> None:
-    """ZeRO-3's cost per module peft adds (engine_fit.measure_zero3_peft_hooks), when peft is installed; a failure
-    is a note (the rule it refines stays)."""
+def measure_peft_modules(profile: dict, precisions: list[str], world_size: int, threads: int | None, notes: list[str],
+                         log=None) -> None:
+    """What each module peft adds costs a step at every ZeRO stage (engine_fit.measure_peft_module_costs), when peft
+    is installed; a failure is a note (the rules it refines stay)."""
     try:
         import peft  # noqa: F401, PLC0415
     except ImportError:
-        notes.append("ZeRO-3 LoRA hooks: skipped, peft is not installed (pip install 'zerokit[train]')")
+        notes.append("LoRA engine costs: skipped, peft is not installed (pip install 'zerokit[train]')")
         return
-    from zerokit.measure.engine_fit import measure_zero3_peft_hooks  # noqa: PLC0415
+    from zerokit.measure.engine_fit import measure_peft_module_costs  # noqa: PLC0415
 
     try:
-        measure_zero3_peft_hooks(profile, precisions, world_size, threads, log=log)
+        measure_peft_module_costs(profile, precisions, world_size, threads, log=log)
     except ZerokitError as e:
-        notes.append(f"ZeRO-3 LoRA hooks: {e}")
+        notes.append(f"LoRA engine costs: {e}")
 
 
 def benchmark_world_size(device) -> int:
@@ -696,7 +696,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         except ZerokitError as e:
             notes.append(f"engine costs: {e}")
         else:
-            measure_peft_hooks(profile, precs, world_size, threads, notes, say)
+            measure_peft_modules(profile, precs, world_size, threads, notes, say)
             measure_model_parallel(profile, precs, world_size, threads, notes, say)
             if device.type == "cpu":  # on GPUs the engines above already ran on every GPU of the node
                 measure_zero_ring(profile, precs, threads, notes, say)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.process import close_process_groups
+from zerokit.core.process import finish_rank
 
 # (layers, accumulation, activation checkpointing, optimizer offload) per stage: the per-layer slope needs two
 # depths, the split between per-step and per-micro-step costs a second accumulation, recompute's own cost a
@@ -46,8 +46,10 @@ STAGES = (0, 1, 2, 3)
 # step: ZeRO-2 LoRA rows 15-48% over (bench/results/accuracy_cpu_finetune.txt, rerun 2026-11-26 08:21).
 PER_CALL_STAGES = (1, 2)
 ENGINE_PASSES = 2
-# ZeRO-3 under LoRA (measure_zero3_peft_hooks): the same engine with peft's adapters on every Linear, at two depths
-LORA_RUNS = ((1, 1, False, "none"), (4, 1, False, "none"))
+# Every stage under LoRA (measure_peft_module_costs): the same engines with peft's adapters on every Linear, at two
+# depths, and checkpointed at both (what a recomputed module costs): each engine's fastest of PEFT_PASSES passes
+PEFT_RUNS = ((4, 1, False, "none"), (8, 1, False, "none"), (4, 1, True, "none"), (8, 1, True, "none"))
+PEFT_PASSES = 2
 LORA_R = 8
 MICRO_BATCH, SEQ_LEN = 2, 64
 STEPS, WARMUP = 12, 2
@@ -157,7 +159,10 @@ def _rank_main() -> None:
     dist.barrier()
     if dist.get_rank() == 0:
         print("ZEROKIT_ENGINE " + json.dumps(results), flush=True)
-    close_process_groups()  # not left to the interpreter's teardown (zerokit.core.process says why)
+    # out as zerokit's other ranks end (core.process.finish_rank): the groups closed, then no interpreter teardown.
+    # Closing the groups alone was not enough: a clean CI lost test_calibrate_engine to "rank 0 exited -6: terminate
+    # called without an active exception" at this rank's exit, after its result was printed
+    finish_rank(0)
 
 
 def _fit(points: list[tuple[float, float]]) -> dict:
@@ -185,8 +190,8 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
                  timeout_s: float, log, finetune=None, job_extra: dict | None = None, kind: str = "dp") -> list[dict]:
     """Train the synthetic engines (runs_of(stage): (layers, accumulation, checkpointing, offload) each) on
     `world_size` local ranks; each row has its measured median step seconds and predicted_s, its price with
-    `profile` (finetune(spec, model_dir): the spec as fine-tuned; ZeRO-3's per-peft-module hook term left out, as
-    that is what measure_zero3_peft_hooks measures) and extra_modules (peft's per layer). kind "tp" / "sp": every engine
+    `profile` (finetune(spec, model_dir): the spec as fine-tuned; the cost of peft's modules, timing.peft_module_seconds,
+    left out, as that is what measure_peft_module_costs measures) and extra_modules (peft's per layer). kind "tp" / "sp": every engine
     TP or SP MODEL_PARALLEL_DEGREE on the MODEL_PARALLEL_HEADS model, its TP / SP calls left out of predicted_s (what
     measure_model_parallel_calls measures), with mp_calls: those calls per step, ring steps counted. kind "ring": ZeRO's
     calls' latency left out of predicted_s (what measure_zero_ring_calls measures), with ring_calls: those calls per
@@ -196,7 +201,7 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
     from zerokit.config.render import render_ds_config  # noqa: PLC0415
     from zerokit.estimate.timing import (collective_calls_per_step, estimate_time,  # noqa: PLC0415
                                          model_parallel_call_seconds,
-                                         model_parallel_call_steps, zero3_module_hook_seconds, zero_call_seconds,
+                                         model_parallel_call_steps, peft_module_seconds, zero_call_seconds,
                                          zero_call_steps)
     from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json  # noqa: PLC0415
     from zerokit.spec.hardware import build_cluster  # noqa: PLC0415
@@ -211,6 +216,9 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
         prof_path.write_text(json.dumps(profile))
         cluster = build_cluster(gpu=None if on_gpu else "cpu", gpus_per_node=world_size, hardware_profile=str(prof_path))
         engine_terms = cluster.profile.timing.engine_overhead if cluster.profile is not None else None
+
+        def coefs(spec, precision):
+            return cluster.profile.timing.compute_coefficients(spec.gated_mlp, precision) if cluster.profile else None
         workload = Workload(seq_len=SEQ_LEN)
         jobs, preds, modules, mp_calls, ring_calls, calls = [], {}, {}, {}, {}, {}
         specs = {}
@@ -245,8 +253,8 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
                         share = cluster.profile.cpu_oversubscription(cluster.gpus_per_node)
                         preds[key] -= share * zero_call_seconds(cluster.profile.timing, spec, cluster, setup)
                         ring_calls[key] = share * zero_call_steps(spec, cluster, setup)
-                    if stage == 3 and spec.extra_modules_per_layer:
-                        preds[key] -= zero3_module_hook_seconds(engine_terms, spec, setup)
+                    if spec.extra_modules_per_layer:
+                        preds[key] -= peft_module_seconds(engine_terms, coefs(spec, precision), spec, setup)
                     modules[key] = spec.extra_modules_per_layer
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
         port = free_port()
@@ -301,31 +309,46 @@ def _fastest_of(passes: int, run) -> list[dict]:
     return [min(same, key=lambda r: r["seconds"]) for same in zip(*results)]
 
 
-def measure_zero3_peft_hooks(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
-                             timeout_s: float = 900.0, log=None) -> dict:
-    """What each module peft adds costs a ZeRO-3 step (DeepSpeed's fetch/release/trace hooks on every submodule,
-    parameter_offload.py _register_deepspeed_module), measured: the synthetic engines with LoRA r=8 on every Linear at
-    two depths, less their price with everything else in `profile` (its stage-3 engine fit and its adapter compute
-    costs included), over the modules peft added (ModelSpec.extra_modules_per_layer x layers x micro steps); least
-    squares through the origin. Writes per_peft_module_s into each precision's stage-3 engine fit and returns
-    {precision: seconds per module}. timing.zero3_module_hook_seconds reads it."""
+def measure_peft_module_costs(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
+                              timeout_s: float = 900.0, log=None) -> dict:
+    """What each module peft adds costs a real step at every ZeRO stage, measured: the synthetic engines with LoRA r=8
+    on every Linear (PEFT_RUNS: two depths, plain and checkpointed), less their price with everything else in
+    `profile` (its engine fits and its adapter compute costs included), fitted per stage on the modules peft added
+    (ModelSpec.extra_modules_per_layer x layers x micro steps) and those a checkpointed layer recomputes; least squares
+    through the origin. Writes per_peft_module_s and per_peft_module_recompute_s (and peft_runs) into each precision's
+    stage fits and returns {precision: {stage: (per module, per recomputed module)}}; timing.peft_module_seconds reads
+    them. Why: ZeRO-3 hooks every submodule (fetch, release, trace); at ZeRO-0/1/2 the engines measured 10-17 ms over
+    at 8 LoRA layers, which nothing priced, and the recompute rule before this (the layer's recompute cost over its 13
+    modules, per module) priced checkpointed LoRA engines 30-52 ms over at 8 layers (2026-11-26)."""
     from zerokit.spec.finetune import Finetune, finetuned_spec  # noqa: PLC0415
 
-    fits, precisions, priced = _priced_without(profile, precisions, "3", [("3", "per_peft_module_s")])
+    fits, precisions, priced = _priced_without(
+        profile, precisions, "3", [(str(st), k) for st in STAGES for k in ("per_peft_module_s", "per_peft_module_recompute_s")])
     if not precisions:
         return {}
 
     def finetune(spec, model_dir):
         return finetuned_spec(spec, model_dir, Finetune(mode="lora", lora_r=LORA_R))
 
-    runs = _run_engines(priced, precisions, (3,), lambda stage: LORA_RUNS, world_size, threads, timeout_s, log,
-                        finetune, {"lora_r": LORA_R})
-    out = {}
+    runs = _fastest_of(PEFT_PASSES, lambda: _run_engines(
+        priced, precisions, STAGES, lambda stage: PEFT_RUNS, world_size, threads, timeout_s, log, finetune,
+        {"lora_r": LORA_R}))
+    out: dict = {}
     for p in precisions:
-        out[p] = _slope_through_origin([(r["extra_modules"] * r["layers"] * r["accum"], r["seconds"] - r["predicted_s"])
-                                        for r in runs if r["precision"] == p])
-        fits[p]["3"]["per_peft_module_s"] = out[p]
-        fits[p]["3"]["peft_runs"] = [r for r in runs if r["precision"] == p]
+        for stage in STAGES:
+            mine = [r for r in runs if r["precision"] == p and r["stage"] == stage]
+            def modules(r):
+                return r["extra_modules"] * r["layers"] * r["accum"]
+
+            # per module from the plain runs; per recomputed module from the checkpointed runs, beyond that. One
+            # least squares over both (a ZeRO-1 bf16 stage fit whose recompute cost came out high left the checkpointed
+            # runs under their price) drove both to 0
+            per_module = _slope_through_origin([(modules(r), r["seconds"] - r["predicted_s"]) for r in mine if not r["ckpt"]])
+            per_recomputed = _slope_through_origin([(modules(r), r["seconds"] - r["predicted_s"] - per_module * modules(r))
+                                                    for r in mine if r["ckpt"]])
+            fit = fits[p][str(stage)]
+            fit.update(per_peft_module_s=per_module, per_peft_module_recompute_s=per_recomputed, peft_runs=mine)
+            out.setdefault(p, {})[stage] = (per_module, per_recomputed)
     return out
 
 
