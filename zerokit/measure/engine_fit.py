@@ -333,13 +333,13 @@ def measure_peft_module_costs(profile: dict, precisions: list[str], world_size: 
     runs = _fastest_of(PEFT_PASSES, lambda: _run_engines(
         priced, precisions, STAGES, lambda stage: PEFT_RUNS, world_size, threads, timeout_s, log, finetune,
         {"lora_r": LORA_R}))
+    def modules(r):
+        return r["extra_modules"] * r["layers"] * r["accum"]
+
     out: dict = {}
     for p in precisions:
         for stage in STAGES:
             mine = [r for r in runs if r["precision"] == p and r["stage"] == stage]
-            def modules(r):
-                return r["extra_modules"] * r["layers"] * r["accum"]
-
             # per module from the plain runs; per recomputed module from the checkpointed runs, beyond that. One
             # least squares over both (a ZeRO-1 bf16 stage fit whose recompute cost came out high left the checkpointed
             # runs under their price) drove both to 0
