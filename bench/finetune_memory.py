@@ -11,8 +11,8 @@ model is built (so every tensor counts), MemoryMeter.register_deepspeed_engine, 
 .StepPhaseMeter around forward / backward / step of the first STEPS optimizer steps. The model: the bundled config,
 random init (torch.manual_seed(0)); LoRA with peft's get_peft_model; --freeze with requires_grad_(False) on the
 matching names; QLoRA from_pretrained(BitsAndBytesConfig(load_in_4bit, nf4, double quant, compute dtype = the training
-dtype), device_map="cpu") of the same model saved first (what ../shared/reference/finetune-and-parallel-on-cpu.md found
-to run on CPU). Gradient checkpointing: model.gradient_checkpointing_enable() before peft (transformers' default,
+dtype), device_map="cpu") of the same model saved first (what was measured to run on CPU: docs/measured-on-cpu.md
+"Fine-tuning"). Gradient checkpointing: model.gradient_checkpointing_enable() before peft (transformers' default,
 use_reentrant=False). ZeRO config: the knobs zerokit renders (ZeroKnobs.for_hidden_size: reduce bucket h^2, prefetch
 0.9 h^2, persistence 10 h), torch AdamW ("torch_adam": true, what render writes for CPU targets).
 

@@ -1,5 +1,5 @@
 """The bad-input table: every command, every kind of bad value, one row each. Each row asserts what zerokit
-guarantees on bad input (README "Bad input"): the exit code, exactly one line on stderr that starts with `error:`
+guarantees on bad input (docs/bad-input.md): the exit code, exactly one line on stderr that starts with `error:`
 and names no Python exception, nothing on stdout, and nothing left on disk (the working directory holds only the
 files the row wrote as input).
 

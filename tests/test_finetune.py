@@ -2,7 +2,7 @@
 
 Oracles: peft's own get_nb_trainable_parameters() on the real (materialised) models; the elements DeepSpeed's
 optimizer keeps Adam state for in a real 2-rank run (DeepSpeed drops frozen parameters from its flat groups:
-../shared/reference/finetune-and-parallel-on-cpu.md)."""
+deepspeed/runtime/zero/stage_1_and_2.py and stage3.py; measured, docs/measured-on-cpu.md "Fine-tuning")."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ FROZEN = ("embed_tokens", "layers.0.")
 def ds_config(stage: int, persistence: int | None = None) -> dict:
     """fp32 (losses exact within a stage), no clipping, a constant LR (every step trains: the loss must fall within
     a few steps), small buckets. ZeRO-3: stage3_param_persistence_threshold 0 partitions every parameter, the packed
-    4-bit weights included (../shared/reference/finetune-and-parallel-on-cpu.md)."""
+    4-bit weights included (measured: docs/measured-on-cpu.md "Fine-tuning")."""
     zero: dict = {"stage": stage, "reduce_bucket_size": 128 * 128, "allgather_bucket_size": 128 * 128,
                   "overlap_comm": False, "contiguous_gradients": True}
     if stage == 3:

@@ -2,7 +2,7 @@
 
 Model states are checked against DeepSpeed's own estimators (deepspeed/runtime/zero/stage_1_and_2.py
 estimate_zero2_model_states_mem_needs and stage3.py estimate_zero3_model_states_mem_needs) and the
-numbers they print in shared/reference/deepspeed-on-cpu.md, and against the ZeRO paper's accounting
+numbers their _all_cold variants print (docs/measured-on-cpu.md), and against the ZeRO paper's accounting
 (Rajbhandari et al. 2020, Figure 1: 2Ψ + 2Ψ + KΨ with K = 12).
 """
 
@@ -27,7 +27,7 @@ from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 
 GiB = 2**30
 
-# The estimator example from deepspeed-on-cpu.md: total_params=6.74e9, largest_layer_params=131e6, 1 node x 8 GPUs.
+# The estimator example from docs/measured-on-cpu.md: total_params=6.74e9, largest_layer_params=131e6, 1 node x 8 GPUs.
 EST_MODEL = ModelSpec(
     name="estimator-7b", params=6_740_000_000, largest_layer_params=131_000_000, hidden_size=4096, num_layers=32,
     num_attention_heads=32, num_kv_heads=32, head_dim=128, intermediate_size=11008, vocab_size=32000,

@@ -4,7 +4,7 @@ random-init Llama (hidden 128, 4 heads / 2 KV heads), seq 256, fp32.
 
 Oracle: the losses of a single-process run on the same samples (launch/parallel.py: every rank of a TP or SP group
 reads its replica's samples, so an SP or TP job of one replica trains on what one process would). The first step's
-fp32 loss agrees to 4 decimals (../shared/reference/finetune-and-parallel-on-cpu.md measured the same: SP's
+fp32 loss agrees to 4 decimals (as measured for DeepSpeed's own Ulysses SP, docs/measured-on-cpu.md: its
 first-step loss equals the single-process one), later ones to float noise; an SP run restarted after a crash equals
 the uninterrupted run exactly; AutoTP's exported weights are gathered whole and match the single process's; tiling lowers the measured
 peak by what the memory model predicts. Eight real jobs (~3 min).

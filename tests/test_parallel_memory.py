@@ -1,7 +1,7 @@
 """Issue 11's memory and time models, planner dimensions and render, in pure Python (the real runs that check them are
 tests/test_parallel_launch.py and the grid's parallel rows, bench/results/accuracy_cpu_parallel.txt).
 
-Oracles: the measured per-rank counts in ../shared/reference/finetune-and-parallel-on-cpu.md (AutoTP at TP=2 holds
+Oracles: the measured per-rank counts in docs/measured-on-cpu.md "Model parallelism" (AutoTP at TP=2 holds
 2,238,720 of the reference Llama's 3,950,848 parameters per rank; hpZ adds fp32 params / 2 on 4 ranks at hpz 2),
 DeepSpeed's own config classes for what render writes, and the issue's own figure for the 64k example (Llama-3-8B
 on 8 x H100 "shorten the sequence to 37431 tokens" without SP or tiling, now 37055 with the measured CUDA context).
@@ -25,7 +25,8 @@ from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 CPU2 = Cluster(accelerator("cpu"), gpus_per_node=2)
 H100x8 = Cluster(accelerator("h100-80gb"), gpus_per_node=8)
 
-# the reference doc's model: hidden 256, 4 layers, 8 heads / 4 KV heads, vocab 2048 (3,950,848 parameters)
+# the model measured in docs/measured-on-cpu.md:
+# hidden 256, 4 layers, 8 heads / 4 KV heads, vocab 2048 (3,950,848 parameters)
 REFERENCE_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
                    "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
                    "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
@@ -40,7 +41,7 @@ def reference_llama(tmp_path_factory):
 
 
 def test_autotp_shard_holds_the_measured_parameters(reference_llama):
-    """Measured (finetune-and-parallel-on-cpu.md): 2,238,720 of 3,950,848 parameters per rank at autotp_size 2, every
+    """Measured (docs/measured-on-cpu.md): 2,238,720 of 3,950,848 parameters per rank at autotp_size 2, every
     Linear split (lm_head included), embeddings and norms whole."""
     assert reference_llama.params == 3_950_848
     assert reference_llama.tensor_parallel_shard(2).params == 2_238_720
@@ -58,7 +59,7 @@ def test_autotp_model_states_are_the_shard_partitioned_over_data_parallel(refere
 
 
 def test_hpz_adds_one_secondary_partition_until_the_step(reference_llama):
-    """The secondary partition is fp32 params / hpz (the reference doc measured +7.5 MiB on 4 ranks at hpz 2; measured
+    """The secondary partition is fp32 params / hpz (docs/measured-on-cpu.md: +7.5 MiB on 4 ranks at hpz 2; measured
     again here: 2,525,440 B on tiny-llama, alive after init and the first forward, dropped by the step's
     invalidate_secondary_tensor). A model inside ZeRO-3's live window is released, and its copies made, at the end of
     backward: they count at backward_end and the step, not at the start of backward; a model beyond the window is

@@ -1,4 +1,5 @@
-"""Time model: the standard batch arithmetic (shared/reference/memory-and-time.md, "FLOPs and time")
+"""Time model: the standard batch arithmetic (DeepSpeed's config docs: train_batch_size =
+train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel GPUs)
 and the FLOP count of Kaplan et al. / Korthikanti et al. (6·Ψ·tokens, 8·Ψ·tokens with recompute)."""
 
 from dataclasses import replace

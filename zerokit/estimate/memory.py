@@ -36,7 +36,7 @@ from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroS
 
 
 # The fit's allowance for the CUDA context: no allocation of torch's, so not in max_memory_allocated, but on the GPU.
-# Planners in the field add 0.65-1 GB (shared/reference memory-and-time.md, "DeepSpeed buffers that users hit");
+# Planners in the field add 0.65-1 GB (docs/memory-model.md, the `cuda_context` term);
 # measured on an H200 in real DeepSpeed jobs, 1.29-1.68 GiB (estimate/reserved.py): the measured central figure.
 CUDA_CONTEXT_BYTES = RESERVED_CUDA_CONTEXT_BYTES[0]
 # torch's cuBLAS workspace, allocated through the caching allocator (so inside max_memory_allocated) once per cuBLAS
@@ -569,7 +569,7 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
     """Per-GPU model states for the ZeRO stage and offload choice. Every weight is held in the training dtype,
     frozen or not; gradients, the fp32 master copy and Adam's moments exist for trainable parameters only
     (DeepSpeed's optimizer drops requires_grad=False parameters at every stage: stage_1_and_2.py and stage3.py
-    build their flat groups from the trainable ones; measured, ../shared/reference/finetune-and-parallel-on-cpu.md)."""
+    build their flat groups from the trainable ones; measured, docs/measured-on-cpu.md "Fine-tuning")."""
     n = setup.zero_ranks(cluster.world_size)
     psi, trainable = model.params, model.trainable
     bpp = model_state_bytes_per_param(setup.precision)

@@ -4,8 +4,8 @@ step = compute + communication + offload (no overlap assumed: conservative, and 
 factor a calibration measures absorbs what overlap recovers).
 
 - compute: training FLOPs 6·Ψ·tokens (8·Ψ·tokens with full recompute) plus attention
-  12·L·s·(a·d) per token (forward + backward, Korthikanti et al. 2022; shared/reference
-  memory-and-time.md), over peak x efficiency of every rank.
+  12·L·s·(a·d) per token (forward + backward, Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models"), over peak x efficiency of every rank.
 - communication, bytes each rank sends per optimizer step with ring collectives ((N-1)/N):
   stage 0/1: one gradient all-reduce (2x model) per step; stage 2: a reduce-scatter every micro
   step plus one parameter all-gather; stage 3: two parameter all-gathers (forward, backward; a third

@@ -250,7 +250,7 @@ def convert_to_universal(ckpt_dir: str | os.PathLike, resize: Resize) -> Path:
     (deepspeed/checkpoint/ds_to_universal.py). Run in a subprocess: the launching process imports no torch, and
     the converter's worker pools and prints stay out of it. `--inject_missing_state`: zerokit's ZeRO-1/2 engines
     do not save UNIVERSAL_CHECKPOINT_INFO (only Megatron-style clients do); ds_to_universal refuses a ZeRO-2
-    checkpoint without it (measured: ../shared/reference/finetune-and-parallel-on-cpu.md). Written into a
+    checkpoint without it (measured: docs/measured-on-cpu.md "Checkpoints"). Written into a
     temporary folder and renamed: a failed conversion leaves the checkpoint and no half-converted copy."""
     ckpt_dir = Path(ckpt_dir)
     dest = ckpt_dir / resize.universal_tag

@@ -238,7 +238,7 @@ def base_source(args: RankOptions, out: Path, rank: int) -> str:
 
 def build_quantized(src: str, finetune: Finetune, compute_dtype, local_rank: int):
     """The base loaded 4-bit NF4 by transformers' from_pretrained(quantization_config=BitsAndBytesConfig(...)), the
-    way measured to work on CPU (../shared/reference/finetune-and-parallel-on-cpu.md): every Linear but the LM head
+    way measured to work on CPU (docs/measured-on-cpu.md "Fine-tuning"): every Linear but the LM head
     becomes bnb.nn.Linear4bit, its weight packed uint8 [N/2, 1] (Params4bit). The other weights (embeddings, norms,
     LM head) load in fp32, which is what peft's prepare_model_for_kbit_training would upcast them to; DeepSpeed
     casts them to bf16 for a bf16 run (engine._cast_module_mixed_precision skips the integer 4-bit storage).

@@ -17,7 +17,7 @@ What it does and does not model:
   ``optimizer_step=True`` the AdamW states are too (DeepSpeed's mixed-precision optimizer keeps fp32
   master + states instead: use the memory model for those terms, this trace for activations).
 
-Gotchas handled here (see the project's reference notes): ``model.to(dtype)`` fails on fake tensors,
+Gotchas handled here (measured: docs/measured-on-cpu.md): ``model.to(dtype)`` fails on fake tensors,
 so the dtype is set with ``torch.set_default_dtype`` around construction; if ``sdpa`` fails on fake
 tensors (older transformers call ``.item()`` in mask code), it falls back to ``eager`` with an explicit
 attention mask and says so.

@@ -3,7 +3,7 @@ modules frozen (--freeze), and the exact parameter counts that follow from the r
 
 Why exact counts matter: DeepSpeed keeps gradients, the fp32 master copy and Adam's moments for trainable
 parameters only, at every ZeRO stage (its optimizer drops requires_grad=False parameters even when they are
-passed in: ../shared/reference/finetune-and-parallel-on-cpu.md, measured), while every weight, frozen or not,
+passed in: stage_1_and_2.py and stage3.py; measured, docs/measured-on-cpu.md), while every weight, frozen or not,
 is held in the training dtype. So a LoRA plan's model states are the base weights plus 16 x the adapters, not
 18 x everything.
 

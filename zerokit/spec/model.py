@@ -160,8 +160,8 @@ class ModelSpec:
         """Parameters AutoTP splits over the tensor-parallel ranks: every decoder Linear's weight and, in training, the
         untied LM head (module_inject/auto_tp.py _replace: q/k/v/gate/up become LinearLayer, o_proj/down_proj
         LinearAllreduce, lm_head a LinearLayer with gather_output=True). Embeddings and norms stay whole on every rank.
-        Measured: tiny-llama at TP=2 holds 2,238,720 of its 3,950,848 parameters per rank
-        (../shared/reference/finetune-and-parallel-on-cpu.md; tests/test_parallel_memory.py reruns it)."""
+        Measured: a random-init Llama of hidden 256 (8 heads / 4 KV heads, vocabulary 2048) at TP=2 holds 2,238,720 of
+        its 3,950,848 parameters per rank (docs/measured-on-cpu.md; tests/test_parallel_memory.py checks it)."""
         h, d = self.hidden_size, self.head_dim
         a, k = self.num_attention_heads, self.num_kv_heads
         attention = h * (a + 2 * k) * d + a * d * h

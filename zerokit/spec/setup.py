@@ -300,7 +300,7 @@ class ZeroKnobs:
         stage3_param_persistence_threshold (partition_parameters.py _convert_to_deepspeed_param: ds_persist), and a
         packed 4-bit weight holds 1/2 (uint8 storage) to 1/8 (fp32 storage) of its weight's elements, so at the HF
         default of 10 h whole 4-bit weights stay unpartitioned that a 16-bit model would partition (measured on CPU:
-        the tiny Llama's 4-bit weights were partitioned only at 0, ../shared/reference/finetune-and-parallel-on-cpu.md).
+        the tiny Llama's 4-bit weights were partitioned only at 0, docs/measured-on-cpu.md "Fine-tuning").
         0 partitions every parameter; the norms it adds to each gather are h elements each."""
         knobs = cls.for_hidden_size(getattr(model, "hidden_size", None))
         if getattr(model, "finetune_mode", "full") == "qlora":
