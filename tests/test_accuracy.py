@@ -95,9 +95,10 @@ def test_adapter_fit_recovers_known_costs_and_leaves_the_full_model_price():
     for mode in ("lora", "qlora"):
         spec = finetuned_spec(load_model_spec("tiny-llama"), src, Finetune(mode=mode, lora_r=8))
         for layers, width in ((1, 1), (3, 1), (3, 4)):  # depth and width move the 4-bit elements and calls apart
-            s = replace(spec, num_layers=layers, quantized_params=spec.quantized_params * layers * width // 4,
-                        quantized_tensors=spec.quantized_tensors * layers // 4,
-                        lora_io_per_layer=spec.lora_io_per_layer * width)
+            t = spec.trained
+            s = replace(spec, num_layers=layers, trained=replace(t, quantized_params=t.quantized_params * layers * width // 4,
+                                                                 quantized_tensors=t.quantized_tensors * layers // 4,
+                                                                 lora_io_per_layer=t.lora_io_per_layer * width))
             for mb, seq in ((1, 64), (2, 128), (8, 64), (1, 256)):
                 f = compute_features(s, mb, seq, False)
                 jobs.append({"family": "gated", "precision": "fp32", "finetune": mode, "features": f,

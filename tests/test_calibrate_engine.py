@@ -115,8 +115,8 @@ def test_peft_modules_priced_at_the_fitted_costs_else_the_older_rules():
     from zerokit.spec.setup import ZeroSetup
 
     lora = _tiny_llama_lora()
-    assert lora.extra_modules_per_layer == 70  # peft's modules per tiny-llama layer (tests/test_finetune.py)
-    modules = lora.extra_modules_per_layer * lora.num_layers * 2
+    assert lora.trained.extra_modules_per_layer == 70  # peft's modules per tiny-llama layer (tests/test_finetune.py)
+    modules = lora.trained.extra_modules_per_layer * lora.num_layers * 2
     coef = {"recompute": 0.0017}
     fitted = {"by_precision": {"bf16": {"2": {"per_step_s": 0.0, "per_layer_micro_s": 0.0, "per_peft_module_s": 2e-5,
                                               "per_peft_module_recompute_s": 1e-5},
@@ -130,7 +130,7 @@ def test_peft_modules_priced_at_the_fitted_costs_else_the_older_rules():
     assert peft_module_seconds(fitted, coef, lora, replace(z3, **ckpt)) == pytest.approx(4.3e-4 * modules)
     assert peft_module_seconds(fitted, coef, lora, replace(z2, precision="fp16")) == pytest.approx(
         2e-5 * modules)  # fp16 takes bf16's, as engine_seconds does
-    full = replace(lora, extra_modules_per_layer=0)
+    full = lora.with_trained(extra_modules_per_layer=0)
     assert peft_module_seconds(fitted, coef, full, replace(z3, **ckpt)) == 0.0
     # an older profile: stage 3's measured hooks alone, recompute at the layer's fixed cost per module
     older = {"by_precision": {"bf16": {"2": {"per_step_s": 0.0, "per_layer_micro_s": 0.0},
@@ -184,7 +184,7 @@ def test_real_lora_engines_fit_a_cost_per_peft_module(tmp_path):
         fit = fits[str(stage)]
         extra = (fit["per_peft_module_s"] + fit["per_peft_module_recompute_s"]) * 70 * lora.num_layers
         assert peft_module_seconds(prof["engine_overhead"], None, lora, setup) == pytest.approx(extra)
-        bare = estimate_time(replace(lora, extra_modules_per_layer=0), cluster, setup, Workload(seq_len=SEQ_LEN))
+        bare = estimate_time(lora.with_trained(extra_modules_per_layer=0), cluster, setup, Workload(seq_len=SEQ_LEN))
         assert t.step_seconds - bare.step_seconds == pytest.approx(extra * cluster.profile.cpu_oversubscription(2), rel=1e-6)
 
 

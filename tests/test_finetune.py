@@ -311,14 +311,14 @@ def test_lora_time_terms_read_the_module_tree():
     lora = with_finetune(base, trainable_split(_config("tiny-llama"), Finetune(mode="lora")), "lora")
     peft_model = get_peft_model(_real_model("tiny-llama"), LoraConfig(r=16, target_modules="all-linear"))
     layer = next(m for m in peft_model.modules() if isinstance(m, torch.nn.ModuleList))[0]
-    assert lora.extra_modules_per_layer == len(list(layer.modules())) - 13 == 70
+    assert lora.trained.extra_modules_per_layer == len(list(layer.modules())) - 13 == 70
     # the adapters' element-wise width: every adapted Linear's base in + out features, from the real wrapped layer
     cfg = peft_model.config
     h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
-    assert lora.lora_io_per_layer == sum(m.base_layer.in_features + m.base_layer.out_features
+    assert lora.trained.lora_io_per_layer == sum(m.base_layer.in_features + m.base_layer.out_features
                                          for m in layer.modules() if hasattr(m, "lora_A")) \
         == (h + h) + 2 * (h + kv) + (h + h) + 2 * (h + i) + (i + h)
-    assert sorted(lora.trainable_tensors) == sorted(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert sorted(lora.trained.trainable_tensors) == sorted(p.numel() for p in peft_model.parameters() if p.requires_grad)
     cluster = build_cluster(gpu="cpu", gpus_per_node=2)
     setup = ZeroSetup(zero_stage=2, precision="fp32")
     assert collective_calls_per_step(lora, cluster, setup).reduces < collective_calls_per_step(base, cluster, setup).reduces

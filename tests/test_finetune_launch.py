@@ -329,7 +329,7 @@ def test_ranks_get_the_finetune_and_the_plan_counts_it(tmp_path):
                                         output_dir=str(tmp_path / "run"), dry_run=True))
     args = plan.script_args(False)
     assert Finetune.from_dict(json.loads(args[args.index("--finetune-json") + 1])) == ft and "--merge" in args
-    assert plan.spec.trainable_params < plan.spec.params // 50  # the plan sized the adapters, not the model
+    assert plan.spec.trained.trainable_params < plan.spec.params // 50  # the plan sized the adapters, not the model
     assert plan.spec.params > load_model_spec(resolve_model("tiny-llama")).params
     full = prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2,
                                         output_dir=str(tmp_path / "run"), dry_run=True))
@@ -340,7 +340,7 @@ def test_ranks_get_the_finetune_and_the_plan_counts_it(tmp_path):
     own = prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2, finetune=ft,
                                        script_command=("python", str(script), "--deepspeed", "{ds_config}"),
                                        output_dir=str(tmp_path / "run"), dry_run=True))
-    assert own.spec.trainable_params == plan.spec.trainable_params and "--finetune-json" not in own.script_args(False)
+    assert own.spec.trained.trainable_params == plan.spec.trained.trainable_params and "--finetune-json" not in own.script_args(False)
     with pytest.raises(ZerokitError, match="--bnb-4bit-quant-storage fp32 in a bf16 run"):
         prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2, pins={"precision": "bf16"},
                                      finetune=Finetune(mode="qlora", bnb_4bit_quant_storage="fp32"),

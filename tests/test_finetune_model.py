@@ -94,8 +94,8 @@ def test_qlora_parameters_equal_bitsandbytes_real_model(saved_models, name, doub
     ft = Finetune(mode="qlora", lora_r=8, bnb_4bit_use_double_quant=double_quant, bnb_4bit_quant_storage=storage)
     split = trainable_split(_config(name), ft)
     spec = with_finetune(_spec(name, Finetune()), split, "qlora")
-    assert spec.quantized_params == sum(w.quant_state.shape.numel() for w in quantized)
-    assert spec.quantized_tensors == len(quantized)  # the time model's dequantization calls (timing "dequant_call")
+    assert spec.trained.quantized_params == sum(w.quant_state.shape.numel() for w in quantized)
+    assert spec.trained.quantized_tensors == len(quantized)  # the time model's dequantization calls (timing "dequant_call")
     predicted = model_state_terms(spec, build_cluster(gpu="cpu", gpus_per_node=2), ZeroSetup(zero_stage=2))["parameters"]
     assert predicted - 2 * split.adapter_params == real
 
@@ -252,13 +252,14 @@ def test_lora_saves_less_than_full_and_the_rules_that_say_why():
     from zerokit.estimate.memory import finetune_layer_delta
 
     lora = _spec("tiny-llama", Finetune(mode="lora", lora_r=8))
-    assert lora.lora_slots == (3, 1, 2, 1) and all(lora.frozen_slots) and lora.frozen_norms and lora.frozen_head
+    t = lora.trained
+    assert t.lora_slots == (3, 1, 2, 1) and all(t.frozen_slots) and t.frozen_norms and t.frozen_head
     assert finetune_layer_delta(lora, "bf16", "sdpa") == -2 * 2 * 128 + 7 * 8 * 2
     qv = _spec("tiny-llama", Finetune(mode="lora", lora_r=8, lora_targets="q_proj,v_proj"))
     # the MLP input (h) and down_proj's input (i) are not saved by frozen Linears; o_proj's input is the sdpa output
     assert finetune_layer_delta(qv, "bf16", "sdpa") == -2 * 2 * 128 - 2 * 128 - 2 * 352 + 2 * 8 * 2
     frozen = _spec("tiny-llama", Finetune(freeze=("embed_tokens", "layers.0.")))
-    assert (frozen.grad_start_layer, frozen.grad_start_partial, frozen.no_backward_params) == (1, True, 446720)
+    assert (frozen.trained.grad_start_layer, frozen.trained.grad_start_partial, frozen.trained.no_backward_params) == (1, True, 446720)
 
 
 def test_zero3_persistence_threshold_counts_stored_elements():
@@ -267,7 +268,7 @@ def test_zero3_persistence_threshold_counts_stored_elements():
     from zerokit.estimate.memory import stage3_persistent_bytes, weight_bytes
 
     q = _spec("tiny-llama", Finetune(mode="qlora", lora_r=8))
-    largest_packed = max(n for n, b, _ in q.param_tensors if b)
+    largest_packed = max(n for n, b, _ in q.trained.param_tensors if b)
     assert largest_packed == 352 * 128 // 2 <= 100_000
     assert stage3_persistent_bytes(q, 2, 100_000) == weight_bytes(q, 2) - 2 * 2048 * 128 * 2  # all but embed + head
     assert stage3_persistent_bytes(q, 2, 0) == 0
@@ -285,20 +286,20 @@ def test_flops_frozen_weights_skip_the_weight_gradient():
     assert flops_per_token(full, 64, False) == 6 * matmul_params(full) + 12 * 4 * s_ad
     lora = _spec("tiny-llama", Finetune(mode="lora", lora_r=8))
     p = matmul_params(lora)
-    assert flops_per_token(lora, 64, False) == pytest.approx(2 * p + 2 * lora.backward_matmul_params
-                                                             + 2 * lora.trainable_matmul_params + 12 * 4 * s_ad)
-    assert lora.trainable_matmul_params == lora.trainable == 74752
+    assert flops_per_token(lora, 64, False) == pytest.approx(2 * p + 2 * lora.trained.backward_matmul_params
+                                                             + 2 * lora.trained.trainable_matmul_params + 12 * 4 * s_ad)
+    assert lora.trained.trainable_matmul_params == lora.trainable == 74752
     assert flops_per_token(lora, 64, False) < 0.8 * flops_per_token(full, 64, False)  # about 4/6 plus attention
     assert flops_per_token(lora, 64, True) == pytest.approx(6 * p + 2 * lora.trainable + 16 * 4 * s_ad)
     frozen = _spec("tiny-llama", Finetune(freeze=("embed_tokens", "layers.0.")))
     # layer 0 runs no backward: neither its GEMMs' gradients nor its attention's
     assert flops_per_token(frozen, 64, False) == pytest.approx(
-        2 * matmul_params(frozen) + 4 * frozen.backward_matmul_params + 4 * 4 * s_ad + 8 * 3 * s_ad)
+        2 * matmul_params(frozen) + 4 * frozen.trained.backward_matmul_params + 4 * 4 * s_ad + 8 * 3 * s_ad)
     q = _spec("tiny-llama", Finetune(mode="qlora", lora_r=8))
     fq, fl = compute_features(q, 2, 64, False), compute_features(lora, 2, 64, False)
-    assert fq["dequant"] - fl["dequant"] == 2 * q.quantized_params  # dequantized in forward and backward
+    assert fq["dequant"] - fl["dequant"] == 2 * q.trained.quantized_params  # dequantized in forward and backward
     # one dequantize_4bit call per 4-bit weight per use (bitsandbytes MatMul4Bit forward and backward)
-    assert fq["dequant_call"] == 2 * q.quantized_tensors == 2 * 7 * 4 and fl["dequant_call"] == 0
+    assert fq["dequant_call"] == 2 * q.trained.quantized_tensors == 2 * 7 * 4 and fl["dequant_call"] == 0
     assert fq["activation"] == fl["activation"] and fq["adapter"] == fl["adapter"] == 7 * 4
     assert fq["flop"] == fl["flop"]
 
@@ -310,7 +311,7 @@ def test_zero3_gathers_4bit_weights_at_their_stored_size():
 
     cluster, setup = build_cluster(gpu="cpu", gpus_per_node=2), ZeroSetup(zero_stage=3)
     lora, q = _spec("tiny-llama", Finetune(mode="lora", lora_r=8)), _spec("tiny-llama", Finetune(mode="qlora", lora_r=8))
-    saved = 2 * 0.5 * (2 * q.quantized_params - q.quantized_bytes)  # two gathers x ring (N-1)/N
+    saved = 2 * 0.5 * (2 * q.trained.quantized_params - q.trained.quantized_bytes)  # two gathers x ring (N-1)/N
     assert collective_bytes(lora, cluster, setup).parameters - collective_bytes(q, cluster, setup).parameters == saved
     assert collective_bytes(lora, cluster, setup).gradients == collective_bytes(q, cluster, setup).gradients
 

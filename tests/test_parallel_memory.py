@@ -161,7 +161,7 @@ def test_bad_pins_are_one_line(pins, fragment):
 
 
 def test_tensor_parallel_is_refused_for_a_lora_model():
-    model = replace(load_model_spec("llama-3-8b"), trainable_params=10**6)
+    model = load_model_spec("llama-3-8b").with_trained(trainable_params=10**6)
     with pytest.raises(ZerokitError, match="full fine-tunes"):
         make_plan(model, H100x8, Workload(seq_len=4096), {"tensor_parallel": 2})
 
@@ -315,7 +315,7 @@ def test_qwz_and_qgz_buffers_as_deepspeeds_source_allocates_them():
 def test_quantized_frozen_partitions_replace_their_16bit_bytes(reference_llama):
     """zero_quantized_nontrainable_weights with LoRA at ZeRO-3: the frozen base's partition at 1 byte (+ scales) per
     element instead of 2; the adapters stay bf16."""
-    lora = replace(reference_llama, trainable_params=100_000, finetune_mode="lora")  # adapters' count, frozen base
+    lora = reference_llama.with_trained(trainable_params=100_000, finetune_mode="lora")  # adapters' count, frozen base
     setup = ZeroSetup(zero_stage=3, precision="bf16", micro_batch_size=1)
     wl = Workload(seq_len=128)
     knobs = ZeroKnobs.for_model(lora)

@@ -99,7 +99,7 @@ def build_plan(args):
         profile = getattr(args, "profile", "deepspeed")
         plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
                                           profile="hf" if profile == "accelerate" else profile)
-        if model.finetune_mode == "qlora" and plan.best.setup.zero_stage == 3:
+        if model.trained.finetune_mode == "qlora" and plan.best.setup.zero_stage == 3:
             plan.notes.append("ds_config: stage3_param_persistence_threshold 0 (not 10 x hidden): a packed 4-bit weight "
                               "holds 1/2 to 1/8 of its weight's elements, and DeepSpeed keeps every parameter under the "
                               "threshold whole on every rank (ZeroKnobs.for_model)")

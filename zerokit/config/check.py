@@ -207,7 +207,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
         setup = replace(with_parallelism(setup, result.parallelism), **(tiled or {}))
         threshold = knobs.stage3_param_persistence_threshold
-        if getattr(model, "finetune_mode", "full") == "qlora" and setup.zero_stage == 3 and threshold > 0:
+        if model is not None and model.trained.finetune_mode == "qlora" and setup.zero_stage == 3 and threshold > 0:
             # priced as it is (whole small 4-bit weights on every rank); said, since render writes 0 (ZeroKnobs.for_model)
             result.findings.append(ds_check.Finding(
                 "warning", "zero_optimization.stage3_param_persistence_threshold",

@@ -94,7 +94,7 @@ def render_ds_config(
         "knobs_auto": knobs is None,
         # QLoRA's threshold (ZeroKnobs.for_model) is written as a number even for the HF Trainer, which would fill
         # "auto" with 10 h and keep small packed 4-bit weights whole on every rank
-        "persistence_auto": knobs is None and getattr(model, "finetune_mode", "full") != "qlora",
+        "persistence_auto": knobs is None and not (model is not None and model.trained.finetune_mode == "qlora"),
         "train_batch_size": train_batch,
         "gradient_clipping": gradient_clipping,
         "steps_per_print": steps_per_print,

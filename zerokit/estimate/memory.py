@@ -304,8 +304,9 @@ def _norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
 
 def _is_finetune_layout(model: ModelSpec) -> bool:
     """Whether the spec carries a fine-tune's module layout (with_finetune) that changes what autograd saves."""
-    return bool(model.lora_r or any(model.frozen_slots) or model.frozen_norms or model.frozen_final_norm
-                or model.frozen_head or model.grad_start_layer or model.grad_start_partial)
+    t = model.trained
+    return bool(t.lora_r or any(t.frozen_slots) or t.frozen_norms or t.frozen_final_norm or t.frozen_head
+                or t.grad_start_layer or t.grad_start_partial)
 
 
 def _frozen_norm_delta(model: ModelSpec, precision: str) -> int:
@@ -356,8 +357,8 @@ def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cp
     math_kernel = attention == "sdpa" and sdpa_runs_math_kernel(model, precision, on_cpu, False)
     kernel_keeps_output = attention != "eager" and not model.attention_output_copy and not math_kernel
     kept_anyway = (False, kernel_keeps_output, False, model.mlp_activation == "relu")
-    adapters, frozen = model.lora_slots, model.frozen_slots
-    dropout = model.lora_dropout > 0
+    adapters, frozen = model.trained.lora_slots, model.trained.frozen_slots
+    dropout = model.trained.lora_dropout > 0
     saved = [not frozen[k] or (adapters[k] > 0 and not dropout) or kept_anyway[k] for k in range(4)]
     if model.norms_per_layer == 1:  # a parallel block's one norm output feeds attention and MLP: one tensor
         saved[0] = saved[2] = saved[0] or saved[2]
@@ -365,9 +366,9 @@ def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cp
     for k in range(4):
         if not saved[k] and not (k == 2 and model.norms_per_layer == 1):
             delta -= e * widths[k]
-    if model.frozen_norms:
+    if model.trained.frozen_norms:
         delta += model.norms_per_layer * _frozen_norm_delta(model, precision)
-    r = model.lora_r
+    r = model.trained.lora_r
     for k in range(4):
         delta += adapters[k] * r * e
         if dropout:
@@ -378,24 +379,24 @@ def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cp
 def finetune_partial_layer_delta(model: ModelSpec, precision: str, attention: str, on_cpu: bool,
                                  layer_bytes_per_token: int) -> int:
     """Bytes per token the first trainable layer saves less when its input has no gradient (frozen embeddings,
-    model.grad_start_partial): autograd records an op only when an input needs a gradient, so its first norm keeps only
+    model.trained.grad_start_partial): autograd records an op only when an input needs a gradient, so its first norm keeps only
     what its weight's gradient or a consumer needs (_norm_input_side), and when nothing in its attention or first norm
     trains, the attention block and the second norm's input side save nothing either."""
     e = dtype_bytes(precision)
     mask = e if on_cpu else 1
-    delta = -_norm_input_side(model, precision, model.frozen_norms)
-    if model.lora_dropout > 0 and model.frozen_norms:
+    delta = -_norm_input_side(model, precision, model.trained.frozen_norms)
+    if model.trained.lora_dropout > 0 and model.trained.frozen_norms:
         # the attention input's adapters drop out a tensor with no gradient: native_dropout is not recorded, so no
         # mask is kept (lora_A still saves the dropped-out copy for its weight's gradient). Measured (meter, tiny-llama)
-        delta -= model.lora_slots[0] * model.hidden_size * mask
-    if not model.grad_start_attention:
+        delta -= model.trained.lora_slots[0] * model.hidden_size * mask
+    if not model.trained.grad_start_attention:
         norms = model.norms_per_layer * _norm_bytes_per_token(model, precision)
         mlp = _mlp_bytes_per_token(model, precision) + (4 * model.num_experts if model.num_experts > 1 else 0)
         drop = 2 * model.hidden_size * mask if model.hidden_dropout > 0 else 0
         attention_part = layer_bytes_per_token - norms - mlp - drop
         delta -= attention_part + (model.hidden_size * mask if model.hidden_dropout > 0 else 0)
         if model.norms_per_layer > 1:
-            delta -= _norm_input_side(model, precision, model.frozen_norms)
+            delta -= _norm_input_side(model, precision, model.trained.frozen_norms)
     return delta
 
 
@@ -404,9 +405,9 @@ def final_norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
     is frozen and its output when the LM head's weight is frozen (the head's matmul saves its input only for its weight's
     gradient: the rule of finetune_layer_delta)."""
     b = _norm_bytes_per_token(model, precision)
-    if model.frozen_final_norm:
+    if model.trained.frozen_final_norm:
         b += _frozen_norm_delta(model, precision)
-    if model.frozen_head:
+    if model.trained.frozen_head:
         b -= dtype_bytes(precision) * model.hidden_size
     return b
 
@@ -446,10 +447,10 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
             pass  # enable_input_require_grads: every layer's input has a gradient (below)
         else:
             # layers before the first trainable parameter save nothing (no gradient flows there)
-            start = min(model.grad_start_layer, model.num_layers)
+            start = min(model.trained.grad_start_layer, model.num_layers)
             all_layers -= start * unmasked_layer
             all_layers += (model.num_layers - start) * delta
-            if model.grad_start_partial and start < model.num_layers:
+            if model.trained.grad_start_partial and start < model.num_layers:
                 all_layers += tokens * finetune_partial_layer_delta(model, setup.precision, attention, on_cpu,
                                                                     unmasked_layer // tokens)
     if setup.tiled_mlp:
@@ -549,8 +550,8 @@ def weight_bytes(model: ModelSpec, e: int) -> int:
 def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
     """(stored elements, bytes per element or 0 for the training dtype, count) of every parameter tensor: read from the
     module tree for a fine-tune (with_finetune), else the spec's shapes (timing.gradient_sizes_in_backward_order)."""
-    if model.param_tensors:
-        return model.param_tensors
+    if model.trained.param_tensors:
+        return model.trained.param_tensors
     from zerokit.estimate.timing import gradient_sizes_in_backward_order  # noqa: PLC0415  (timing does not import us)
 
     return tuple((n, 0, 1) for n in gradient_sizes_in_backward_order(model))
@@ -585,9 +586,9 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
         # ZeRO-3 partitions every parameter tensor, a 4-bit one at its stored size (partition_parameters.py
         # _partition_param: partition_size = aligned numel / world, in param.dtype); bitsandbytes' QuantState tensors
         # are attributes of the Params4bit, not parameters: every rank keeps all of them
-        params = weight_bytes(model, bpp["parameters"]) // n + model.quant_state_bytes
+        params = weight_bytes(model, bpp["parameters"]) // n + model.trained.quant_state_bytes
     else:
-        params = weight_bytes(model, bpp["parameters"]) + model.quant_state_bytes
+        params = weight_bytes(model, bpp["parameters"]) + model.trained.quant_state_bytes
     terms = {
         "parameters": params,
         "gradients": part(bpp["gradients"], stage >= 2),
@@ -649,7 +650,7 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[di
         cpu["param_swap_buffers"] = gpn * PARAM_SWAP_BUFFER_ELEMENTS * bpp["parameters"]
     # Loading: without zero.Init every local rank builds the full fp32 model on the host; stage 3
     # builds under zero.Init, one layer at a time (DeepSpeed's estimator, zero_init=1).
-    if model.quantized_params:
+    if model.trained.quantized_params:
         # QLoRA: every rank's from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True)) quantizes weight
         # by weight as it loads (integrations/bitsandbytes.py Bnb4bitQuantize), so it holds the quantized model and one
         # checkpoint tensor at a time, counted at 4 bytes (an fp32 checkpoint; a bf16 one holds half). Measured with the
@@ -659,7 +660,7 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[di
         # On a GPU the quantized weights land on the device (device_map={"": local_rank}, what `zerokit launch` passes):
         # the host holds the checkpoint tensor being quantized.
         e = bpp["parameters"]
-        base = weight_bytes(model, e) - e * trainable + model.quant_state_bytes
+        base = weight_bytes(model, e) - e * trainable + model.trained.quant_state_bytes
         held = base if cluster.accelerator.is_cpu else 0
         cpu["model_loading"] = gpn * (held + 4 * model.largest_layer_params)
     elif setup.zero_stage == 3:
@@ -734,7 +735,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # next use being the next step (measured: LoRA and --freeze at ZeRO-3, tiny-llama, the embedding's 1 MiB fp32
         # absent at the start of backward; bench/results/finetune_memory.txt). With checkpointing the gradient reaches
         # the embedding output (enable_input_require_grads) and they stay (measured).
-        released = 0 if setup.activation_checkpointing else e * model.no_backward_params + model.no_backward_quantized_bytes
+        released = 0 if setup.activation_checkpointing else e * model.trained.no_backward_params + model.trained.no_backward_quantized_bytes
         live["stage3_live_params"] = min(weight_bytes(model, e) - released,
                                          persistent_bytes + e * max(window, 2 * model.largest_layer_params))
         if n == 1 and (setup.offload_param == "none" or on_cpu):
@@ -794,7 +795,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                 "loss_backward_transient": logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)}
     if "stage3_prefetch" in bufs:
         backward["stage3_prefetch"] = bufs["stage3_prefetch"]
-    if setup.tiled_loss and not model.frozen_head:
+    if setup.tiled_loss and not model.trained.frozen_head:
         # TiledFusedLogitsLoss runs the LM head's backward inside forward, slice after slice, so the head's weight
         # gradient (the training dtype, V x h) exists while every activation is still saved (ds_grad_is_ready holds
         # ZeRO's hook until the last slice). Measured, tiny-llama fp32 seq 256 on one rank: without it the tiled run
@@ -936,7 +937,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)
     # weights: the trainable ones are held in the training dtype (adapters, or what --freeze leaves), the rest as
     # weight_bytes holds them (4-bit for QLoRA); the weight-shaped terms split in that proportion
-    held = weight_bytes(model, dtype_bytes(setup.precision)) + model.quant_state_bytes
+    held = weight_bytes(model, dtype_bytes(setup.precision)) + model.trained.quant_state_bytes
     share = min(1.0, dtype_bytes(setup.precision) * model.trainable / held) if held else 1.0
     est.trainable_fraction = dict.fromkeys(("parameters", "stage3_gathered_params", "stage3_live_params",
                                             "stage3_persistent_params", "stage3_prefetch", "parameters_offloaded",

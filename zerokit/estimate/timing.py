@@ -109,16 +109,16 @@ def flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bo
     adapted Linear forward, 3x that with backward."""
     p = matmul_params(model)
     s_ad = seq_len * model.num_attention_heads * model.head_dim
-    if model.trainable_matmul_params is None:
+    if model.trained.trainable_matmul_params is None:
         passes = 8 if activation_checkpointing else 6  # recompute adds a second forward (2 of 6)
         attention = 12 * model.num_layers * s_ad
         if activation_checkpointing:
             attention = attention * 4 // 3
         return passes * p + attention
     active = model.active_params / max(1, model.params)  # MoE: the active share (the counts are of every expert)
-    trainable = model.trainable_matmul_params * active
-    backward_input = p if activation_checkpointing else min(p, model.backward_matmul_params * active)
-    grad_layers = model.num_layers if activation_checkpointing else model.num_layers - min(model.grad_start_layer, model.num_layers)
+    trainable = model.trained.trainable_matmul_params * active
+    backward_input = p if activation_checkpointing else min(p, model.trained.backward_matmul_params * active)
+    grad_layers = model.num_layers if activation_checkpointing else model.num_layers - min(model.trained.grad_start_layer, model.num_layers)
     flops = 2 * p + 2 * backward_input + 2 * trainable + 4 * model.num_layers * s_ad + 8 * grad_layers * s_ad
     if activation_checkpointing:
         flops += 2 * p + 4 * model.num_layers * s_ad
@@ -138,9 +138,9 @@ def dequantized_elements(model: ModelSpec, activation_checkpointing: bool) -> fl
     in forward (its gemm_4bit: dequantize_4bit then linear), again in backward for the input gradient
     (MatMul4Bit.backward: `F.dequantize_4bit(B, ctx.state)`), and in recompute. Memory-bound element-wise work,
     independent of the tokens: compute_features' "dequant", fitted on QLoRA models (measure/compute_fit.fit_adapters)."""
-    if not model.quantized_params:
+    if not model.trained.quantized_params:
         return 0.0
-    return model.quantized_params * (3 if activation_checkpointing else 2)
+    return model.trained.quantized_params * (3 if activation_checkpointing else 2)
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     if not cluster.accelerator.is_cpu:  # ZeRO++'s quantizer runs on CUDA only (config.rules flags it elsewhere)
         e = bytes_per_element(setup.precision)
         if knobs.zero_quantized_weights:  # qwZ: every gather int8 + scales (partition_parameters.py quantize=True)
-            weights -= (e - QWZ_BYTES_PER_ELEMENT) * (model.params - model.quantized_params)
+            weights -= (e - QWZ_BYTES_PER_ELEMENT) * (model.params - model.trained.quantized_params)
         elif knobs.zero_quantized_nontrainable_weights:  # the frozen weights' gathers only
             weights -= (e - QWZ_BYTES_PER_ELEMENT) * model.frozen_unquantized_params
         if knobs.zero_quantized_gradients and cluster.nodes > 1:
@@ -448,7 +448,7 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     if setup.zero_stage == 0:
         return CollectiveCalls(1, 0)  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
     # only trainable parameters have gradients to reduce (a LoRA model's few adapter tensors fill a handful of buckets)
-    sizes = model.trainable_tensors or gradient_sizes_in_backward_order(model)
+    sizes = model.trained.trainable_tensors or gradient_sizes_in_backward_order(model)
     reduces = reduce_bucket_calls(list(sizes), max(1, knobs.reduce_bucket_size))
     # ZeRO-1/2's gather of the updated partitions skips a data-parallel group of one rank (runtime/utils.py
     # all_gather_into_tensor_dp_groups: `if dp_world_size == 1: continue`; an AutoTP job with TP = world); its
@@ -505,7 +505,7 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
     # came out cheaper than the full model's (no weight-gradient GEMMs), while measured it cost more (tiny-llama r=8,
     # one rank: +1.5 to +6 ms over the full model, against -2 to -9 ms predicted; the ZeRO-0 grid rows were -17% and
     # -25%). The calibration's LoRA points (profile compute_timing adapter_points) show what the terms give.
-    adapters = layers * sum(model.lora_slots) if model.lora_r else 0
+    adapters = layers * sum(model.trained.lora_slots) if model.trained.lora_r else 0
     mlp_again = layers * tokens * model.intermediate_size if tiled_mlp else 0
     if sequence_parallel > 1:
         # Ulysses' copies around each all-to-all, forward and backward: q, k, v and the output made contiguous before
@@ -519,10 +519,10 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
             "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size) + mlp_again,
             "logit": float(tokens * model.vocab_size),
             "adapter": float(adapters),
-            "adapter_element": passes * layers * tokens * model.lora_io_per_layer if adapters else 0.0,
+            "adapter_element": passes * layers * tokens * model.trained.lora_io_per_layer if adapters else 0.0,
             "dequant": dequantized_elements(model, activation_checkpointing),
             # each dequantization is a call (bitsandbytes functional.dequantize_4bit, through MatMul4Bit) whatever its size
-            "dequant_call": float(model.quantized_tensors * (3 if activation_checkpointing else 2))}
+            "dequant_call": float(model.trained.quantized_tensors * (3 if activation_checkpointing else 2))}
 
 
 def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, coef: dict[str, float]) -> float:
@@ -605,7 +605,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
 
 
 def peft_module_seconds(engine: dict | None, coef: dict | None, model: ModelSpec, setup: ZeroSetup) -> float:
-    """What the modules peft adds to every decoder layer (ModelSpec.extra_modules_per_layer: tiny-llama all-linear
+    """What the modules peft adds to every decoder layer (Trained.extra_modules_per_layer: tiny-llama all-linear
     13 -> 83) cost a real step beyond the adapters' compute (compute_features' adapter terms, fitted on peft models
     outside DeepSpeed): per module and micro step, and once more per module a checkpointed layer recomputes. A profile
     that timed the synthetic engines with LoRA at every stage (engine_fit.measure_peft_module_costs: the stage's
@@ -614,7 +614,7 @@ def peft_module_seconds(engine: dict | None, coef: dict | None, model: ModelSpec
     _register_deepspeed_module), recompute included. Profiles before that: ZeRO-3's hooks alone
     (zero3_module_hook_seconds) and recompute at the recomputed layer's fixed cost over its 13 modules per module,
     which the engines measured 2-6x too high (checkpointed LoRA engines 30-52 ms over at 8 layers, 2026-11-26)."""
-    modules = model.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
+    modules = model.trained.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
     if not modules:
         return 0.0
     fit = engine_fits(engine, setup.precision).get(str(setup.zero_stage)) or {}
@@ -649,7 +649,7 @@ def zero3_module_hook_seconds(engine: dict | None, model: ModelSpec, setup: Zero
         per_module = min(per_layer) / CALIBRATION_MODULES_PER_LAYER
     else:
         return 0.0
-    return per_module * model.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
+    return per_module * model.trained.extra_modules_per_layer * model.num_layers * setup.gradient_accumulation_steps
 
 
 def engine_fits(engine: dict | None, precision: str) -> dict:

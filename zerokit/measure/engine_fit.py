@@ -253,9 +253,9 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
                         share = cluster.profile.cpu_oversubscription(cluster.gpus_per_node)
                         preds[key] -= share * zero_call_seconds(cluster.profile.timing, spec, cluster, setup)
                         ring_calls[key] = share * zero_call_steps(spec, cluster, setup)
-                    if spec.extra_modules_per_layer:
+                    if spec.trained.extra_modules_per_layer:
                         preds[key] -= peft_module_seconds(engine_terms, coefs(spec, precision), spec, setup)
-                    modules[key] = spec.extra_modules_per_layer
+                    modules[key] = spec.trained.extra_modules_per_layer
         spec_env = {"jobs": jobs, "backend": "nccl" if on_gpu else "gloo"}
         port = free_port()
         env = dict(os.environ, ZEROKIT_ENGINE_SPEC=json.dumps(spec_env), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -314,7 +314,7 @@ def measure_peft_module_costs(profile: dict, precisions: list[str], world_size: 
     """What each module peft adds costs a real step at every ZeRO stage, measured: the synthetic engines with LoRA r=8
     on every Linear (PEFT_RUNS: two depths, plain and checkpointed), less their price with everything else in
     `profile` (its engine fits and its adapter compute costs included), fitted per stage on the modules peft added
-    (ModelSpec.extra_modules_per_layer x layers x micro steps) and those a checkpointed layer recomputes; least squares
+    (Trained.extra_modules_per_layer x layers x micro steps) and those a checkpointed layer recomputes; least squares
     through the origin. Writes per_peft_module_s and per_peft_module_recompute_s (and peft_runs) into each precision's
     stage fits and returns {precision: {stage: (per module, per recomputed module)}}; timing.peft_module_seconds reads
     them. Why: ZeRO-3 hooks every submodule (fetch, release, trace); at ZeRO-0/1/2 the engines measured 10-17 ms over

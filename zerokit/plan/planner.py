@@ -97,7 +97,7 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
         if a % tensor_parallel or k % tensor_parallel:
             return (f"--tensor-parallel {tensor_parallel} does not divide the model's {a} attention heads and {k} KV "
                     "heads: use a degree that divides both")
-        if model.trainable_params is not None:
+        if model.trained.trainable_params is not None:
             return "AutoTP tensor parallelism is planned for full fine-tunes only: drop --tensor-parallel or --finetune/--freeze"
     if sequence_parallel > 1:
         problems = ulysses_problems(a, k, sequence_parallel, workload.seq_len)
@@ -140,7 +140,7 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
         hpzs = [hpz]
     else:
         hpzs = [1] + ([gpn] if cluster.nodes > 1 and gpn > 1 else [])
-    tiled_mlp = [pins["tiled_mlp"]] if "tiled_mlp" in pins else [False] + ([True] if model.trainable_params is None else [])
+    tiled_mlp = [pins["tiled_mlp"]] if "tiled_mlp" in pins else [False] + ([True] if model.trained.trainable_params is None else [])
     tiled_loss = [pins["tiled_loss"]] if "tiled_loss" in pins else [False, True]
     return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm)
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
@@ -158,7 +158,7 @@ class Plan:
     ds_config: dict | None = None
     notes: list[str] = field(default_factory=list)
     memory_fraction: float = DEFAULT_MEMORY_FRACTION  # the share of device memory every fit was judged on
-    finetune: Finetune = field(default_factory=Finetune)  # what model.trainable_params came from
+    finetune: Finetune = field(default_factory=Finetune)  # what model.trained.trainable_params came from
 
     @property
     def budget(self) -> Budget:

@@ -117,7 +117,7 @@ class TrainableSplit:
     adapter_params: int = 0
     adapted_modules: int = 0  # modules that got a LoRA adapter
     # what the memory and time models need beyond the counts (read from the real module tree by module_layout; the
-    # ModelSpec fields of the same names document them). None: not read (a full fine-tune needs none of it)
+    # spec/trained.py Trained fields of the same names document them). None: not read (a full fine-tune needs none of it)
     layout: dict | None = None
 
     @property
@@ -250,7 +250,7 @@ _LINEAR_TYPES = {"Linear", "Conv1D", "Linear4bit", "Linear8bitLt"}
 def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = None) -> dict:
     """What the memory and time models read from the module tree of the model as fine-tuned (after get_peft_model or
     the --freeze requires_grad flags): per-tensor stored sizes, the 4-bit bytes, which Linear inputs autograd still
-    saves, where the gradient starts. The fields are ModelSpec's (with_finetune copies them)."""
+    saves, where the gradient starts. The fields are spec/trained.py Trained's (with_finetune copies them)."""
     import torch  # noqa: PLC0415
 
     quantized = quantized or {}
@@ -414,8 +414,8 @@ def with_finetune(model: ModelSpec, split: TrainableSplit, mode: str = "full") -
     fields = dict(split.layout or {})
     if mode != "qlora":  # a layout read for another mode keeps the weights in the training dtype
         fields.update(quantized_params=0, quantized_bytes=0, quant_state_bytes=0, quantized_tensors=0)
-    return replace(model, params=split.total_params, trainable_params=split.trainable_params, finetune_mode=mode,
-                   **fields)
+    return replace(model, params=split.total_params,
+                   trained=replace(model.trained, trainable_params=split.trainable_params, finetune_mode=mode, **fields))
 
 
 def finetuned_spec(model: ModelSpec, config_source: str, finetune: Finetune) -> ModelSpec:

@@ -47,6 +47,7 @@ from zerokit.core.limits import MAX_LAYERS, META_BUILD_SECONDS, WHY, at_most
 from zerokit.spec.arch_params import SIZE_LIMITS, ConfigView, config_fields, count_params_from_config, first_attr as _first
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
+from zerokit.spec.trained import FULL, Trained
 
 
 @dataclass(frozen=True)
@@ -84,61 +85,27 @@ class ModelSpec:
     attention_output_copy: bool = False  # o_proj reads a copy of the attention output (q reaches the kernel in (b, a, s, d) layout)
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
-    # parameters the optimizer updates; None: all (a full fine-tune). Set by with_finetune (spec/finetune.py)
-    trainable_params: int | None = None
-    finetune_mode: str = "full"  # full | lora | qlora (spec/finetune.py Finetune.mode); with_finetune sets it
-    quantized_params: int = 0  # qlora: base weight elements bitsandbytes stores as 4-bit NF4 (with_finetune)
-    # What a fine-tune changes beyond the counts, read by spec/finetune.py from the real module tree (the defaults are a
-    # full fine-tune; docs/memory-model.md "Fine-tuning"):
-    quantized_bytes: int = 0  # qlora: stored bytes of the packed 4-bit weights (bitsandbytes quantize_4bit's out tensors)
-    quant_state_bytes: int = 0  # qlora: their QuantState tensors (absmax, code, nested absmax/code/offset), never partitioned
-    lora_r: int = 0  # adapter rank (0: no adapters)
-    lora_dropout: float = 0.0
-    # per decoder layer, the adapted Linears reading each of the four Linear inputs: attention input (the first norm's
-    # output), attention output (o_proj's input), MLP input (the second norm's output), MLP middle (down_proj's input)
-    lora_slots: tuple[int, int, int, int] = (0, 0, 0, 0)
-    # per decoder layer, whether every base Linear reading that input has a frozen weight (so autograd does not save it)
-    frozen_slots: tuple[bool, bool, bool, bool] = (False, False, False, False)
-    frozen_norms: bool = False  # the decoder layers' norm weights are frozen
-    frozen_final_norm: bool = False
-    frozen_head: bool = False  # the LM head's weight (a tied input embedding included) is frozen and not adapted
-    grad_start_layer: int = 0  # first decoder layer whose input needs a gradient (layers before it save nothing)
-    grad_start_partial: bool = False  # that layer's input has no gradient (frozen embeddings): it saves only what
-    # runs after its first trainable parameter
-    grad_start_attention: bool = True  # that layer's attention (or its first norm) has something trainable
-    # every parameter tensor as stored: (elements, bytes per element or 0 for the training dtype, how many); () = the
-    # spec's shapes (timing.gradient_sizes_in_backward_order). ZeRO-3's persistence threshold reads it.
-    param_tensors: tuple[tuple[int, int, int], ...] = ()
-    # the trainable parameter tensors' elements, last registered first (the order their gradients become ready and
-    # fill DeepSpeed's reduce buckets); () = every tensor (timing.gradient_sizes_in_backward_order)
-    trainable_tensors: tuple[int, ...] = ()
-    # submodules peft adds to each decoder layer (an adapted Linear becomes its LoRA wrapper plus base_layer and the
-    # lora_A/lora_B/lora_dropout ModuleDicts with their members: tiny-llama all-linear 13 -> 83); ZeRO-3 hooks each one
-    extra_modules_per_layer: int = 0
-    lora_io_per_layer: int = 0  # in + out features summed over a decoder layer's adapted Linears (0: no adapters)
-    quantized_tensors: int = 0  # QLoRA: the 4-bit weights (each a bitsandbytes Linear4bit, dequantized per use)
-    no_backward_params: int = 0  # parameters of modules no gradient reaches (training-dtype elements)
-    no_backward_quantized_bytes: int = 0  # and the packed 4-bit bytes among them
-    trainable_matmul_params: int | None = None  # matmul weights with a gradient (their weight-gradient GEMM runs)
-    backward_matmul_params: int | None = None  # matmul weights a gradient flows through (their input-gradient GEMM runs)
+    # what a fine-tune trains (spec/trained.py); the default: every weight, nothing quantized (a full fine-tune).
+    # Set by with_finetune (spec/finetune.py)
+    trained: Trained = FULL
 
     @property
     def trainable(self) -> int:
         """Parameters with gradients, an fp32 master copy and Adam moments (DeepSpeed keeps them for these only)."""
-        return self.params if self.trainable_params is None else self.trainable_params
+        return self.params if self.trained.trainable_params is None else self.trained.trainable_params
 
     @property
     def frozen_unquantized_params(self) -> int:
         """Frozen weights held in the training dtype (not QLoRA's 4-bit ones): what ZeRO++'s
         zero_quantized_nontrainable_weights stores and gathers as int8."""
-        return self.params - self.trainable - self.quantized_params
+        return self.params - self.trainable - self.trained.quantized_params
 
     def weight_bytes(self, bytes_per_element: int) -> int:
         """Bytes of every parameter tensor as held: the training dtype's bytes_per_element, except QLoRA's 4-bit base
         weights at their packed size (spec/finetune.py packed_4bit_elements: half a byte per weight in uint8, or the
         same bytes in a wider bnb_4bit_quant_storage). Oracle: a real bitsandbytes-quantized model
         (tests/test_finetune_model.py)."""
-        return bytes_per_element * (self.params - self.quantized_params) + self.quantized_bytes
+        return bytes_per_element * (self.params - self.trained.quantized_params) + self.trained.quantized_bytes
 
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse a sequence longer than the model's positions (the same rule for plan, render, check and launch)."""
@@ -177,7 +144,7 @@ class ModelSpec:
         are not Linears AutoTP replaces: refused."""
         if tp == 1:
             return self
-        if self.trainable_params is not None:
+        if self.trained.trainable_params is not None:
             raise ZerokitError("AutoTP tensor parallelism is planned for full fine-tunes only (peft's LoRA layers are not "
                                "the nn.Linear modules AutoTP splits): drop --tensor-parallel, or use --finetune full")
         split = self.tensor_parallel_params()
@@ -191,8 +158,14 @@ class ModelSpec:
                        intermediate_size=self.intermediate_size // tp,
                        embedding_params=self.embedding_params - (0 if self.tied_embeddings else vh - vh // tp))
 
+    def with_trained(self, **changes) -> "ModelSpec":
+        """This spec with some of what trains changed (spec/trained.py Trained's fields)."""
+        return replace(self, trained=replace(self.trained, **changes))
+
     def to_dict(self) -> dict:
+        """JSON: the model's fields, then what trains (Trained's fields, flat as one spec), active and trainable counts."""
         d = asdict(self)
+        d.update(d.pop("trained"))
         d["active_params"] = self.active_params
         d["trainable_params"] = self.trainable
         return d
@@ -202,8 +175,8 @@ class ModelSpec:
 # 4: norms_per_layer, norm_inputs_per_layer, norm_fp32_weight, sliding_window(_layers), sdpa_mask, sdpa_broadcast_kv, attention_output_copy.
 # 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default). 6: max_positions.
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
-# extra_modules_per_layer.
-_SCHEMA_VERSION = 8
+# extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
+_SCHEMA_VERSION = 9
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +195,7 @@ def _cache_key(config: dict, trust_remote_code: bool) -> str:
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-_SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
+_SPEC_FIELDS = {f.name for f in fields(ModelSpec)} - {"trained"}  # a counted model: what trains is set later
 
 
 def _cache_read(key: str, name: str) -> ModelSpec | None:
@@ -234,10 +207,6 @@ def _cache_read(key: str, name: str) -> ModelSpec | None:
         data = entry["spec"]
         if set(data) != _SPEC_FIELDS - {"name"}:
             return None
-        for k in ("lora_slots", "frozen_slots"):  # JSON gives lists back; the spec is frozen and hashable
-            data[k] = tuple(data[k])
-        data["param_tensors"] = tuple(tuple(t) for t in data["param_tensors"])
-        data["trainable_tensors"] = tuple(data["trainable_tensors"])
         return ModelSpec(name=name, **data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # missing or corrupt: recount
@@ -247,6 +216,7 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
     directory = spec_cache_dir()
     data = asdict(spec)
     data.pop("name")
+    data.pop("trained")
     entry = {
         "schema": _SCHEMA_VERSION,
         "key": key,

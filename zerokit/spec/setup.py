@@ -303,7 +303,7 @@ class ZeroKnobs:
         the tiny Llama's 4-bit weights were partitioned only at 0, docs/measured-on-cpu.md "Fine-tuning").
         0 partitions every parameter; the norms it adds to each gather are h elements each."""
         knobs = cls.for_hidden_size(getattr(model, "hidden_size", None))
-        if getattr(model, "finetune_mode", "full") == "qlora":
+        if model is not None and model.trained.finetune_mode == "qlora":
             return replace(knobs, stage3_param_persistence_threshold=0)
         return knobs
 
