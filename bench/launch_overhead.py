@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from zerokit.measure.ranks import free_port  # noqa: E402
+from zerokit.launch.rank_options import RankOptions  # noqa: E402
 
 CONFIG = {
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -88,10 +89,11 @@ def main(argv=None) -> int:
                                    "--steps", str(args.steps), "--output-dir", str(out)], {"ZEROKIT_CACHE_DIR": str(cache)})
                 else:
                     port = free_port()
+                    opts = work / f"rank_options{i}.json"
+                    RankOptions(model=model, tokens=str(prepared.tokens_path), tokenizer=tok, ds_config=str(cfg),
+                                output_dir=str(out), steps=args.steps).save(opts)
                     runs[name] = ([ds, "--num_gpus", "2", "--master_port", str(port), "--module", "zerokit.launch.train",
-                                   "--model", model, "--tokens", str(prepared.tokens_path), "--tokenizer", tok,
-                                   "--ds-config", str(cfg), "--output-dir", str(out), "--steps", str(args.steps)],
-                                  {"_port": str(port)})
+                                   str(opts)], {"_port": str(port)})
             for name, (cmd, extra) in runs.items():
                 dt, rc = timed(cmd, {**env, **{k: v for k, v in extra.items() if not k.startswith("_")}})
                 if rc != 0:

@@ -327,7 +327,8 @@ def test_run_directory_arrays_and_the_resume_check(tmp_path):
 def test_rank_dataset_feeds_labels_and_attention_mask(tmp_path):
     """launch/train.py's make_dataset: the rows are the model's keyword arguments."""
     pytest.importorskip("torch")
-    from zerokit.launch.train import RankOptions, make_dataset
+    from zerokit.launch.rank_options import RankOptions
+    from zerokit.launch.train import make_dataset
 
     f = tmp_path / "chat.jsonl"
     f.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))

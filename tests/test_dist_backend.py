@@ -224,7 +224,7 @@ def test_the_backend_reaches_the_ranks_and_torch_is_imported_only_when_given(tmp
             f"req = LaunchRequest(model='tiny-llama', seq_len=32, steps=2, output_dir={str(tmp_path / 'run')!r},\n"
             "    hardware=HardwareOptions(gpu='cpu', gpus_per_node=2, dist_backend=backend))\n"
             "plan = prepare_launch(req)\n"
-            "print(json.dumps({'args': plan.script_args(False), 'torch': 'torch' in sys.modules}))\n")
+            "print(json.dumps({'options': plan.rank_options(False).to_dict(), 'torch': 'torch' in sys.modules}))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x))
     seen = {}
     for backend in ("", "gloo"):
@@ -232,12 +232,12 @@ def test_the_backend_reaches_the_ranks_and_torch_is_imported_only_when_given(tmp
                            cwd=str(tmp_path), timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         seen[backend] = json.loads(r.stdout.strip().splitlines()[-1])
-    assert seen[""]["torch"] is False and "--dist-backend" not in seen[""]["args"]
-    args = seen["gloo"]["args"]
-    assert args[args.index("--dist-backend") + 1] == "gloo"
-    from zerokit.cli.rank import parse_rank_args
+    assert seen[""]["torch"] is False
+    from zerokit.launch.rank_options import RankOptions
 
-    assert parse_rank_args(args).dist_backend == "gloo" and parse_rank_args(seen[""]["args"]).dist_backend is None
+    # what the ranks read back from rank_options.json
+    assert RankOptions.from_dict(seen["gloo"]["options"]).dist_backend == "gloo"
+    assert RankOptions.from_dict(seen[""]["options"]).dist_backend is None
 
 
 @pytest.mark.slow

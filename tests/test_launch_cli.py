@@ -121,7 +121,7 @@ def test_first_launch_of_a_config_imports_no_deepspeed_in_the_parent(tmp_path):
             f"req = LaunchRequest(model='tiny-llama', config={str(tmp_path / 'ds.json')!r}, seq_len=32, steps=2,\n"
             f"    output_dir={str(tmp_path / 'run')!r}, hardware=HardwareOptions(gpu='cpu', gpus_per_node=2))\n"
             "plan = prepare_launch(req)\n"
-            "print(json.dumps({'args': plan.script_args(False), 'checked': plan.deepspeed_checked,\n"
+            "print(json.dumps({'options': plan.rank_options(False).to_dict(), 'checked': plan.deepspeed_checked,\n"
             "    'heavy': [m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules]}))\n")
     env = dict(os.environ, ZEROKIT_CACHE_DIR=str(tmp_path / "empty-cache"),
                PYTHONPATH=os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x))
@@ -129,7 +129,7 @@ def test_first_launch_of_a_config_imports_no_deepspeed_in_the_parent(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["heavy"] == [] and out["checked"] is False and "--check-config" in out["args"], out
+    assert out["heavy"] == [] and out["checked"] is False and out["options"]["check_config"] is True, out
 
 
 @pytest.mark.slow
@@ -141,7 +141,7 @@ def test_config_deepspeed_refuses_in_the_ranks_ends_in_one_line(tmp_path):
     p = zk(*BASE, "--config", tmp_path / "ds.json", "--output-dir", out, "--max-restarts", "2",
            env_extra={"ZEROKIT_CACHE_DIR": str(tmp_path / "cache")})  # no cached verdict: the first launch
     last = assert_one_line_error(p, 2, "not a valid DeepSpeed config for 2 ranks", "overlap_comm", "often")
-    assert "--check-config" in p.stderr  # the command the ranks ran (printed before the launch)
+    assert '"check_config": true' in p.stderr  # the ranks' options (printed before the launch)
     assert "restart" not in p.stderr and not out.exists(), last
 
 
@@ -174,10 +174,13 @@ def test_dry_run_prints_command_and_runs_nothing(tmp_path):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     cmd = next(x for x in lines if "--module zerokit.launch.train" in x)
-    assert "--num_gpus 2" in cmd and "--master_port 29999" in cmd and "--steps 2" in cmd and "--save-every 1" in cmd
-    assert f"--output-dir {out}" in cmd
+    assert "--num_gpus 2" in cmd and "--master_port 29999" in cmd and cmd.endswith(str(out / "rank_options.json"))
+    # what the ranks will read from that file (launch/rank_options.RankOptions)
+    opts = json.loads(lines[lines.index(next(x for x in lines if x.startswith("# rank options"))) + 1])
+    assert opts["steps"] == 2 and opts["save_every"] == 1 and opts["output_dir"] == str(out)
     assert any(x.startswith("export PYTHONPATH=") for x in lines)
-    cfg = json.loads(p.stdout[p.stdout.index("{"): p.stdout.rindex("}") + 1])
+    after = p.stdout[p.stdout.index("# ds_config"):]
+    cfg = json.loads(after[after.index("{"): after.rindex("}") + 1])
     assert cfg["train_micro_batch_size_per_gpu"] == 2
     assert not out.exists()
     assert not any(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29999_*"))

@@ -9,8 +9,14 @@
    `--params` plan stay instant (tests/test_cli.py checks that at run time too).
 4. Only zerokit/cli/ touches argparse.
 
-Code under `if __name__ == "__main__":` is a script entry point, the CLI's business: it is exempt from 1.
-A test at the end proves the checker fails when a layer import is reversed.
+An import is every `import`, every `from ... import`, and every `importlib.import_module("zerokit...")`,
+`__import__(...)` or `runpy.run_module(...)` of a zerokit module named by a string; code under
+`if __name__ == "__main__":` counts like any other (a script entry point in a lower layer may not reach up either).
+5. zerokit.launch.train is the ranks' entry point (`python -m zerokit.launch.train`): no zerokit module imports it,
+   so it runs once, as __main__.
+
+A test at the end proves the checker fails when a layer import is reversed, also through importlib or a __main__
+guard.
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ def imports_of(source: str, module: str) -> list[tuple[str, int, bool, bool]]:
             if isinstance(child, ast.Import):
                 for a in child.names:
                     out.append((a.name, child.lineno, top, main))
+            elif isinstance(child, ast.Call) and _dynamic_import(child):
+                out.append((_dynamic_import(child), child.lineno, top, main))
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:  # relative import
@@ -91,6 +99,21 @@ def imports_of(source: str, module: str) -> list[tuple[str, int, bool, bool]]:
 
     visit(tree, True, False)
     return out
+
+
+DYNAMIC_IMPORTS = {"import_module", "__import__", "run_module"}  # importlib's, the builtin, runpy's
+
+
+def _dynamic_import(call: ast.Call) -> str | None:
+    """The zerokit module a call such as importlib.import_module("zerokit.x") imports, else None."""
+    fn = call.func
+    name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+    if name not in DYNAMIC_IMPORTS or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("zerokit"):
+        return arg.value
+    return None
 
 
 def _exists(module: str) -> bool:
@@ -108,9 +131,9 @@ def layer_violations(modules: dict[str, str]) -> list[str]:
     bad = []
     for mod, src in modules.items():
         mine = _layer_of(mod)
-        for imported, line, _top, main in imports_of(src, mod):
+        for imported, line, _top, _main in imports_of(src, mod):
             theirs = _layer_of(imported) if imported.startswith("zerokit.") else None
-            if mine is None or theirs is None or main:
+            if mine is None or theirs is None:
                 continue
             upward = theirs[0] > mine[0]
             sideways = theirs[0] == mine[0] and theirs[1] != mine[1]
@@ -122,9 +145,7 @@ def layer_violations(modules: dict[str, str]) -> list[str]:
 def import_cycles(modules: dict[str, str]) -> list[list[str]]:
     graph = {m: set() for m in modules}
     for mod, src in modules.items():
-        for imported, _line, _top, main in imports_of(src, mod):
-            if main:
-                continue
+        for imported, _line, _top, _main in imports_of(src, mod):
             # `from zerokit.spec import model` resolves to zerokit.spec.model; a package import is its __init__
             if imported in graph and imported != mod and not mod.startswith(imported + "."):
                 graph[mod].add(imported)
@@ -188,13 +209,24 @@ def test_heavy_libraries_are_imported_lazily():
     assert not bad, "\n".join(bad)
 
 
+RANK_ENTRY = "zerokit.launch.train"
+
+
+def test_the_rank_entry_point_is_imported_by_no_module():
+    """`python -m zerokit.launch.train` runs the module as __main__; an import of it from zerokit (as the old
+    cli/rank.py did) would run it a second time in every rank, with a second copy of each class and global."""
+    bad = [f"{mod}:{line}" for mod, src in _all_modules().items() if mod != RANK_ENTRY
+           for imported, line, _top, _main in imports_of(src, mod) if imported == RANK_ENTRY]
+    assert not bad, f"{RANK_ENTRY} is imported by {bad}"
+
+
 def test_only_cli_touches_argparse():
     bad = [f"{mod}:{line}" for mod, src in _all_modules().items() if not mod.startswith("zerokit.cli")
            for imported, line, _top, _main in imports_of(src, mod) if imported.split(".")[0] == "argparse"]
     assert not bad, f"argparse outside zerokit/cli: {bad}"
 
 
-@pytest.mark.parametrize("case", ["upward", "sideways", "cycle"])
+@pytest.mark.parametrize("case", ["upward", "sideways", "cycle", "importlib", "main-guard", "rank-entry"])
 def test_the_checker_catches_a_reversed_import(case):
     """The checks above fail when a layer import is reversed: mutate real modules in memory and look."""
     modules = _all_modules()
@@ -204,6 +236,20 @@ def test_the_checker_catches_a_reversed_import(case):
     elif case == "sideways":  # the report reading the meter
         modules["zerokit.report.run_report"] += "\ndef f():\n    from zerokit.measure.meter import MemoryMeter\n"
         assert any("measure is beside report" in v for v in layer_violations(modules))
+    elif case == "importlib":  # a module name in a string still counts
+        modules["zerokit.spec.model"] += "\nimport importlib\nimportlib.import_module('zerokit.launch.data')\n"
+        assert any("zerokit.spec.model" in v and "launch is above spec" in v for v in layer_violations(modules))
+    elif case == "main-guard":  # as launch/train.py once reached into cli/ from its __main__ guard
+        modules["zerokit.launch.command"] += "\nif __name__ == '__main__':\n    from zerokit.cli import main\n"
+        assert any("zerokit.launch.command" in v and "cli is above launch" in v for v in layer_violations(modules))
+    elif case == "rank-entry":
+        modules["zerokit.launch.execute"] += "\ndef f():\n    from zerokit.launch.train import main\n"
+        with pytest.raises(AssertionError, match="zerokit.launch.execute"):
+            _all_modules_orig, globals()["_all_modules"] = _all_modules, lambda: modules
+            try:
+                test_the_rank_entry_point_is_imported_by_no_module()
+            finally:
+                globals()["_all_modules"] = _all_modules_orig
     else:  # two modules of one layer importing each other, lazily
         modules["zerokit.spec.hardware"] += "\ndef f():\n    from zerokit.spec.hostfile import parse_hostfile\n"
         modules["zerokit.spec.hostfile"] += "\ndef g():\n    from zerokit.spec.hardware import build_cluster\n"

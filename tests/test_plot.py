@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.cli import build_parser, main
+from zerokit.cli import main, parse
 from zerokit.cli.plan import build_plan
 from zerokit.report.plan_text import TERM_LABELS
 
@@ -52,7 +52,7 @@ def bars_of(fig) -> list[tuple[str, str, float]]:
 def plot_of(argv, path):
     from zerokit.report.plot import plot_memory
 
-    plan = build_plan(build_parser().parse_args(argv))
+    plan = build_plan(parse(argv))
     return plan, plot_memory(plan, path)
 
 

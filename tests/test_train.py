@@ -21,6 +21,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
 from zerokit.launch.command import LaunchSpec, build_launch_command  # noqa: E402
+from zerokit.launch.rank_options import RankOptions  # noqa: E402
 from zerokit.launch.runner import run_with_restarts, shm_files  # noqa: E402
 from zerokit.launch.checkpoints import read_latest, stale_checkpoints  # noqa: E402
 from zerokit.measure.ranks import free_port
@@ -80,7 +81,7 @@ def workdir(tmp_path_factory):
 
 
 def launch(workdir: Path, name: str, cfg: dict, steps: int = STEPS, save_every: int = 0, resume: bool = False,
-           max_restarts: int = 0, env: dict | None = None, out: Path | None = None, extra: tuple = (),
+           max_restarts: int = 0, env: dict | None = None, out: Path | None = None, extra: dict | None = None,
            model: str = "tiny-llama"):
     """Start a 2-rank job through the real launcher + runner; returns (RunResult, output_dir)."""
     out = out or workdir / name
@@ -90,12 +91,10 @@ def launch(workdir: Path, name: str, cfg: dict, steps: int = STEPS, save_every: 
     job_env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
 
     def make(res: bool, attempt: int):
-        args = ["--model", model, "--data", str(workdir / "data.txt"), "--seq-len", str(SEQ),
-                "--ds-config", str(cfg_path), "--output-dir", str(out), "--steps", str(steps),
-                "--save-every", str(save_every), *extra]
-        if res:
-            args.append("--resume")
-        spec = LaunchSpec(num_gpus=2, master_port=port, script_args=args, env=job_env,
+        opts = workdir / f"{name}.rank_options.{attempt}.json"
+        RankOptions(model=model, data=str(workdir / "data.txt"), seq_len=SEQ, ds_config=str(cfg_path),
+                    output_dir=str(out), steps=steps, save_every=save_every, resume=res, **(extra or {})).save(opts)
+        spec = LaunchSpec(num_gpus=2, master_port=port, script_args=[str(opts)], env=job_env,
                           deepspeed_bin=str(Path(sys.executable).parent / "deepspeed"))
         return build_launch_command(spec)
 
@@ -214,7 +213,7 @@ def test_offload_trains_like_no_offload(workdir, name, cfg):
 
 def test_bf16_stage3_with_activation_checkpointing_trains(workdir):
     res, out = cached(workdir, "z3_bf16", ds_config(3, precision="bf16", clipping=1.0),
-                      extra=("--gradient-checkpointing",))
+                      extra={"gradient_checkpointing": True})
     assert res.ok
     ls = losses(out)
     assert sum(ls[s] for s in (STEPS - 1, STEPS)) / 2 < sum(ls[s] for s in (1, 2)) / 2 - 0.3

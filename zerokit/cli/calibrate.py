@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from zerokit.cli.common import nonempty
+from zerokit.cli.common import add_options
 from zerokit.core.errors import EXIT_OK
 
 
@@ -13,13 +13,7 @@ def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile for --hardware-profile",
                        epilog="exit 3, one line and no profile written, when the machine was too busy to measure "
                               "(a degenerate fit or spread repeats still after re-measuring: zerokit.spec.profile.SANITY)")
-    p.add_argument("-o", "--output", type=nonempty, default=None,
-                   help="where to write the profile (default: this machine's own, which plans here use without "
-                        "--hardware-profile: $ZEROKIT_HARDWARE_PROFILE, else $ZEROKIT_CACHE_DIR/hardware/profile.json)")
-    p.add_argument("--quick", action="store_true", help="fewer and smaller points, no engine costs (~2 min on 2 cores)")
-    p.add_argument("--if-missing", action="store_true",
-                   help="do nothing when the output already holds a profile measured on this machine (a full one, "
-                        "unless --quick; scripts/setup.sh measures one once)")
+    add_options(p, "calibrate")
     p.set_defaults(func=cmd_calibrate)
 
 

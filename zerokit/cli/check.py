@@ -6,56 +6,38 @@ import json
 import sys
 
 from zerokit.cli.common import (
-    add_finetune_args,
+    add_options,
     apply_finetune,
     finetune_from_args,
     load_cluster,
     load_model,
     load_workload,
-    nonempty,
-    positive_int,
 )
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
+from zerokit.core.options import flag
 from zerokit.core.quiet import verbose
 
 
-def add_check_parser(sub, parents) -> None:
-    p = sub.add_parser("check", parents=parents, help="validate an existing ds_config.json and check that it fits")
-    p.add_argument("config", type=nonempty, help="ds_config.json to check")
-    p.add_argument("--model", dest="model", type=nonempty, help="HF model id, local directory or bundled name")
-    p.add_argument("--activation-checkpointing", choices=("on", "off"),
-                   help="override what the config says (its activation_checkpointing block)")
-    p.add_argument("--tiled-loss", choices=("on", "off"), default="off",
-                   help="your script computes the loss with DeepSpeed's TiledFusedLogitsLoss (no config key says so)")
-    p.add_argument("--tiled-mlp", choices=("on", "off"), default="off",
-                   help="your script runs its MLPs through DeepSpeed's TiledMLP")
-    p.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size",
-                   help='for "auto" configs: judge this per-device batch (the Trainer\'s --per_device_train_batch_size; '
-                        'default: search for the largest that fits)')
-    p.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps",
-                   help='for "auto" configs: the accumulation the HF Trainer will fill in (default 1)')
-    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
-                   help='for "auto" precision: the Trainer\'s --bf16/--fp16 (default: the best the GPU supports)')
-    p.add_argument("--client-optimizer", choices=("adamw_torch", "adamw_torch_fused"),
-                   help="for a config without an optimizer block: what the script updates with (the HF Trainer's "
-                        "--optim; default: its default for the torch installed here, adamw_torch_fused from torch 2.8); "
-                        "adamw_torch keeps two fp32 temporaries of the partition in the step")
-    p.add_argument("--json", action="store_true")
-    add_finetune_args(p)
+def add_check_parser(sub) -> None:
+    p = sub.add_parser("check", help="validate an existing ds_config.json and check that it fits")
+    add_options(p, "check")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_check(args) -> int:
     from zerokit.config.check import check_config
-    from zerokit.config.rules import load_config_file
+    from zerokit.config.read import load_config_file
 
+    if not args.config:
+        raise ZerokitError("no ds_config given: zerokit check DS_CONFIG (or `config:` in the -c run file)")
     config = load_config_file(args.config)
     has_model = bool(getattr(args, "model", None) or getattr(args, "params", None))
     model = load_model(args) if has_model else None
     finetune = finetune_from_args(args)
     if not finetune.is_full:
         if model is None:
-            raise ZerokitError(f"--finetune {finetune.mode}/--freeze count the model's modules: give --model")
+            raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')} count the model's modules: give "
+                               f"{flag('model')}")
         model = apply_finetune(args, model, finetune)
     cluster = load_cluster(args)
     trainer_values = {}

@@ -1,65 +1,16 @@
-"""What every command shares: number types, the one-line usage error, the option groups, and the only place a
-Namespace becomes typed objects (model spec, hardware, workload, pins)."""
+"""What every command shares: the one-line usage error, the parser made from the option declarations
+(zerokit.core.options), the run file merged under the command line, and the only place a Namespace becomes typed
+objects (model spec, hardware, workload, pins)."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
-from zerokit.core.limits import MAX_COUNT, MAX_GPUS_PER_NODE, MAX_WORLD_SIZE
+from zerokit.core.options import Option, flag, for_command, read_run_file
 
 DEFAULT_PLAN_SEQ_LEN = 2048  # plan, render, check: tokens per sample unless --seq-len (capped at the model's maximum)
-
-
-def _number(text: str, cast, valid, unreadable: str, invalid: str):
-    """`text` as cast(text) when valid(value); else argparse's one-line error with the message that applies."""
-    try:
-        v = cast(text)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"expected {unreadable}, got {text!r}") from None
-    if not valid(v):
-        raise argparse.ArgumentTypeError(f"expected {invalid}, got {text!r}")
-    return v
-
-
-# the bounds are zerokit.core.limits'; each says where it comes from
-def nonneg_int(text: str) -> int:
-    return _number(text, int, lambda v: 0 <= v <= MAX_COUNT, "a whole number", f"0 or more, up to {MAX_COUNT:,}")
-
-
-def positive_int(text: str) -> int:
-    return _number(text, int, lambda v: 1 <= v <= MAX_COUNT, "a positive integer", f"a positive integer up to {MAX_COUNT:,}")
-
-
-def gpus_per_node(text: str) -> int:
-    return _number(text, int, lambda v: 1 <= v <= MAX_GPUS_PER_NODE, "a positive integer",
-                   f"a positive integer up to {MAX_GPUS_PER_NODE} (the ranks one host can run)")
-
-
-def node_count(text: str) -> int:
-    return _number(text, int, lambda v: 1 <= v <= MAX_WORLD_SIZE, "a positive integer",
-                   f"a positive integer up to {MAX_WORLD_SIZE:,}")
-
-
-def positive_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 < v < math.inf, "a positive number", "a positive finite number")
-
-
-def fraction(text: str) -> float:
-    return _number(text, float, lambda v: 0 < v <= 1, "a number", "a fraction above 0 and at most 1")
-
-
-def port(text: str) -> int:
-    return _number(text, int, lambda v: 1 <= v <= 65535, "a port number", "a TCP port, 1 to 65535")
-
-
-def nonempty(text: str) -> str:
-    """A name or path that must not be empty (argparse takes "" as given)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a value, got an empty string")
-    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,75 +21,73 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INVALID, f"error: {line} (see `{self.prog} --help`)\n")
 
 
-def hardware_parent() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False)
-    g = p.add_argument_group("hardware (the same on every command)")
-    g.add_argument("--gpu", type=nonempty,
-                   help="accelerator from the catalog as you would write it or nvidia-smi prints it (a100-80gb, H100, "
-                        "'NVIDIA A100-SXM4-80GB', rtx-4090, cpu, ...), or auto for this machine's GPUs; default "
-                        "a100-80gb, or cpu for launch on a machine without CUDA")
-    g.add_argument("--gpu-memory", type=nonempty, metavar="SIZE", help="memory per GPU, overrides the catalog (e.g. 80GB, 24GiB)")
-    g.add_argument("--gpus-per-node", type=gpus_per_node, metavar="N")
-    g.add_argument("--nodes", type=node_count, metavar="N")
-    g.add_argument("--hostfile", type=nonempty, metavar="FILE", help="DeepSpeed hostfile (`host slots=N` per line): sets nodes and GPUs per node")
-    g.add_argument("--cpu-memory", type=nonempty, metavar="SIZE", help="host RAM per node (checked when given)")
-    g.add_argument("--nvme-path", type=nonempty, metavar="DIR", help="NVMe mount for ZeRO-Infinity offload")
-    g.add_argument("--nvme-size", type=nonempty, metavar="SIZE", help="free NVMe per node (default: free space at --nvme-path)")
-    g.add_argument("--hardware-profile", type=nonempty, metavar="FILE",
-                   help="measured profile from `zerokit calibrate` (default: the one calibrate wrote on this machine, "
-                        "when it measured the --gpu planned for; none: the catalog's figures)")
-    from zerokit.spec.hardware import DIST_BACKENDS
+def _argtype(opt: Option):
+    """The declaration's value type as argparse wants it: ArgumentTypeError with what was expected."""
 
-    g.add_argument("--dist-backend", choices=DIST_BACKENDS,
-                   help="how the ranks communicate (deepspeed.init_distributed(dist_backend=...)); default: DeepSpeed's "
-                        "for the accelerator (nccl on NVIDIA GPUs, gloo on cpu); priced in the step time")
-    return p
+    def parse(text):
+        try:
+            return opt.type(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = opt.name  # argparse names the type in its messages
+    return parse
 
 
-def model_parent() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False)
-    g = p.add_argument_group("model")
-    g.add_argument("--params", type=nonempty, metavar="N", help="bare parameter count (7e9, 7B, 125M) instead of a model config")
-    g.add_argument("--hidden-size", type=positive_int)
-    g.add_argument("--num-layers", type=positive_int)
-    g.add_argument("--vocab-size", type=positive_int)
-    return p
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Every option declared for `command` (zerokit.core.options.OPTIONS), in its declared --help group. No
+    defaults here: a parsed namespace holds what the command line gave, and `complete` adds the run file's values
+    and then the declared defaults."""
+    groups: dict[str, object] = {}
+    tags = [o.exclusive for o in for_command(command) if o.exclusive and command not in o.positional]
+    exclusive = {t: parser.add_mutually_exclusive_group() for t in set(tags) if tags.count(t) > 1}
+    for opt in for_command(command):
+        kw = dict(help=opt.help or None, default=argparse.SUPPRESS)
+        if opt.is_switch:
+            kw["action"] = "store_true"
+        else:
+            kw.update(type=_argtype(opt), choices=opt.choices, metavar=opt.metavar)
+            if opt.repeat:
+                kw["action"] = "append"
+        if command in opt.positional:
+            parser.add_argument(opt.key, nargs="?", **kw)
+            continue
+        if opt.exclusive in exclusive:
+            target = exclusive[opt.exclusive]
+        elif opt.group:
+            if opt.group not in groups:
+                groups[opt.group] = parser.add_argument_group(opt.group)
+            target = groups[opt.group]
+        else:
+            target = parser
+        names = ([opt.short] if opt.short else []) + [opt.flag] + ["--" + a for a in opt.aliases]
+        target.add_argument(*names, dest=opt.key, **kw)
 
 
-def workload_parent() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False)
-    g = p.add_argument_group("workload")
-    g.add_argument("--seq-len", type=positive_int, default=None,
-                   help=f"tokens per sample (default {DEFAULT_PLAN_SEQ_LEN}, or the model's maximum when smaller)")
-    g.add_argument("--global-batch", type=positive_int, metavar="N",
-                   help="samples per optimizer step = micro x accumulation x GPUs per node x nodes")
-    g.add_argument("--samples", type=positive_int, metavar="N", help="training samples per epoch (for total time)")
-    g.add_argument("--epochs", type=positive_float, default=1.0)
-    g.add_argument("--attention", choices=("sdpa", "flash", "eager"), default="sdpa")
-    return p
-
-
-def setup_parent() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False)
-    g = p.add_argument_group("pin a setup dimension (the planner chooses the rest)")
-    g.add_argument("--stage", type=int, choices=(0, 1, 2, 3), dest="zero_stage")
-    g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"))
-    g.add_argument("--offload-param", choices=("none", "cpu", "nvme"))
-    g.add_argument("--precision", choices=("bf16", "fp16", "fp32"))
-    g.add_argument("--micro-batch", type=positive_int, dest="micro_batch_size")
-    g.add_argument("--grad-accum", type=positive_int, dest="gradient_accumulation_steps")
-    g.add_argument("--activation-checkpointing", choices=("on", "off"))
-    g.add_argument("--tensor-parallel", type=positive_int, metavar="N", dest="tensor_parallel",
-                   help="AutoTP ranks per model replica (1: none; ZeRO-0/1/2, full fine-tune)")
-    g.add_argument("--sequence-parallel", type=positive_int, metavar="N", dest="sequence_parallel",
-                   help="Ulysses sequence-parallel ranks per sequence (1: none)")
-    g.add_argument("--hpz", type=positive_int, metavar="N", dest="hpz_partition_size",
-                   help="ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)")
-    g.add_argument("--tiled-loss", choices=("on", "off"), help="logits and loss one slice of tokens at a time (ALST)")
-    g.add_argument("--tiled-mlp", choices=("on", "off"), help="each MLP one slice of tokens at a time (ALST)")
-    g.add_argument("--memory-fraction", type=fraction, default=None,
-                   help="share of GPU memory a plan may use (default 0.95; the rest absorbs fragmentation)")
-    return p
+def complete(args: argparse.Namespace, command: str) -> argparse.Namespace:
+    """The namespace as the command runs it: the command line, over the run file (-c), over the declared defaults.
+    Options that exclude each other (Option.exclusive): one given on the command line drops the file's other."""
+    given = set(vars(args))
+    path = getattr(args, "config_file", None)
+    from_file = read_run_file(path, command) if path else {}
+    mine = for_command(command) + (for_command("zerokit") if command != "zerokit" else [])
+    tags = {o.key: o.exclusive for o in mine if o.exclusive}
+    for key, tag in tags.items():
+        rivals = [o.key for o in mine if o.exclusive == tag and o.key != key]
+        if key in from_file and any(r in given for r in rivals):
+            del from_file[key]
+        elif key in from_file and any(r in from_file for r in rivals):
+            other = next(r for r in rivals if r in from_file)
+            raise ZerokitError(f"{path}: {key.replace('_', '-')} and {other.replace('_', '-')} exclude each other: "
+                               "keep one")
+    for opt in mine:
+        if opt.key in given:
+            continue
+        if opt.key in from_file:
+            setattr(args, opt.key, from_file[opt.key])
+        else:
+            setattr(args, opt.key, False if opt.is_switch else opt.default)
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,14 +122,15 @@ def load_model(args):
     """The ModelSpec: from --params (pure arithmetic) or the model the resolver finds."""
     if getattr(args, "params", None):
         if getattr(args, "model", None):
-            raise ZerokitError("give either a model or --params, not both")
+            raise ZerokitError(f"give either a model or {flag('params')}, not both")
         from zerokit.core.units import parse_param_count
         from zerokit.spec.model import spec_from_params
 
-        return spec_from_params(parse_param_count(args.params, "--params"), hidden_size=args.hidden_size,
+        return spec_from_params(parse_param_count(args.params, flag("params")), hidden_size=args.hidden_size,
                                 num_layers=args.num_layers, vocab_size=args.vocab_size)
     if not getattr(args, "model", None):
-        raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or --params N")
+        raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or "
+                           f"{flag('params')} N")
     from zerokit.spec.model import load_model_spec
 
     return load_model_spec(args.model)
@@ -195,28 +145,8 @@ def load_workload(args, model=None):
         seq_len = min(DEFAULT_PLAN_SEQ_LEN, (model.max_positions if model is not None else None) or DEFAULT_PLAN_SEQ_LEN)
     elif model is not None:
         model.check_seq_len(seq_len)
-    return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs,
+    return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs or 1.0,
                     attention=args.attention)
-
-
-def add_finetune_args(p) -> None:
-    g = p.add_argument_group("fine-tuning (what trains: gradients and optimizer states exist for it only)")
-    g.add_argument("--finetune", choices=("full", "lora", "qlora"), default="full",
-                   help="full: every weight trains (default); lora: peft LoRA adapters on a frozen base; qlora: LoRA "
-                        "on a base quantized to 4-bit NF4 by bitsandbytes")
-    g.add_argument("--lora-r", type=int, default=None, metavar="N", help="LoRA rank (default 16)")
-    g.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 8, peft's)")
-    g.add_argument("--lora-dropout", type=float, default=None, help="LoRA dropout (default 0)")
-    g.add_argument("--lora-targets", type=nonempty, default=None, metavar="all-linear|NAME,NAME",
-                   help="modules that get adapters: all-linear (peft's meaning: every Linear but the LM head; default) "
-                        "or module names such as q_proj,v_proj")
-    g.add_argument("--bnb-4bit-quant-storage", choices=("uint8", "bf16", "fp16", "fp32"), default=None,
-                   help="qlora: the dtype the packed 4-bit weights are stored in (BitsAndBytesConfig; default uint8)")
-    g.add_argument("--bnb-4bit-use-double-quant", choices=("on", "off"), default=None,
-                   help="qlora: quantize the quantization constants too (default on, as the QLoRA paper)")
-    g.add_argument("--freeze", action="append", default=None, metavar="PATTERN",
-                   help="full fine-tune with the parameters whose names contain PATTERN frozen, or match it as a glob "
-                        "over the whole name when it has *?[ (repeatable; e.g. embed_tokens, layers.0., '*layers.[0-9].*')")
 
 
 def finetune_from_args(args):
@@ -225,12 +155,12 @@ def finetune_from_args(args):
     mode = getattr(args, "finetune", None) or "full"
     lora = {k: getattr(args, k, None) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")}
     quant = {k: getattr(args, k, None) for k in ("bnb_4bit_quant_storage", "bnb_4bit_use_double_quant")}
-    given = [f"--{k.replace('_', '-')}" for k, v in lora.items() if v is not None]
+    given = [flag(k.replace("_", "-")) for k, v in lora.items() if v is not None]
     if mode == "full" and given:
-        raise ZerokitError(f"{given[0]} needs --finetune lora or qlora")
-    given = [f"--{k.replace('_', '-')}" for k, v in quant.items() if v is not None]
+        raise ZerokitError(f"{given[0]} needs {flag('finetune')} lora or qlora")
+    given = [flag(k.replace("_", "-")) for k, v in quant.items() if v is not None]
     if mode != "qlora" and given:
-        raise ZerokitError(f"{given[0]} needs --finetune qlora")
+        raise ZerokitError(f"{given[0]} needs {flag('finetune')} qlora")
     if quant["bnb_4bit_use_double_quant"] is not None:
         quant["bnb_4bit_use_double_quant"] = quant["bnb_4bit_use_double_quant"] == "on"
     return Finetune(mode=mode, freeze=tuple(getattr(args, "freeze", None) or ()),
@@ -240,8 +170,8 @@ def finetune_from_args(args):
 def apply_finetune(args, model, finetune):
     """The ModelSpec as fine-tuned, counted from the model's real module shapes (spec/finetune.py)."""
     if getattr(args, "params", None):
-        raise ZerokitError(f"--finetune {finetune.mode}/--freeze count the model's modules: give a model config, "
-                           "not --params")
+        raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')} count the model's modules: give a "
+                           f"model config, not {flag('params')}")
     from zerokit.spec.finetune import finetuned_spec
     from zerokit.spec.resolve import resolve_model
 
@@ -262,4 +192,4 @@ def pins_from_args(args) -> dict:
 def memory_fraction_from_args(args) -> float:
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
 
-    return getattr(args, "memory_fraction", None) or DEFAULT_MEMORY_FRACTION  # bounded by its type, fraction()
+    return getattr(args, "memory_fraction", None) or DEFAULT_MEMORY_FRACTION  # bounded by its type, options.fraction

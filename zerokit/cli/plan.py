@@ -6,7 +6,7 @@ import json
 import sys
 
 from zerokit.cli.common import (
-    add_finetune_args,
+    add_options,
     apply_finetune,
     finetune_from_args,
     hardware_from_args,
@@ -14,33 +14,21 @@ from zerokit.cli.common import (
     load_model,
     load_workload,
     memory_fraction_from_args,
-    nonempty,
     pins_from_args,
 )
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_OK, ZerokitError
+from zerokit.core.options import flag, option
 
 
-def add_plan_parser(sub, parents) -> None:
-    p = sub.add_parser("plan", parents=parents, help="memory breakdown, best ZeRO setup, step and total time")
-    p.add_argument("model", nargs="?", type=nonempty, help="HF model id, local directory with config.json, or bundled name (tiny-llama, llama-3-8b, ...)")
-    p.add_argument("--trace", action="store_true", help="measure activations by tracing the model under FakeTensorMode (slower)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE", type=nonempty,
-                   help="also draw the per-GPU memory of the chosen setup beside the others and the budget "
-                        "(FILE.svg or FILE.png; needs matplotlib: pip install 'zerokit[plot]')")
-    add_finetune_args(p)
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="memory breakdown, best ZeRO setup, step and total time")
+    add_options(p, "plan")
     p.set_defaults(func=cmd_plan)
 
 
-def add_render_parser(sub, parents) -> None:
-    p = sub.add_parser("render", parents=parents, help="plan, then write the ds_config.json")
-    p.add_argument("model", nargs="?", type=nonempty)
-    p.add_argument("-o", "--output", type=nonempty, default="ds_config.json", help="where to write (default ds_config.json; - for stdout)")
-    p.add_argument("--profile", choices=("deepspeed", "hf", "accelerate"), default="deepspeed",
-                   help="deepspeed: every value concrete; hf: 'auto' where the HF Trainer fills values; accelerate: "
-                        f"the hf config and, beside it, {ACCELERATE_YAML} for `accelerate launch --config_file`")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON as well")
-    add_finetune_args(p)
+def add_render_parser(sub) -> None:
+    p = sub.add_parser("render", help="plan, then write the ds_config.json")
+    add_options(p, "render")
     p.set_defaults(func=cmd_render)
 
 
@@ -77,11 +65,13 @@ def build_plan(args):
     if getattr(args, "trace", False) and plan.best is not None:
         s = plan.best.setup
         if not args.model:
-            raise ZerokitError("--trace needs a model config to trace: give a model id or directory, not --params")
+            raise ZerokitError(f"{flag('trace')} needs a model config to trace: give a model id or directory, not "
+                               f"{flag('params')}")
         if s.tensor_parallel > 1 or s.sequence_parallel > 1 or s.tiled_loss or s.tiled_mlp:
             # the trace runs the unsplit HF model on one process: it measures none of these
-            raise ZerokitError(f"--trace measures the unsplit model on one process, not {s.label}: pin "
-                               "--tensor-parallel 1 --sequence-parallel 1 --tiled-loss off --tiled-mlp off, or drop --trace")
+            raise ZerokitError(f"{flag('trace')} measures the unsplit model on one process, not {s.label}: pin "
+                               f"{flag('tensor-parallel')} 1 {flag('sequence-parallel')} 1 {flag('tiled-loss')} off "
+                               f"{flag('tiled-mlp')} off, or drop {flag('trace')}")
         from zerokit.measure.trace import trace_activation_memory
         from zerokit.plan.refine import apply_activation_trace
         from zerokit.spec.resolve import resolve_model
@@ -96,7 +86,7 @@ def build_plan(args):
     if plan.best is not None:
         from zerokit.config.render import render_ds_config
 
-        profile = getattr(args, "profile", "deepspeed")
+        profile = getattr(args, "profile", None) or "deepspeed"
         plan.ds_config = render_ds_config(plan.best.setup, cluster, model, workload,
                                           profile="hf" if profile == "accelerate" else profile)
         if model.trained.finetune_mode == "qlora" and plan.best.setup.zero_stage == 3:
@@ -129,6 +119,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_render(args) -> int:
+    args.output = args.output or "ds_config.json"
+    args.profile = args.profile or "deepspeed"
     plan = build_plan(args)
     if plan.ds_config is None or not plan.fits:
         from zerokit.report.plan_text import format_plan
@@ -138,8 +130,8 @@ def cmd_render(args) -> int:
     text = json.dumps(plan.ds_config, indent=2) + "\n"
     if args.output == "-":
         if args.profile == "accelerate":
-            raise ZerokitError(f"--profile accelerate writes two files (the ds_config and {ACCELERATE_YAML}): "
-                               "give -o FILE instead of -")
+            raise ZerokitError(f"{flag('profile')} accelerate writes two files (the ds_config and {ACCELERATE_YAML}): "
+                               f"give {option('output').short} FILE instead of -")
         sys.stdout.write(text)
         return EXIT_OK
     from zerokit.config.render import write_json_atomic

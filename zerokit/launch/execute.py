@@ -3,6 +3,7 @@ supervisor (launch/runner.py), then write the predicted-vs-measured report."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -26,6 +27,8 @@ def describe_command(plan: LaunchPlan, resume: bool) -> str:
     lines = [f"# {plan.setup.label} | {plan.cluster.world_size} ranks | {what}", "# environment:"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += ["# command:", shlex.join(argv)]
+    if plan.uses_own_loop:
+        lines += [f"# rank options ({plan.rank_options_path}):", json.dumps(plan.rank_options(resume).to_dict())]
     return "\n".join(lines)
 
 
@@ -40,7 +43,7 @@ def convert_for_resize(plan: LaunchPlan) -> str:
     else:
         how = f"ZeRO-0 keeps the whole optimizer state: loaded as it is on {rs.new_world_size} rank" + (
             "s" * (rs.new_world_size > 1))
-    from zerokit.config.rules import parallelism_from_config
+    from zerokit.config.read import parallelism_from_config
 
     micro, accum = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
     par = parallelism_from_config(cfg)
@@ -60,8 +63,9 @@ def write_run_directory(plan: LaunchPlan) -> None:
         print(convert_for_resize(plan), flush=True)
     plan.out_abs.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.cfg_path, plan.ds_config)
-    if plan.uses_own_loop:  # a user's script brings its own data
+    if plan.uses_own_loop:  # a user's script brings its own data and reads its own options
         zdata.write_data(plan.data, plan.files, plan.tokenizer, plan.tokens_path.parent)  # tokens (labels, mask)
+        plan.rank_options(plan.request.resume).save(plan.rank_options_path)
     if plan.multi_node and not plan.request.sbatch:  # the sbatch script exports the same variables itself
         from zerokit.spec.hostfile import write_deepspeed_env
 

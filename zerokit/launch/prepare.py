@@ -29,6 +29,7 @@ from zerokit.launch.checkpoints import (
 )
 from zerokit.launch.command import LaunchSpec, validate
 from zerokit.launch import user_script
+from zerokit.launch.rank_options import RANK_OPTIONS_FILE, RankOptions
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
 from zerokit.spec.finetune import Finetune
@@ -132,32 +133,27 @@ class LaunchPlan:
     def tokens_path(self) -> Path:
         return self.out_abs / "data" / "tokens.npy"
 
+    @property
+    def rank_options_path(self) -> Path:
+        return self.out_abs / RANK_OPTIONS_FILE
+
+    def rank_options(self, resume: bool) -> RankOptions:
+        """What zerokit's loop is told on every rank (written to rank_options_path by execute.write_run_directory)."""
+        return RankOptions(
+            model=self.model.source, tokens=str(self.tokens_path), tokenizer=self.tokenizer, ds_config=str(self.cfg_path),
+            output_dir=str(self.out_abs), steps=self.steps, save_every=self.save_every, seed=self.request.seed,
+            gradient_checkpointing=self.setup.activation_checkpointing, tiled_loss=self.setup.tiled_loss,
+            tiled_mlp=self.setup.tiled_mlp, check_config=not self.deepspeed_checked,
+            dist_backend=self.cluster.dist_backend,  # deepspeed.init_distributed(dist_backend=...) in the ranks
+            finetune=self.request.finetune,  # the ranks freeze / wrap in peft / quantize (train.py apply_finetune)
+            merge=self.request.merge, resume=resume)
+
     def script_args(self, resume: bool) -> list[str]:
-        """The rank entrypoint's arguments (zerokit/cli/rank.py), or the user's script and its arguments (the same
-        on a restart: the script resumes from its own checkpoints)."""
+        """The rank entrypoint's one argument, its options file (a restart resumes by itself: RankOptions.load), or
+        the user's script and its arguments (the same on a restart: the script resumes from its own checkpoints)."""
         if self.script is not None:
             return self.script.runner_args(self.placeholder_values())
-        a = ["--model", self.model.source, "--tokens", str(self.tokens_path), "--tokenizer", self.tokenizer,
-             "--ds-config", str(self.cfg_path), "--output-dir", str(self.out_abs), "--steps", str(self.steps),
-             "--save-every", str(self.save_every), "--seed", str(self.request.seed)]
-        if self.setup.activation_checkpointing:
-            a.append("--gradient-checkpointing")
-        if self.setup.tiled_loss:
-            a.append("--tiled-loss")
-        if self.setup.tiled_mlp:
-            a.append("--tiled-mlp")
-        if not self.deepspeed_checked:
-            a.append("--check-config")
-        if self.cluster.dist_backend:  # deepspeed.init_distributed(dist_backend=...) in the ranks
-            a += ["--dist-backend", self.cluster.dist_backend]
-        finetune = self.request.finetune
-        if not finetune.is_full:  # the ranks freeze / wrap in peft / quantize (launch/train.py apply_finetune)
-            a += ["--finetune-json", json.dumps(finetune.to_dict(), separators=(",", ":"))]
-        if self.request.merge:
-            a.append("--merge")
-        if resume:
-            a.append("--resume")
-        return a
+        return [str(self.rank_options_path)]
 
     def placeholder_values(self) -> dict:
         """What {ds_config}, {micro_batch}, ... in the user's script arguments stand for (user_script.PLACEHOLDERS)."""
@@ -396,7 +392,7 @@ def _hold_in_config(ds_config: dict, held: int, resize: Resize, world: int) -> d
     micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else resize.old.micro_batch
     if not micro:
         raise ZerokitError("--resume on another world size needs train_micro_batch_size_per_gpu in --config: set it")
-    from zerokit.config.rules import parallelism_from_config
+    from zerokit.config.read import parallelism_from_config
 
     par = parallelism_from_config(ds_config)
     check_resize_parallelism(resize, par.tensor_parallel, par.sequence_parallel)
@@ -424,7 +420,8 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
                                "--sequence-parallel/--hpz choose a setup for --plan; with --config the config decides: "
                                "drop them or use --plan")
         from zerokit.config.check import check_config
-        from zerokit.config.rules import auto_keys, load_config_file
+        from zerokit.config.auto import auto_keys
+        from zerokit.config.read import load_config_file
 
         ds_config = load_config_file(req.config)
         if held is not None:

@@ -1,13 +1,15 @@
 """The per-rank training entry point that `zerokit launch` starts under the deepspeed launcher.
 
-    deepspeed --num_gpus 2 --module zerokit.launch.train --model DIR --tokens tokens.npy \
-        --ds-config ds_config.json --output-dir OUT --steps 20 [--save-every K] [--resume]
+    deepspeed --num_gpus 2 --module zerokit.launch.train RUN/rank_options.json
+
+RUN/rank_options.json is launch/rank_options.RankOptions, written by `zerokit launch` (the ranks parse no command
+line; a restart resumes from the latest checkpoint).
 
 Every rank builds the HF causal LM (under ZeRO-3 through transformers' own zero.Init path), the
 DeepSpeed engine from the config (optimizer, LR schedule, clipping, precision, accumulation all come
 from the config), and a DataLoader over a seeded DistributedSampler. The data stream runs across epoch
 boundaries; its position (epoch, micro batch index) is saved in every checkpoint with each rank's RNG
-state, so `--resume` continues from the same global step and data position (fp32: losses equal the
+state, so a resumed run continues from the same global step and data position (fp32: losses equal the
 uninterrupted run exactly).
 
 Outputs under --output-dir:
@@ -22,7 +24,7 @@ Outputs under --output-dir:
   base/                   LoRA/QLoRA of a random-init (config-only) model: the base weights the adapter
                           belongs to (its adapter_config.json names this directory)
 
-Fine-tuning (--finetune-json, spec.finetune.Finetune): --freeze patterns set requires_grad False; LoRA wraps
+Fine-tuning (RankOptions.finetune, spec.finetune.Finetune): --freeze patterns set requires_grad False; LoRA wraps
 the model in peft's get_peft_model; QLoRA loads the base 4-bit NF4 through transformers' BitsAndBytesConfig
 first. DeepSpeed's optimizer then holds state for the trainable parameters only.
 
@@ -34,7 +36,6 @@ Test hooks (environment; only act on attempt ZEROKIT_ATTEMPT == ZEROKIT_TEST_CRA
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -42,7 +43,6 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
@@ -58,43 +58,13 @@ from zerokit.launch.checkpoints import (
     write_latest,
     write_shape,
 )
+from zerokit.launch.rank_options import RankOptions, options_file_from_argv
 from zerokit.measure.step_phases import StepPhaseMeter
 from zerokit.spec.finetune import Finetune, is_frozen
 from zerokit.spec.setup import optimizer_steps
 
 BASE_SUBDIR = "base"  # LoRA/QLoRA of a random-init model: the base weights its adapter belongs to
 MERGED_SUBDIR = "merged"  # final/merged: --merge's base + adapter in one set of weights
-
-
-@dataclass(frozen=True)
-class RankOptions:
-    """What one rank is told to do (zerokit/cli/rank.py parses the command line into it)."""
-
-    model: str  # HF id, model directory, or config-only directory
-    ds_config: str  # the ds_config.json path
-    output_dir: str
-    tokens: str | None = None  # packed tokens.npy written by `zerokit launch` (int32 [n, seq_len])
-    data: str | None = None  # instead of tokens: .txt/.jsonl file or directory ("": the bundled corpus)
-    tokenizer: str | None = None  # default: the model's, else the bundled one
-    seq_len: int | None = None  # with data: sequence length (default 64)
-    steps: int | None = None  # optimizer steps in total
-    epochs: float | None = None  # passes over the data (default 1)
-    save_every: int = 0  # checkpoint every K optimizer steps (0: only at the end)
-    resume: bool = False
-    seed: int = 1234
-    gradient_checkpointing: bool = False
-    lr: float = 1e-3  # only when the config has no optimizer block
-    no_export: bool = False
-    no_memory_meter: bool = False
-    memory_steps: int = 0  # CPU: stop the live-tensor-byte meter after this many optimizer steps
-    log_every: int = 1
-    local_rank: int = 0
-    check_config: bool = False  # validate ds_config with DeepSpeed's config classes before anything else
-    dist_backend: str | None = None  # deepspeed.init_distributed(dist_backend=...); None: DeepSpeed's default
-    finetune: Finetune = Finetune()  # what trains: full, --freeze patterns, LoRA or QLoRA
-    merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base)
-    tiled_loss: bool = False  # the LM head and loss through TiledFusedLogitsLoss (launch/parallel.py)
-    tiled_mlp: bool = False  # every decoder MLP through TiledMLP
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,7 +376,7 @@ def config_accepted(ds_config: dict, out: Path) -> bool:
     launcher's world size. A launch defers this to the ranks when the verdict is not cached, because they import
     DeepSpeed anyway and the parent then imports nothing heavy (launch/prepare.py). Refused: rank 0 writes the
     one-line reason for the parent (launch/execute.py), no rank prints anything."""
-    from zerokit.config.rules import validate_with_deepspeed
+    from zerokit.config.validate import validate_with_deepspeed
 
     try:
         validate_with_deepspeed(ds_config, _env_int("WORLD_SIZE") or 1)
@@ -424,9 +394,11 @@ def main(args: RankOptions) -> int:
     import deepspeed
     from deepspeed import comm as dist
 
+    from zerokit.config.read import load_config_file
+
     out = Path(args.output_dir)
     ckpt_dir = out / CKPT_SUBDIR
-    ds_config = json.loads(Path(args.ds_config).read_text())
+    ds_config = load_config_file(args.ds_config)
     if args.check_config and not config_accepted(ds_config, out):
         return EXIT_INVALID
     zero = ds_config.get("zero_optimization") or {}
@@ -448,7 +420,7 @@ def main(args: RankOptions) -> int:
     attempt = _env_int("ZEROKIT_ATTEMPT") or 0
     run_id = os.environ.get("ZEROKIT_RUN_ID")
 
-    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by the deepspeed launcher on every rank
     on_cuda = torch.cuda.is_available()
     if on_cuda:
         torch.cuda.set_device(local_rank)
@@ -887,10 +859,11 @@ def merge_adapter(base_src: str, adapter_dir: Path, dest: Path, finetune: Finetu
     merged.save_pretrained(str(dest), safe_serialization=True)
 
 
-if __name__ == "__main__":  # `python -m zerokit.launch.train`: the command line is the CLI layer's
-    from zerokit.cli.rank import main as _cli_main
+if __name__ == "__main__":  # `python -m zerokit.launch.train RUN/rank_options.json`, on every rank
     from zerokit.core.process import finish_rank
 
+    # this module runs once, as __main__: nothing in zerokit imports zerokit.launch.train (tests/test_layers.py)
+    _opts = RankOptions.load(options_file_from_argv(sys.argv[1:]), attempt=_env_int("ZEROKIT_ATTEMPT") or 0)
     # metrics closed, checkpoints and final/ behind the last barrier: process groups destroyed, then out without
     # the interpreter's teardown (zerokit.core.process says why). An exception above propagates with its traceback.
-    finish_rank(_cli_main())
+    finish_rank(main(_opts))

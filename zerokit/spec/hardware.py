@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.limits import at_most
+from zerokit.core.options import DIST_BACKENDS
 from zerokit.core.resources import bundled_data
 from zerokit.core.units import MiB, parse_size
 from zerokit.spec.profile import LOCAL_PROFILE_ENV, HardwareProfile, apply_profile, local_profile_path, measured_here
@@ -173,8 +174,7 @@ def local_gpus_in_catalog() -> bool:
 
 
 # -- the communication backend (--dist-backend) -------------------------------------------------------------
-# The torch.distributed backends DeepSpeed can be told to use (deepspeed.comm.init_distributed(dist_backend=...)).
-DIST_BACKENDS = ("nccl", "gloo", "mpi", "ccl", "hccl")
+# The torch.distributed backends DeepSpeed can be told to use: DIST_BACKENDS, the option's choices (core/options.py)
 # Per device family: (DeepSpeed's default, the backends that can carry its tensors). The default is what
 # deepspeed.comm.init_distributed(dist_backend=None) takes, get_accelerator().communication_backend_name():
 # CUDA_Accelerator 'nccl' (ROCm too: torch names RCCL nccl), CPU_Accelerator 'ccl' (Intel's oneCCL) when
