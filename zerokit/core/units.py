@@ -7,6 +7,7 @@ import re
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.limits import at_most, finite_number
+from zerokit.core.options import flag
 
 _UNITS = {
     "": 1, "b": 1,
@@ -46,7 +47,7 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
     return int(round(size))
 
 
-def parse_param_count(text: str | int | float, what: str = "--params") -> int:
+def parse_param_count(text: str | int | float, what: str = flag("params")) -> int:
     """A parameter count, a positive integer that may be written as 7e9 or 7B (billions) / 125M (millions), at most
     MAX_PARAMS."""
     s = str(text).strip()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text
+from zerokit.core.options import flag
 
 CKPT_SUBDIR = "checkpoints"
 METRICS_SUBDIR = "metrics"
@@ -216,18 +217,19 @@ def check_resize_parallelism(resize: Resize, tensor_parallel: int, sequence_para
       (TP 2 on 2 ranks -> TP 2 x DP 2 on 4) the universal path reproduces the uninterrupted run (tests/test_resize.py)."""
     old = resize.old
     if old.sequence_parallel > 1:
-        raise ZerokitError(f"--resume: checkpoint {old.tag} was written by a sequence-parallel run (SP "
+        raise ZerokitError(f"{flag('resume')}: checkpoint {old.tag} was written by a sequence-parallel run (SP "
                            f"{old.sequence_parallel} on {old.world_size} ranks), which DeepSpeed 0.19.8 cannot reload "
                            f"on another number of ranks (its universal checkpoint does not know SP): resume on "
                            f"{old.world_size} ranks")
     if sequence_parallel > 1:
-        raise ZerokitError(f"--resume on {resize.new_world_size} ranks with sequence parallelism: DeepSpeed 0.19.8 loads "
-                           f"a universal checkpoint only without it: resume on {old.world_size} ranks, or without "
-                           "sequence_parallel_size")
+        raise ZerokitError(f"{flag('resume')} on {resize.new_world_size} ranks with sequence parallelism: DeepSpeed "
+                           f"0.19.8 loads a universal checkpoint only without it: resume on {old.world_size} ranks, or "
+                           "without sequence_parallel_size")
     if tensor_parallel != old.tensor_parallel:
-        raise ZerokitError(f"--resume: checkpoint {old.tag} holds AutoTP slices of degree {old.tensor_parallel}; this "
-                           f"run asks for {tensor_parallel}: keep tensor_parallel.autotp_size {old.tensor_parallel} "
-                           "(only the data-parallel degree may change)")
+        raise ZerokitError(f"{flag('resume')}: checkpoint {old.tag} holds AutoTP slices of degree "
+                           f"{old.tensor_parallel}; this run asks for {tensor_parallel}: keep "
+                           f"tensor_parallel.autotp_size {old.tensor_parallel} (only the data-parallel degree may "
+                           "change)")
 
 
 def held_accumulation(global_batch: int, micro_batch: int, world_size: int, ranks_per_replica: int = 1) -> int:
@@ -241,7 +243,8 @@ def held_accumulation(global_batch: int, micro_batch: int, world_size: int, rank
         replicas = f"{world_size} ranks" if ranks_per_replica == 1 else f"{world_size} data-parallel replicas"
         raise ZerokitError(f"the checkpoint's global batch {global_batch} cannot be split into micro batch "
                            f"{micro_batch} x {replicas}: resume on {', '.join(map(str, fits))} ranks "
-                           "(--gpus-per-node/--nodes), or use a --config whose micro batch divides it")
+                           f"({flag('gpus-per-node')}/{flag('nodes')}), or use a {flag('config')} whose micro batch "
+                           "divides it")
     return global_batch // per_step
 
 

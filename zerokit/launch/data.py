@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.launch.data_sources import (
     DataFormat,
     DataSource,
@@ -166,8 +167,8 @@ def load_chat_tokenizer(name_or_path: str):
     tok = load_tokenizer(name_or_path)
     if not getattr(tok, "chat_template", None):
         raise ZerokitError(f"tokenizer {name_or_path} has no chat template, which chat and instruction data are "
-                           "rendered with: pass --tokenizer DIR_OR_HUB_ID of one that has a chat_template (e.g. the "
-                           "model's instruct version), or give data with a \"text\" column")
+                           f"rendered with: pass {flag('tokenizer')} DIR_OR_HUB_ID of one that has a chat_template "
+                           "(e.g. the model's instruct version), or give data with a \"text\" column")
     return tok
 
 
@@ -213,7 +214,7 @@ def encode_chat(tok, messages: list[dict], where: str) -> tuple[list[int], list[
         except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception() in the template
             msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ZerokitError(f"{where}: the chat template cannot render this conversation ({msg}): fix the record, "
-                               "or use a tokenizer whose template accepts it (--tokenizer)") from None
+                               f"or use a tokenizer whose template accepts it ({flag('tokenizer')})") from None
 
     full = render(messages)
     spans = []
@@ -227,13 +228,13 @@ def encode_chat(tok, messages: list[dict], where: str) -> tuple[list[int], list[
         if not (upto.startswith(before) and full.startswith(upto)):
             raise ZerokitError(f"{where}: the chat template renders earlier turns differently once a reply follows, so "
                                "the assistant's tokens cannot be found: use a tokenizer whose template only appends "
-                               "(--tokenizer)")
+                               f"({flag('tokenizer')})")
         spans.append((len(before), len(upto)))
     try:
         enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)  # the template holds the specials
     except NotImplementedError:
         raise ZerokitError("the tokenizer gives no character offsets (a slow, Python tokenizer): use its fast version "
-                           "(a tokenizer.json) with --tokenizer") from None
+                           f"(a tokenizer.json) with {flag('tokenizer')}") from None
     ids = list(enc["input_ids"])
     labels = [t if any(a <= start < b for a, b in spans) else IGNORE_INDEX
               for t, (start, _) in zip(ids, enc["offset_mapping"])]
@@ -275,7 +276,7 @@ def pack(examples: list[tuple[list[int], list[int] | None]], seq_len: int, where
     n = total // seq_len
     if n < 1:
         raise ZerokitError(f"data {where} has {total} tokens, fewer than one sequence of {seq_len}: add text or lower "
-                           "--seq-len")
+                           f"{flag('seq-len')}")
     tokens = ids[: n * seq_len].reshape(n, seq_len)
     if all(lab is None for _, lab in examples):
         return TokenizedData(tokens, total_tokens=total, packing=True, **meta)
@@ -297,8 +298,8 @@ def pad(examples: list[tuple[list[int], list[int] | None]], seq_len: int, pad_id
     rows = [(e, lab) for e, lab in rows if any(t != IGNORE_INDEX for t in lab)]
     total = sum(len(e) for e, _ in examples)
     if not rows:
-        raise ZerokitError(f"data {where}: no example has a token to train on within --seq-len {seq_len} (the "
-                           "prompts fill it): raise --seq-len")
+        raise ZerokitError(f"data {where}: no example has a token to train on within {flag('seq-len')} {seq_len} (the "
+                           f"prompts fill it): raise {flag('seq-len')}")
     tokens = np.full((len(rows), seq_len), pad_id, dtype=np.int32)
     labels = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int32)
     mask = np.zeros((len(rows), seq_len), dtype=np.int8)
@@ -317,12 +318,13 @@ def encode_source(source: DataSource, tokenizer: str, seq_len: int, data_format:
         this = detect_format(table.columns, data_format, table.name)
         if fmt is not None and this != fmt:
             raise ZerokitError(f"data {source.label} mixes formats ({fmt.key} and {this.key} in {table.name}): give "
-                               "files of one format, or force one with --data-format")
+                               f"files of one format, or force one with {flag('data-format')}")
         fmt = this
         items += [(table.place(i), ex) for i, row in enumerate(table.rows)
                   if (ex := fmt.example(row, table, i)) is not None]
     if not items:
-        raise ZerokitError(f"data {source.label} holds no records with content: add some, or pick another --data")
+        raise ZerokitError(f"data {source.label} holds no records with content: add some, or pick another "
+                           f"{flag('data')}")
     if fmt.kind == "text":
         tok = load_encoder(tokenizer)
         end = [] if _eos_id(tok) is None else [_eos_id(tok)]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.core.resources import bundled_corpus
 
 # the files a directory may hold, and how each is read (None: by zerokit itself, no `datasets` import)
@@ -143,9 +144,9 @@ def detect_format(columns: list[str], forced: str | None, where: str) -> DataFor
         cols = ", ".join(columns) or "none"
         want = _EXPECTED if not forced else {"chat": '"messages"', "text": '"text"'}.get(
             forced, " or ".join(f"{p}/{r}" for p, _, r in INSTRUCTION_COLUMNS))
-        raise ZerokitError(f"data {where} has columns {cols}, none of which is {want}"
-                           f"{' for --data-format ' + forced if forced else ''}: rename the columns "
-                           "(e.g. with datasets' rename_column) or pick another --data")
+        forced_as = f" for {flag('data-format')} {forced}" if forced else ""
+        raise ZerokitError(f"data {where} has columns {cols}, none of which is {want}{forced_as}: rename the columns "
+                           f"(e.g. with datasets' rename_column) or pick another {flag('data')}")
     return fmt
 
 
@@ -167,15 +168,15 @@ def resolve_source(data: str | os.PathLike | None, split: str | None = None, con
     p = Path(data).expanduser()
     if p.is_dir() and any((p / m).is_file() for m in SAVED_MARKERS):
         if config:
-            raise ZerokitError(f"--data-config names a configuration of a hub dataset; {data} is a saved dataset: "
-                               "drop it")
+            raise ZerokitError(f"{flag('data-config')} names a configuration of a hub dataset; {data} is a saved "
+                               "dataset: drop it")
         files = tuple(sorted(f for f in p.rglob("*") if f.is_file()))
         return DataSource("saved", files, str(p), split or "train")
     if not p.exists() and _looks_like_hub_id(str(data)):
         return DataSource("hub", (), str(data), split or "train", config)
     if split or config:
-        raise ZerokitError(f"--data-split/--data-config pick part of a hub or saved dataset; {data} is local files "
-                           "(one split): drop them")
+        raise ZerokitError(f"{flag('data-split')}/{flag('data-config')} pick part of a hub or saved dataset; {data} is "
+                           "local files (one split): drop them")
     names = "/".join(DATA_SUFFIXES)
     if not p.exists():
         raise ZerokitError(f"data {str(data)!r} does not exist: give a {names} file, a directory of them, "
@@ -252,7 +253,7 @@ def _load_file(reader: str, f: Path) -> Table:
     except Exception as e:  # noqa: BLE001 - Arrow, pandas and datasets raise many kinds; report one line
         cause = e.__cause__ or e
         if "corresponds to no data" in str(e):  # datasets' words for a split without rows (an empty file)
-            raise ZerokitError(f"data file {f} holds no records: add some, or pick another --data") from None
+            raise ZerokitError(f"data file {f} holds no records: add some, or pick another {flag('data')}") from None
         raise ZerokitError(f"cannot read {f} as {reader.upper()} ({_first_line(cause)}): fix the file") from None
     return Table(str(f), list(ds.column_names), ds)
 
@@ -272,7 +273,7 @@ def _load_saved(location: str, split: str) -> Table:
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise ZerokitError(f"saved dataset {location} has no split {split!r} (it has {', '.join(ds)}): "
-                               "pick one with --data-split")
+                               f"pick one with {flag('data-split')}")
         ds = ds[split]
     return Table(location, list(ds.column_names), ds)
 
@@ -320,7 +321,8 @@ def load_hub_split(path: str, config: str | None, split: str) -> Table:
         raise ZerokitError(f"cannot reach the HuggingFace hub for dataset {path} and datasets has no cached copy: "
                            "connect to the internet, or pass local files") from None
     except Exception as e:  # noqa: BLE001 - not found, gated, unknown split or config: datasets' message says which
-        raise ZerokitError(f"cannot load dataset {path} ({_first_line(e.__cause__ or e)}): check the id, --data-config "
-                           "and --data-split (`hf auth login` for a gated or private one)") from None
+        raise ZerokitError(f"cannot load dataset {path} ({_first_line(e.__cause__ or e)}): check the id, "
+                           f"{flag('data-config')} and {flag('data-split')} (`hf auth login` for a gated or private "
+                           "one)") from None
     return Table(path, list(ds.column_names), ds, fingerprint=getattr(ds, "_fingerprint", None))
 

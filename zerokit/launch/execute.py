@@ -11,6 +11,7 @@ import sys
 
 from zerokit.core.errors import EXIT_INVALID, EXIT_OK, ZerokitError
 from zerokit.core.fsutil import atomic_write_text
+from zerokit.core.options import flag
 from zerokit.launch.checkpoints import CKPT_SUBDIR, config_rejection, convert_to_universal
 from zerokit.launch.command import build_launch_command, render_sbatch
 from zerokit.launch.prepare import LaunchPlan
@@ -124,7 +125,7 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
         print("interrupted: every rank was stopped", file=sys.stderr)
         return result.returncode
     if not result.ok:
-        again = (f"resume with --resume --output-dir {plan.out}" if plan.uses_own_loop else
+        again = (f"resume with {flag('resume')} {flag('output-dir')} {plan.out}" if plan.uses_own_loop else
                  "rerun it: your script resumes from its own checkpoints")
         raise ZerokitError(f"training failed (launcher exit code {result.returncode}) after {result.restarts} restarts: "
                            f"see the rank output above; {again}",

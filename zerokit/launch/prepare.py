@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
+from zerokit.core.options import flag
 from zerokit.core.quiet import verbose
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
 from zerokit.launch.checkpoints import (
@@ -199,7 +200,7 @@ def resolve_cluster(req: LaunchRequest) -> tuple[Cluster, dict, bool]:
     hosts = dict(cluster.hosts) if cluster.hosts else {}
     multi_node = bool(hosts) and not (len(hosts) == 1 and is_local(next(iter(hosts))))
     if cluster.nodes > 1 and not hosts and not (req.sbatch or req.launcher == "slurm"):
-        raise ZerokitError(f"--nodes {cluster.nodes} needs --hostfile naming the nodes: give one")
+        raise ZerokitError(f"{flag('nodes')} {cluster.nodes} needs {flag('hostfile')} naming the nodes: give one")
     return cluster, hosts, multi_node
 
 
@@ -212,8 +213,8 @@ def check_dist_backend_installed(req: LaunchRequest, cluster: Cluster, ranks_her
     if backend is None:
         return
     if req.script_command:
-        raise ZerokitError(f"--dist-backend {backend} is passed to zerokit's own training loop; your script chooses its "
-                           "backend itself (the HF Trainer: --ddp_backend): drop --dist-backend")
+        raise ZerokitError(f"{flag('dist-backend')} {backend} is passed to zerokit's own training loop; your script "
+                           f"chooses its backend itself (the HF Trainer: --ddp_backend): drop {flag('dist-backend')}")
     import importlib.util
 
     import torch.distributed as dist
@@ -222,18 +223,18 @@ def check_dist_backend_installed(req: LaunchRequest, cluster: Cluster, ranks_her
         return any(importlib.util.find_spec(m) is not None for m in modules)  # finds, imports nothing
 
     if backend == "nccl" and not (dist.is_nccl_available() and (cuda_devices()[0] or not ranks_here)):
-        raise ZerokitError("--dist-backend nccl needs NVIDIA GPUs (and a CUDA build of torch), which this machine lacks: "
-                           "use gloo on CPU")
+        raise ZerokitError(f"{flag('dist-backend')} nccl needs NVIDIA GPUs (and a CUDA build of torch), which this "
+                           "machine lacks: use gloo on CPU")
     if backend == "gloo" and not dist.is_gloo_available():
-        raise ZerokitError("--dist-backend gloo: this torch was built without gloo: install torch from PyPI")
+        raise ZerokitError(f"{flag('dist-backend')} gloo: this torch was built without gloo: install torch from PyPI")
     if backend == "mpi" and not dist.is_mpi_available():
-        raise ZerokitError("--dist-backend mpi: PyPI's torch is built without MPI: build torch from source with MPI, "
-                           "or use gloo")
+        raise ZerokitError(f"{flag('dist-backend')} mpi: PyPI's torch is built without MPI: build torch from source "
+                           "with MPI, or use gloo")
     if backend == "ccl" and not installed("oneccl_bindings_for_pytorch"):
-        raise ZerokitError("--dist-backend ccl needs Intel's oneCCL bindings for torch: pip install oneccl_bind_pt "
-                           "(the build matching your torch), or use gloo")
+        raise ZerokitError(f"{flag('dist-backend')} ccl needs Intel's oneCCL bindings for torch: pip install "
+                           "oneccl_bind_pt (the build matching your torch), or use gloo")
     if backend == "hccl" and not installed("torch_npu", "habana_frameworks"):
-        raise ZerokitError("--dist-backend hccl needs Ascend's torch_npu (pip install torch_npu) or Gaudi's "
+        raise ZerokitError(f"{flag('dist-backend')} hccl needs Ascend's torch_npu (pip install torch_npu) or Gaudi's "
                            "habana_frameworks: install the one for your accelerator, or use gloo")
 
 
@@ -273,10 +274,11 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
     bitsandbytes importable. With the user's script the fine-tune only sizes the plan: the script builds its model."""
     finetune = req.finetune
     if req.merge and not finetune.uses_lora:
-        raise ZerokitError("--merge merges LoRA adapters into the base weights: it needs --finetune lora or qlora")
+        raise ZerokitError(f"{flag('merge')} merges LoRA adapters into the base weights: it needs {flag('finetune')} "
+                           "lora or qlora")
     if req.merge and req.script_command:
-        raise ZerokitError("--merge is for zerokit's own training loop; your script saves its own model: drop --merge "
-                           "(peft: model.merge_and_unload() in your script)")
+        raise ZerokitError(f"{flag('merge')} is for zerokit's own training loop; your script saves its own model: drop "
+                           f"{flag('merge')} (peft: model.merge_and_unload() in your script)")
     if finetune.mode == "qlora":
         # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (no `kernels` package for its fused CPU gemm)
         from zerokit.core.quiet import library_output
@@ -286,8 +288,8 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
                 import bitsandbytes  # noqa: F401, PLC0415
         except Exception as exc:  # noqa: BLE001  (ImportError, or the native library's own error)
             why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-            raise ZerokitError(f"--finetune qlora quantizes the base to 4-bit with bitsandbytes, which does not import "
-                               f"here ({why}): pip install bitsandbytes") from None
+            raise ZerokitError(f"{flag('finetune')} qlora quantizes the base to 4-bit with bitsandbytes, which does "
+                               f"not import here ({why}): pip install bitsandbytes") from None
     if finetune.is_full:
         return spec
     from zerokit.spec.finetune import finetuned_spec
@@ -314,8 +316,9 @@ def check_resume_finetune(req: LaunchRequest) -> None:
             a, b = before.to_dict(), req.finetune.to_dict()
             changed = ", ".join(f"{k} {b.get(k)} (the run's: {a.get(k)})" for k in sorted(a.keys() | b.keys())
                                 if a.get(k) != b.get(k))
-            raise ZerokitError(f"--resume: the run in {req.output_dir} trained {before.label}; this launch asks for "
-                               f"{changed}: resume with the run's --finetune, --lora-* and --freeze options")
+            raise ZerokitError(f"{flag('resume')}: the run in {req.output_dir} trained {before.label}; this launch "
+                               f"asks for {changed}: resume with the run's {flag('finetune')}, --lora-* and "
+                               f"{flag('freeze')} options")
 
 
 def check_quant_storage(finetune: Finetune, precision: str) -> None:
@@ -323,9 +326,9 @@ def check_quant_storage(finetune: Finetune, precision: str) -> None:
     _cast_module_mixed_precision casts every float parameter to bf16/fp16, bytes and all), corrupting them."""
     storage = finetune.bnb_4bit_quant_storage
     if finetune.mode == "qlora" and storage != "uint8" and precision in ("bf16", "fp16") and storage != precision:
-        raise ZerokitError(f"--bnb-4bit-quant-storage {storage} in a {precision} run: DeepSpeed casts every "
+        raise ZerokitError(f"{flag('bnb-4bit-quant-storage')} {storage} in a {precision} run: DeepSpeed casts every "
                            f"floating-point parameter to {precision}, which would corrupt the packed 4-bit weights: "
-                           f"use --bnb-4bit-quant-storage uint8 or {precision}")
+                           f"use {flag('bnb-4bit-quant-storage')} uint8 or {precision}")
 
 
 def choose_seq_len(req: LaunchRequest, spec) -> int:
@@ -376,12 +379,12 @@ def held_global_batch(req: LaunchRequest, resize: Resize | None) -> int | None:
             setup = json.loads((Path(req.output_dir) / "launch.json").read_text())["setup"]
             held = setup["micro_batch_size"] * setup["gradient_accumulation_steps"] * resize.old.world_size
         except (OSError, ValueError, KeyError, TypeError):
-            raise ZerokitError(f"--resume: checkpoint {resize.old.tag} was written by {resize.old.world_size} ranks "
-                               f"but neither it nor {req.output_dir}/launch.json gives its global batch: resume on "
-                               f"{resize.old.world_size} ranks") from None
+            raise ZerokitError(f"{flag('resume')}: checkpoint {resize.old.tag} was written by {resize.old.world_size} "
+                               f"ranks but neither it nor {req.output_dir}/launch.json gives its global batch: resume "
+                               f"on {resize.old.world_size} ranks") from None
     if req.global_batch is not None and req.global_batch != held:
-        raise ZerokitError(f"--global-batch {req.global_batch} differs from the checkpoint's global batch {held}; a "
-                           "resume holds it: drop --global-batch")
+        raise ZerokitError(f"{flag('global-batch')} {req.global_batch} differs from the checkpoint's global batch "
+                           f"{held}; a resume holds it: drop {flag('global-batch')}")
     return held
 
 
@@ -391,7 +394,8 @@ def _hold_in_config(ds_config: dict, held: int, resize: Resize, world: int) -> d
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     micro = micro if isinstance(micro, int) and not isinstance(micro, bool) else resize.old.micro_batch
     if not micro:
-        raise ZerokitError("--resume on another world size needs train_micro_batch_size_per_gpu in --config: set it")
+        raise ZerokitError(f"{flag('resume')} on another world size needs train_micro_batch_size_per_gpu in "
+                           f"{flag('config')}: set it")
     from zerokit.config.read import parallelism_from_config
 
     par = parallelism_from_config(ds_config)
@@ -416,9 +420,10 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     if req.config:
         # what the script does beyond the config may be pinned with --config: checkpointing and ALST's tiling
         if pins.keys() - {"activation_checkpointing", "tiled_loss", "tiled_mlp"}:
-            raise ZerokitError("--stage/--offload-*/--precision/--micro-batch/--grad-accum/--tensor-parallel/"
-                               "--sequence-parallel/--hpz choose a setup for --plan; with --config the config decides: "
-                               "drop them or use --plan")
+            raise ZerokitError(f"{flag('stage')}/--offload-*/{flag('precision')}/{flag('micro-batch')}/"
+                               f"{flag('grad-accum')}/{flag('tensor-parallel')}/{flag('sequence-parallel')}/"
+                               f"{flag('hpz')} choose a setup for {flag('plan')}; with {flag('config')} the config "
+                               f"decides: drop them or use {flag('plan')}")
         from zerokit.config.check import check_config
         from zerokit.config.auto import auto_keys
         from zerokit.config.read import load_config_file
@@ -441,7 +446,8 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
             raise ZerokitError(f"{req.config} is not a valid DeepSpeed config for {world} ranks: {result.problem()}")
         if result.evaluation is not None and not result.evaluation.fits:
             print(format_check(result), file=sys.stderr)
-            raise ZerokitError(f"the setup in {req.config} does not fit: see the breakdown above (or try --plan)",
+            raise ZerokitError(f"the setup in {req.config} does not fit: see the breakdown above (or try "
+                               f"{flag('plan')})",
                                exit_code=EXIT_DOES_NOT_FIT)
         evaluation = result.evaluation
         # "auto" (an HF-style config for a user's Trainer script): the values the check judged
@@ -499,11 +505,11 @@ def _steps(samples: int | None, world: int, micro: int, accum: int, req: LaunchR
 def check_user_script(req: LaunchRequest) -> "user_script.UserCommand":
     """The user's `-- python train.py ARGS`, checked: the script exists, gets the config, and none of zerokit's
     own-loop options were given (the script decides its data, checkpoints and learning rate)."""
-    loop_only = [name for name, value in (("--data", req.data), ("--tokenizer", req.tokenizer),
-                                          ("--save-every", req.save_every), ("--resume", req.resume or None),
-                                          ("--lr", req.lr), ("--warmup-steps", req.warmup_steps),
-                                          ("--data-format", req.data_format), ("--packing", req.packing),
-                                          ("--data-split", req.data_split), ("--data-config", req.data_config))
+    loop_only = [name for name, value in ((flag("data"), req.data), (flag("tokenizer"), req.tokenizer),
+                                          (flag("save-every"), req.save_every), (flag("resume"), req.resume or None),
+                                          (flag("lr"), req.lr), (flag("warmup-steps"), req.warmup_steps),
+                                          (flag("data-format"), req.data_format), (flag("packing"), req.packing),
+                                          (flag("data-split"), req.data_split), (flag("data-config"), req.data_config))
                  if value is not None]
     if loop_only:
         raise ZerokitError(f"{', '.join(loop_only)} set zerokit's own training loop; your script decides them: drop them "
@@ -511,7 +517,8 @@ def check_user_script(req: LaunchRequest) -> "user_script.UserCommand":
     cmd = user_script.parse_command(req.script_command)
     user_script.check_config_argument(cmd)
     if req.steps is None and req.samples is None and any("{steps}" in a for a in cmd.args):
-        raise ZerokitError("{steps} in the script's arguments needs --steps (or --samples) on zerokit launch")
+        raise ZerokitError(f"{{steps}} in the script's arguments needs {flag('steps')} (or {flag('samples')}) on "
+                           "zerokit launch")
     return cmd
 
 
@@ -520,20 +527,22 @@ def output_dir(req: LaunchRequest, data) -> Path:
     out = Path(req.output_dir) if req.output_dir else Path("runs") / (
         f"{Path(req.model.rstrip('/')).name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and not out.is_dir():
-        raise ZerokitError(f"--output-dir {out} is a file: give a directory")
+        raise ZerokitError(f"{flag('output-dir')} {out} is a file: give a directory")
     ckpt = out / CKPT_SUBDIR
     if req.resume:
         if not read_latest(ckpt):
-            raise ZerokitError(f"--resume: {out} has no complete checkpoint (checkpoints/latest): drop --resume to start fresh")
+            raise ZerokitError(f"{flag('resume')}: {out} has no complete checkpoint (checkpoints/latest): drop "
+                               f"{flag('resume')} to start fresh")
         if (out / "data" / "tokens.npy").is_file() and data is not None:
             from zerokit.launch.data import written_data_matches
 
             if not written_data_matches(out / "data", data):  # tokens, labels and attention masks alike
-                raise ZerokitError(f"--resume: the data or --seq-len differ from the run in {out} (its data position "
-                                   "would point elsewhere): resume with the same --data, --seq-len, --data-format "
-                                   "and --packing")
+                raise ZerokitError(f"{flag('resume')}: the data or {flag('seq-len')} differ from the run in {out} (its "
+                                   f"data position would point elsewhere): resume with the same {flag('data')}, "
+                                   f"{flag('seq-len')}, {flag('data-format')} and {flag('packing')}")
     elif ckpt.is_dir() and any(ckpt.iterdir()):
-        raise ZerokitError(f"--output-dir {out} already holds checkpoints: pass --resume to continue it, or choose another directory")
+        raise ZerokitError(f"{flag('output-dir')} {out} already holds checkpoints: pass {flag('resume')} to continue "
+                           "it, or choose another directory")
     return out
 
 
@@ -543,14 +552,14 @@ def choose_launcher(req: LaunchRequest, hosts: dict, multi_node: bool) -> tuple[
     if req.sbatch:
         sb_dir = Path(req.sbatch).expanduser().resolve().parent
         if not sb_dir.is_dir() or not os.access(sb_dir, os.W_OK):
-            raise ZerokitError(f"cannot write --sbatch {req.sbatch}: {sb_dir} is not a writable directory")
+            raise ZerokitError(f"cannot write {flag('sbatch')} {req.sbatch}: {sb_dir} is not a writable directory")
         launcher = "slurm"  # the script runs DeepSpeed's slurm launcher inside the allocation
     elif launcher == "slurm" and not req.master_addr:
-        raise ZerokitError("--launcher slurm runs inside a Slurm allocation and needs --master-addr: "
-                           "or use --sbatch FILE to get a batch script that finds it")
+        raise ZerokitError(f"{flag('launcher')} slurm runs inside a Slurm allocation and needs {flag('master-addr')}: "
+                           f"or use {flag('sbatch')} FILE to get a batch script that finds it")
     if launcher in ("pdsh", "openmpi", "mpich"):
         if not hosts:
-            raise ZerokitError(f"--launcher {launcher} needs --hostfile naming the nodes: give one")
+            raise ZerokitError(f"{flag('launcher')} {launcher} needs {flag('hostfile')} naming the nodes: give one")
         check_hosts_reachable(list(hosts), need_pdsh=launcher == "pdsh")
     return launcher, multi_node or launcher != "local"
 

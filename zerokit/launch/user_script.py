@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.core.process import close_process_groups
 
 MODULE = "zerokit.launch.user_script"  # what the deepspeed launcher starts on every rank (--module)
@@ -125,8 +126,8 @@ def check_config_argument(cmd: UserCommand) -> None:
     """The script must get zerokit's config: through {ds_config}, or through the HF Trainer's --deepspeed."""
     given = [a for a in cmd.args if a == "--deepspeed" or a.startswith("--deepspeed=") or a == "--deepspeed_config"]
     if given and not cmd.has_config_placeholder:
-        raise ZerokitError(f"the script's arguments already name a DeepSpeed config ({given[0]} ...): pass that file with "
-                           "`zerokit launch --config FILE` and write {ds_config} in its place")
+        raise ZerokitError(f"the script's arguments already name a DeepSpeed config ({given[0]} ...): pass that file "
+                           f"with `zerokit launch {flag('config')} FILE` and write {{ds_config}} in its place")
     if not cmd.has_config_placeholder and not cmd.uses_hf_trainer:
         raise ZerokitError(f"{cmd.target} takes no --deepspeed option (no TrainingArguments in it) and its arguments have "
                            "no {ds_config}: write {ds_config} where the script reads its DeepSpeed config path")

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.spec.setup import TORCH_DTYPE_NAMES
 from zerokit.core.units import MiB
 from zerokit.measure.ranks import Lockstep, device_of, free_port, run_local_ranks, sync, tagged_json
@@ -480,7 +481,8 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         try:
             os.makedirs(folder, exist_ok=True)
         except OSError as e:
-            raise ZerokitError(f"cannot create {folder} for the profile ({e.strerror}): pick another --output") from None
+            raise ZerokitError(f"cannot create {folder} for the profile ({e.strerror}): pick another "
+                               f"{flag('output')}") from None
         try:
             if os.path.isdir(os.fspath(output_path)):
                 raise IsADirectoryError(21, "a directory")
@@ -490,7 +492,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
                 pass
         except OSError as e:
             raise ZerokitError(f"cannot write the profile to {os.fspath(output_path)} ({e.strerror}): "
-                               "pick a writable file path for --output") from None
+                               f"pick a writable file path for {flag('output')}") from None
     t0 = time.perf_counter()
     device = device_of(device)
     world_size = world_size or benchmark_world_size(device)
@@ -571,7 +573,8 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         threads = max(1, (os.cpu_count() or 1) // world_size)
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
         notes.append(f"only {torch.cuda.device_count()} GPU(s): collectives measured over gloo between host processes, "
-                     "not GPU links; intra_node_bw is kept from the catalog (plans with --dist-backend gloo use them)")
+                     f"not GPU links; intra_node_bw is kept from the catalog (plans with {flag('dist-backend')} gloo "
+                     "use them)")
     if world_size < 2:  # one GPU: no peer to measure a link with
         notes.append("collectives: one rank, no link to measure; the catalog's bandwidths stand")
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.spec.finetune import Finetune
 from zerokit.spec.hardware import Cluster
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, estimate_memory, fit_problems
@@ -90,21 +91,24 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
     (register_with_transformers refuses eager)."""
     gpn = cluster.gpus_per_node
     a, k = model.num_attention_heads, model.num_kv_heads
-    for name, flag, d in (("tensor", "--tensor-parallel", tensor_parallel), ("sequence", "--sequence-parallel", sequence_parallel)):
+    for name, degree, d in (("tensor", flag("tensor-parallel"), tensor_parallel),
+                            ("sequence", flag("sequence-parallel"), sequence_parallel)):
         if d > 1 and gpn % d:
-            return f"{flag} {d} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
+            return f"{degree} {d} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
     if tensor_parallel > 1:
         if a % tensor_parallel or k % tensor_parallel:
-            return (f"--tensor-parallel {tensor_parallel} does not divide the model's {a} attention heads and {k} KV "
-                    "heads: use a degree that divides both")
+            return (f"{flag('tensor-parallel')} {tensor_parallel} does not divide the model's {a} attention heads "
+                    f"and {k} KV heads: use a degree that divides both")
         if model.trained.trainable_params is not None:
-            return "AutoTP tensor parallelism is planned for full fine-tunes only: drop --tensor-parallel or --finetune/--freeze"
+            return (f"AutoTP tensor parallelism is planned for full fine-tunes only: drop {flag('tensor-parallel')} "
+                    f"or {flag('finetune')}/{flag('freeze')}")
     if sequence_parallel > 1:
         problems = ulysses_problems(a, k, sequence_parallel, workload.seq_len)
         if problems:
-            return f"--sequence-parallel {problems[0]}"
+            return f"{flag('sequence-parallel')} {problems[0]}"
         if workload.attention == "eager" or not model.supports_sdpa:
-            return "Ulysses sequence parallelism needs sdpa or flash attention (it refuses eager): use --attention sdpa"
+            return (f"Ulysses sequence parallelism needs sdpa or flash attention (it refuses eager): use "
+                    f"{flag('attention')} sdpa")
     return None
 
 
@@ -135,8 +139,8 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
     if "hpz_partition_size" in pins:
         hpz = pins["hpz_partition_size"]
         if hpz > 1 and cluster.world_size % min(hpz, cluster.world_size):
-            raise ZerokitError(f"--hpz {hpz} does not divide the {cluster.world_size} ranks (DeepSpeed asserts it): "
-                               f"use a divisor, e.g. {gpn}")
+            raise ZerokitError(f"{flag('hpz')} {hpz} does not divide the {cluster.world_size} ranks (DeepSpeed asserts "
+                               f"it): use a divisor, e.g. {gpn}")
         hpzs = [hpz]
     else:
         hpzs = [1] + ([gpn] if cluster.nodes > 1 and gpn > 1 else [])
@@ -215,8 +219,8 @@ def _micro_batches(cluster: Cluster, workload: Workload, pins: dict, model_paral
             accum = batch_split(workload.global_batch, n, m)
             if "gradient_accumulation_steps" in pins and pins["gradient_accumulation_steps"] != accum:
                 raise ZerokitError(
-                    f"--global-batch {workload.global_batch} with micro batch {m} on {n} GPUs needs accumulation "
-                    f"{accum}, not {pins['gradient_accumulation_steps']}: drop one of the three"
+                    f"{flag('global-batch')} {workload.global_batch} with micro batch {m} on {n} GPUs needs "
+                    f"accumulation {accum}, not {pins['gradient_accumulation_steps']}: drop one of the three"
                 )
         else:
             accum = pins.get("gradient_accumulation_steps", 1)
@@ -228,8 +232,8 @@ def _families(cluster: Cluster, pins: dict) -> list[dict]:
     acc = cluster.accelerator
     if "precision" in pins and not acc.supports(pins["precision"]):
         supported = ", ".join(acc.precisions)
-        raise ZerokitError(f"{pins['precision']} is not supported on {acc.name}: use --precision {supported.split(', ')[0]} "
-                           f"(supported: {supported})")
+        raise ZerokitError(f"{pins['precision']} is not supported on {acc.name}: use {flag('precision')} "
+                           f"{supported.split(', ')[0]} (supported: {supported})")
     fams = []
     for stage in (0, 1, 2, 3):
         for opt, param in OFFLOAD_CHOICES:
@@ -348,7 +352,7 @@ def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked,
         fastest = max(acc.plannable_precisions, key=acc.peak_flops)
         plan.notes.append("; ".join(
             f"{p} left out: its matmul measured {acc.peak_flops(p) / 1e9:.3g} GFLOP/s here, under 1/10 of {fastest}'s "
-            f"{acc.peak_flops(fastest) / 1e9:.3g} (pin --precision {p} to plan it anyway)" for p in left_out))
+            f"{acc.peak_flops(fastest) / 1e9:.3g} (pin {flag('precision')} {p} to plan it anyway)" for p in left_out))
     return plan
 
 
@@ -407,7 +411,7 @@ def suggest(model: ModelSpec, cluster: Cluster, workload: Workload, frugal: Eval
     host_short = budget.cpu_bytes and mem.per_node_cpu_total > budget.cpu_bytes
     if host_short:
         if not cluster.nvme_bytes:
-            out.append("offload to NVMe (ZeRO-Infinity): give --nvme-path DIR (and --nvme-size)")
+            out.append(f"offload to NVMe (ZeRO-Infinity): give {flag('nvme-path')} DIR (and {flag('nvme-size')})")
         out.append(f"use nodes with at least {fmt_bytes(mem.per_node_cpu_total)} of host RAM")
     if mem.nvme_total > budget.nvme_bytes:
         out.append(f"provide at least {fmt_bytes(mem.nvme_total)} of NVMe per node")
@@ -437,10 +441,10 @@ def finetune_suggestions(config_source: str, model: ModelSpec, cluster: Cluster,
             continue  # peft or bitsandbytes missing, or a pin the alternative cannot honour: nothing to suggest
         best = plan.best
         mem = fmt_bytes(best.memory.per_gpu_total)
-        flag = f"--finetune {finetune.mode}"
+        given = f"{flag('finetune')} {finetune.mode}"
         what = f"{finetune.label}: {tuned.trainable:,} trainable parameters"
         if plan.fits:
-            out.append(f"fine-tune with {what} ({flag}): {best.setup.label} fits in {mem} per GPU")
+            out.append(f"fine-tune with {what} ({given}): {best.setup.label} fits in {mem} per GPU")
             return out
-        out.append(f"{flag} does not fit either ({what}; the least, {best.setup.label}, needs {mem} per GPU)")
+        out.append(f"{given} does not fit either ({what}; the least, {best.setup.label}, needs {mem} per GPU)")
     return out

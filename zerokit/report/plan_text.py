@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zerokit.core.options import flag
 from zerokit.core.units import fmt_bytes, fmt_seconds
 
 TERM_LABELS = {
@@ -132,7 +133,7 @@ def parallel_lines(s, world_size: int) -> list[str]:
 
 def format_plan(plan) -> str:
     m, c, w = plan.model, plan.cluster, plan.workload
-    exact = "exact" if m.exact else "estimated from --params"
+    exact = "exact" if m.exact else f"estimated from {flag('params')}"
     out = [
         f"model     {m.name}: {m.params:,} parameters ({exact}), {m.num_layers} layers, hidden {m.hidden_size}, "
         f"vocab {m.vocab_size}",
@@ -140,7 +141,7 @@ def format_plan(plan) -> str:
         f"({fmt_bytes(c.accelerator.memory_bytes)} each)"
         + (f", host RAM {fmt_bytes(c.cpu_memory_bytes)}/node" if c.cpu_memory_bytes else "")
         + (f", NVMe {fmt_bytes(c.nvme_bytes)}/node" if c.nvme_bytes else "")
-        + (f" [--gpu auto: {c.accelerator.detected}]" if c.accelerator.detected else "")
+        + (f" [{flag('gpu')} auto: {c.accelerator.detected}]" if c.accelerator.detected else "")
         + (f", backend {c.comm_backend}" + (" (DeepSpeed's default)" if c.dist_backend is None else "")
            if c.world_size > 1 else ""),
         f"workload  seq {w.seq_len}, attention {w.attention}"
@@ -172,7 +173,7 @@ def format_plan(plan) -> str:
         for r in plan.rejected[:12]:
             out.append(f"    {r['label']:<44} {fmt_bytes(r['per_gpu_bytes']):>11}  {r['reason']}")
         if len(plan.rejected) > 12:
-            out.append(f"    ... {len(plan.rejected) - 12} more (see --json)")
+            out.append(f"    ... {len(plan.rejected) - 12} more (see {flag('json')})")
     return "\n".join(out)
 
 
@@ -196,7 +197,7 @@ def format_check(result) -> str:
         out.append(f"  assumed: {a['key']} = {value}: {a['why']}")
     ev = result.evaluation
     if ev is None:
-        out.append("VALID (no --model given: memory not checked)")
+        out.append(f"VALID (no {flag('model')} given: memory not checked)")
         return "\n".join(out)
     if result.finetune is not None:
         out += ["  " + line for line in finetune_lines(result.finetune, result.model)]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_bytes
+from zerokit.core.options import flag
 from zerokit.core.units import GiB, fmt_bytes
 from zerokit.plan.planner import Plan, evaluate
 from zerokit.report.plan_text import TERM_LABELS
@@ -46,16 +47,17 @@ def check_plot_path(path: str) -> Path:
     p = Path(path)
     if p.suffix.lower() not in FORMATS:
         kind = f"a {p.suffix} file" if p.suffix else "a file without an extension"
-        raise ZerokitError(f"--plot {path}: cannot draw {kind}: end the name in {' or '.join(FORMATS)}")
+        raise ZerokitError(f"{flag('plot')} {path}: cannot draw {kind}: end the name in {' or '.join(FORMATS)}")
     folder = p.parent
     if not folder.is_dir():
-        raise ZerokitError(f"--plot {path}: the folder {folder} does not exist: create it or choose another path")
+        raise ZerokitError(f"{flag('plot')} {path}: the folder {folder} does not exist: create it or choose another "
+                           "path")
     if p.is_dir():
-        raise ZerokitError(f"--plot {path} is a folder: give a file name ending in {' or '.join(FORMATS)}")
+        raise ZerokitError(f"{flag('plot')} {path} is a folder: give a file name ending in {' or '.join(FORMATS)}")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise ZerokitError(f"--plot {path}: cannot write in {folder}: choose a writable folder")
+        raise ZerokitError(f"{flag('plot')} {path}: cannot write in {folder}: choose a writable folder")
     if importlib.util.find_spec("matplotlib") is None:
-        raise ZerokitError(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}")
+        raise ZerokitError(f"{flag('plot')} needs matplotlib, which is not installed: {INSTALL_HINT}")
     return p
 
 
@@ -110,14 +112,14 @@ def plot_memory(plan: Plan, path: str | os.PathLike):
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ZerokitError(f"--plot {path}: end the name in {' or '.join(FORMATS)}")
+        raise ZerokitError(f"{flag('plot')} {path}: end the name in {' or '.join(FORMATS)}")
     try:
         import matplotlib
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.patches import Rectangle
     except ImportError:
-        raise ZerokitError(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
+        raise ZerokitError(f"{flag('plot')} needs matplotlib, which is not installed: {INSTALL_HINT}") from None
 
     bars = shown_setups(plan)
     order = list(TERM_LABELS)
@@ -169,7 +171,7 @@ def plot_memory(plan: Plan, path: str | os.PathLike):
     try:
         atomic_write_bytes(path, buf.getvalue())
     except OSError as e:
-        raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable folder for --plot") from None
+        raise ZerokitError(f"cannot write {path}: {e.strerror}: choose a writable folder for {flag('plot')}") from None
     return fig
 
 

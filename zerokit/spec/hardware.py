@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.limits import at_most
-from zerokit.core.options import DIST_BACKENDS
+from zerokit.core.options import DIST_BACKENDS, flag
 from zerokit.core.resources import bundled_data
 from zerokit.core.units import MiB, parse_size
 from zerokit.spec.profile import LOCAL_PROFILE_ENV, HardwareProfile, apply_profile, local_profile_path, measured_here
@@ -110,11 +110,11 @@ def resolve_gpu_name(name: str) -> tuple[str, str | None]:
         note = None
         if len(family) > 1:
             others = ", ".join(k for k in family if k != best)
-            note = f"--gpu {name}: planning for {best} (the family also has {others}; name the size to choose)"
+            note = f"{flag('gpu')} {name}: planning for {best} (the family also has {others}; name the size to choose)"
         return best, note
     close = difflib.get_close_matches(compact, list(by_compact), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(by_compact[c] for c in close)}? " if close else ""
-    raise ZerokitError(f"unknown GPU {name!r}: {hint}known: {', '.join(cat)}; or give --gpu-memory SIZE")
+    raise ZerokitError(f"unknown GPU {name!r}: {hint}known: {', '.join(cat)}; or give {flag('gpu-memory')} SIZE")
 
 
 def accelerator(name: str) -> Accelerator:
@@ -147,18 +147,18 @@ def detect_accelerator() -> tuple[Accelerator, int]:
     """--gpu auto: (the local GPUs' accelerator, with the memory nvidia-smi reports, and how many there are)."""
     gpus = local_gpus()
     if not gpus:
-        raise ZerokitError("--gpu auto found no NVIDIA GPU on this machine (no nvidia-smi, or it lists none): "
-                           "name the GPU with --gpu NAME, or give --gpu-memory SIZE")
+        raise ZerokitError(f"{flag('gpu')} auto found no NVIDIA GPU on this machine (no nvidia-smi, or it lists none): "
+                           f"name the GPU with {flag('gpu')} NAME, or give {flag('gpu-memory')} SIZE")
     names = sorted({n for n, _ in gpus})
     if len(names) > 1:
-        raise ZerokitError(f"--gpu auto found different GPUs ({', '.join(names)}): zerokit plans for one kind; "
-                           "name it with --gpu NAME")
+        raise ZerokitError(f"{flag('gpu')} auto found different GPUs ({', '.join(names)}): zerokit plans for one kind; "
+                           f"name it with {flag('gpu')} NAME")
     name, mib = gpus[0]
     try:
         key, _ = resolve_gpu_name(name)
     except ZerokitError:
-        raise ZerokitError(f"--gpu auto found {name!r}, which is not in zerokit's catalog: give --gpu NAME of the "
-                           f"closest GPU there and --gpu-memory {mib}MiB") from None
+        raise ZerokitError(f"{flag('gpu')} auto found {name!r}, which is not in zerokit's catalog: give {flag('gpu')} "
+                           f"NAME of the closest GPU there and {flag('gpu-memory')} {mib}MiB") from None
     found = f"{len(gpus)} x {name}, {mib} MiB (nvidia-smi)"
     return replace(catalog()[key], memory_bytes=mib * MiB, detected=found), len(gpus)
 
@@ -222,9 +222,9 @@ def check_dist_backend(backend: str, acc: Accelerator) -> None:
     if backend in _FAMILY_BACKENDS[family][1]:
         return
     if backend == "nccl" and family == "cpu":
-        raise ZerokitError("--dist-backend nccl needs NVIDIA GPUs: use gloo on CPU")
+        raise ZerokitError(f"{flag('dist-backend')} nccl needs NVIDIA GPUs: use gloo on CPU")
     ok = ", ".join(_FAMILY_BACKENDS[family][1])
-    raise ZerokitError(f"--dist-backend {backend} cannot carry {acc.name} tensors: use one of {ok} "
+    raise ZerokitError(f"{flag('dist-backend')} {backend} cannot carry {acc.name} tensors: use one of {ok} "
                        f"(default {default_dist_backend(acc)})")
 
 
@@ -296,8 +296,8 @@ def machine_profile_for(acc: Accelerator) -> HardwareProfile | None:
         return None
     if not os.path.isfile(path):
         if os.environ.get(LOCAL_PROFILE_ENV, "").strip():
-            raise ZerokitError(f"{LOCAL_PROFILE_ENV}={path} does not exist: run `zerokit calibrate --output {path}`, "
-                               f"or set {LOCAL_PROFILE_ENV}=none for the catalog's figures")
+            raise ZerokitError(f"{LOCAL_PROFILE_ENV}={path} does not exist: run `zerokit calibrate {flag('output')} "
+                               f"{path}`, or set {LOCAL_PROFILE_ENV}=none for the catalog's figures")
         return None
     try:
         profile = HardwareProfile.from_file(path)
@@ -343,9 +343,9 @@ def build_cluster(
     if profile is not None:
         acc = apply_profile(acc, profile)
     if gpu_memory is not None:
-        mem = parse_size(gpu_memory, "--gpu-memory")
+        mem = parse_size(gpu_memory, flag("gpu-memory"))
         if mem <= 0:
-            raise ZerokitError("--gpu-memory must be positive, e.g. 80GB")
+            raise ZerokitError(f"{flag('gpu-memory')} must be positive, e.g. 80GB")
         acc = replace(acc, memory_bytes=mem, name=acc.name if gpu else "custom")
     hosts: tuple[tuple[str, int], ...] = ()
     if hostfile:
@@ -361,19 +361,22 @@ def build_cluster(
             )
         hf_gpus, hf_nodes = slots.pop(), len(parsed)
         if gpus_per_node is not None and gpus_per_node != hf_gpus:
-            raise ZerokitError(f"--gpus-per-node {gpus_per_node} disagrees with hostfile slots={hf_gpus}: drop one of them")
+            raise ZerokitError(f"{flag('gpus-per-node')} {gpus_per_node} disagrees with hostfile slots={hf_gpus}: drop "
+                               "one of them")
         if nodes is not None and nodes != hf_nodes:
-            raise ZerokitError(f"--nodes {nodes} disagrees with the {hf_nodes} hosts in {hostfile}: drop one of them")
+            raise ZerokitError(f"{flag('nodes')} {nodes} disagrees with the {hf_nodes} hosts in {hostfile}: drop one "
+                               "of them")
         gpus_per_node, nodes = hf_gpus, hf_nodes
-    cpu_bytes = parse_size(cpu_memory, "--cpu-memory") if cpu_memory is not None else 0
-    nvme_bytes = parse_size(nvme_size, "--nvme-size") if nvme_size is not None else 0
+    cpu_bytes = parse_size(cpu_memory, flag("cpu-memory")) if cpu_memory is not None else 0
+    nvme_bytes = parse_size(nvme_size, flag("nvme-size")) if nvme_size is not None else 0
     if nvme_path and nvme_size is None:
         import shutil
 
         try:
             nvme_bytes = shutil.disk_usage(nvme_path).free
         except OSError:
-            raise ZerokitError(f"--nvme-path {nvme_path} does not exist: create it or give --nvme-size") from None
+            raise ZerokitError(f"{flag('nvme-path')} {nvme_path} does not exist: create it or give "
+                               f"{flag('nvme-size')}") from None
     if nvme_bytes and not nvme_path:
         nvme_path = "/local_nvme"
     return Cluster(

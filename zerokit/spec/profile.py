@@ -48,6 +48,7 @@ from typing import Any
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import cache_dir, parse_json_text
+from zerokit.core.options import flag
 
 SCHEMA = 1
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -276,8 +277,8 @@ class HardwareProfile:
     @property
     def source(self) -> str:
         """What the plan names as the origin of the accelerator's figures."""
-        return (f"a profile measured by `zerokit calibrate{' --quick' if self.quick else ''}` on {self.device_name} "
-                f"at {self.created} ({self.path})")
+        return (f"a profile measured by `zerokit calibrate{' ' + flag('quick') if self.quick else ''}` on "
+                f"{self.device_name} at {self.created} ({self.path})")
 
 
 # Where `zerokit calibrate` writes this machine's profile by default, and where plans look for it when no
@@ -331,7 +332,8 @@ def load_profile(profile_path: str | os.PathLike) -> dict:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise ZerokitError(f"hardware profile {path} does not exist: run `zerokit calibrate --output {path}` first") from None
+        raise ZerokitError(f"hardware profile {path} does not exist: run `zerokit calibrate {flag('output')} {path}` "
+                           "first") from None
     except (OSError, ValueError) as e:
         raise ZerokitError(f"hardware profile {path} is not readable ({e}): re-run `zerokit calibrate`") from None
     prof = parse_json_text(text, f"hardware profile {path}")
@@ -347,7 +349,7 @@ def apply_profile(accelerator, profile: "HardwareProfile | str | os.PathLike"):
         profile = HardwareProfile.from_file(profile)
     prof, is_cpu_profile = profile.data, profile.device_type == "cpu"
     if bool(getattr(accelerator, "is_cpu", False)) != is_cpu_profile:
-        want = "--gpu cpu" if is_cpu_profile else "the --gpu it was measured on"
+        want = f"{flag('gpu')} cpu" if is_cpu_profile else f"the {flag('gpu')} it was measured on"
         raise ZerokitError(
             f"hardware profile {profile.path} was measured on {profile.device_type} ({profile.device_name}) "
             f"but the plan targets {accelerator.name}: use {want}, or calibrate on the target machine"

@@ -21,11 +21,12 @@ from typing import Literal
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import parse_json_text
+from zerokit.core.options import flag
 from zerokit.core.resources import bundled_models_dir, bundled_tokenizer
 
 CONFIG_NAME = "config.json"
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-HINT = "pass a directory containing a HuggingFace config.json, a bundled name, a hub id, or --params N"
+HINT = f"pass a directory containing a HuggingFace config.json, a bundled name, a hub id, or {flag('params')} N"
 # what makes a directory a pretrained model rather than a config to initialise randomly
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.safetensors.index.json", "pytorch_model.bin.index.json")
 # what makes a directory hold its own tokenizer (AutoTokenizer.from_pretrained reads one of these)
@@ -85,8 +86,9 @@ class ResolvedModel:
         if self.kind == "directory" and any((self.path / f).exists() for f in TOKENIZER_FILES):
             return str(self.path)
         if self.init == "weights":
-            raise ZerokitError(f"model directory {self.path} has weights but no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}"
-                               ", ...): copy the model's tokenizer into it, or pass --tokenizer DIR_OR_HUB_ID")
+            raise ZerokitError(f"model directory {self.path} has weights but no tokenizer files "
+                               f"({', '.join(TOKENIZER_FILES[:2])}, ...): copy the model's tokenizer into it, or pass "
+                               f"{flag('tokenizer')} DIR_OR_HUB_ID")
         return str(bundled_tokenizer())
 
     def config_file(self) -> Path:
