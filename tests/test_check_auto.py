@@ -17,7 +17,12 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from zerokit.cli import main  # noqa: E402
-from zerokit.config import rules  # noqa: E402
+from zerokit.config.auto import fill_auto  # noqa: E402
+from zerokit.config.keys import ZERO_DEPRECATED  # noqa: E402
+from zerokit.config.lint import lint_config  # noqa: E402
+from zerokit.config.read import load_config_file  # noqa: E402
+from zerokit.config.setup import setup_from_config  # noqa: E402
+from zerokit.config.validate import validate_with_deepspeed  # noqa: E402
 from zerokit.config.check import check_config, largest_fitting_micro_batch  # noqa: E402
 from zerokit.plan.planner import evaluate  # noqa: E402
 from zerokit.spec.hardware import HardwareOptions, accelerator  # noqa: E402
@@ -84,7 +89,7 @@ def run_check(capsys, path, *extra) -> tuple[int, dict]:
 
 
 def load(name: str) -> dict:
-    return rules.load_config_file(DATA / CONFIGS[name][0])
+    return load_config_file(DATA / CONFIGS[name][0])
 
 
 # ---------------------------------------------------------------------------------------------- the shipped configs
@@ -105,7 +110,7 @@ def test_shipped_auto_configs_are_valid_and_answered(name, capsys, llama, cluste
 
     # the oracle: evaluate() at the setup the check reports, with the knobs the config implies
     reported = ZeroSetup(**out["evaluation"]["setup"])
-    _, knobs = rules.setup_from_config(load(name), cluster.world_size, auto_values=reported,
+    _, knobs = setup_from_config(load(name), cluster.world_size, auto_values=reported,
                                        hidden_size=llama.hidden_size)
     workload = Workload(seq_len=SEQ)
     if largest >= 1:
@@ -271,7 +276,7 @@ def test_what_deepspeed_does_with_a_key_is_a_warning(name, key, capsys):
 
 
 def test_deprecated_zero_keys_are_deepspeeds_own():
-    """rules.ZERO_DEPRECATED is DeepSpeedZeroConfig's list of deprecated fields, each with the field it becomes."""
+    """ZERO_DEPRECATED is DeepSpeedZeroConfig's list of deprecated fields, each with the field it becomes."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     deprecated = {}
@@ -279,7 +284,7 @@ def test_deprecated_zero_keys_are_deepspeeds_own():
         extra = f.json_schema_extra or {}
         if extra.get("deprecated"):
             deprecated[name] = extra.get("new_param") if extra.get("set_new_param", True) else None
-    assert rules.ZERO_DEPRECATED == deprecated
+    assert ZERO_DEPRECATED == deprecated
 
 
 def test_the_hf_guides_nvme_example_is_refused_as_deepspeed_refuses_it(capsys):
@@ -292,14 +297,14 @@ def test_the_hf_guides_nvme_example_is_refused_as_deepspeed_refuses_it(capsys):
     assert main(["check", str(path), *HW]) == 2
     err = capsys.readouterr().err
     assert "zero_optimization.aio" in err and "top level" in err
-    filled = rules.fill_auto(rules.load_config_file(path), None, 16, 4096)
+    filled = fill_auto(load_config_file(path), None, 16, 4096)
     with pytest.raises(ZerokitError, match="zero_optimization.aio"):
-        rules.validate_with_deepspeed(filled, 16)
+        validate_with_deepspeed(filled, 16)
 
 
 def test_sequence_parallel_is_a_warning_not_an_unknown_key():
     cfg = {**load("llamafactory-z3"), "sequence_parallel_size": 2}
-    found = {f.key: f for f in rules.lint_config(cfg, 16)}
+    found = {f.key: f for f in lint_config(cfg, 16)}
     assert found["sequence_parallel_size"].level == "warning"
     assert "prices the split sequence" in found["sequence_parallel_size"].message
 
@@ -316,9 +321,9 @@ def test_sequence_parallel_auto_config_is_checked(capsys, tmp_path):
     assert code in (0, 1) and out["valid"], out
     assumed = {a["key"]: a for a in out["assumed"]}
     assert assumed["train_batch_size"]["value"] == "micro x accumulation x 8"
-    filled = rules.fill_auto(cfg, {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 16, 4096)
+    filled = fill_auto(cfg, {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 16, 4096)
     assert filled["train_batch_size"] == 2 * 3 * 8
-    rules.validate_with_deepspeed(filled, 16)  # DeepSpeed's batch assertion, at 16 ranks (raises on a mismatch)
-    no_sp = rules.fill_auto(load("llamafactory-z3"), {"train_micro_batch_size_per_gpu": 2,
+    validate_with_deepspeed(filled, 16)  # DeepSpeed's batch assertion, at 16 ranks (raises on a mismatch)
+    no_sp = fill_auto(load("llamafactory-z3"), {"train_micro_batch_size_per_gpu": 2,
                                                       "gradient_accumulation_steps": 3}, 16, 4096)
     assert no_sp["train_batch_size"] == 2 * 3 * 16  # without SP: every process, as the Trainer computes it

@@ -85,7 +85,7 @@ def test_render_writes_a_config_deepspeed_accepts(tmp_path):
     assert r.returncode == 0, r.stderr
     cfg = json.loads(out.read_text())
     assert cfg["train_batch_size"] == 8
-    from zerokit.config.rules import validate_with_deepspeed
+    from zerokit.config.validate import validate_with_deepspeed
 
     validate_with_deepspeed(cfg, world_size=2)
     # and check agrees that it is valid and fits

@@ -17,15 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("deepspeed")
 
-from zerokit.config import rules as ds_check  # noqa: E402
-from zerokit.config.rules import (  # noqa: E402
-    Finding,
-    fill_auto,
-    lint_config,
-    load_config_file,
-    setup_from_config,
-    validate_with_deepspeed,
-)
+from zerokit.config import keys as ds_check  # noqa: E402
+from zerokit.config.auto import auto_keys, fill_auto  # noqa: E402
+from zerokit.config.lint import Finding, lint_config  # noqa: E402
+from zerokit.config.read import load_config_file  # noqa: E402
+from zerokit.config.setup import setup_from_config  # noqa: E402
+from zerokit.config.validate import validate_with_deepspeed  # noqa: E402
 from zerokit.core.errors import ZerokitError  # noqa: E402
 from zerokit.spec.hardware import Cluster, accelerator  # noqa: E402
 from zerokit.config.render import render_ds_config  # noqa: E402
@@ -171,7 +168,7 @@ def test_known_top_level_keys_come_from_deepspeed():
 
 def test_shipped_key_sets_are_the_installed_deepspeeds():
     """zerokit/data/deepspeed_keys.json is what read_deepspeed_keys() reads from the pinned DeepSpeed; regenerate it
-    with: python -c "import json; from zerokit.config.rules import read_deepspeed_keys as r;
+    with: python -c "import json; from zerokit.config.keys import read_deepspeed_keys as r;
     print(json.dumps(r().to_json(), indent=1))" > zerokit/data/deepspeed_keys.json"""
     from zerokit.core.resources import bundled_data
 
@@ -190,7 +187,7 @@ def test_lint_imports_no_deepspeed_and_other_versions_are_read_once(tmp_path):
     import shutil
 
     code = ("import json, sys\n"
-            "from zerokit.config.rules import lint_config\n"
+            "from zerokit.config.lint import lint_config\n"
             "f = lint_config({'train_batch_size': 8, 'zero_optimization': {'stage': 2, 'reduce_bucket_sise': 1}}, 2)\n"
             "print(json.dumps({'keys': [x.key for x in f], 'deepspeed': 'deepspeed' in sys.modules}))\n")
 
@@ -302,7 +299,7 @@ def test_fill_auto_matches_the_hf_trainer():
         "scheduler.params.total_num_steps": 500,
     }, world_size=4, hidden_size=96)
     assert ours == hf.config
-    assert ds_check.auto_keys(ours) == []
+    assert auto_keys(ours) == []
 
 
 def test_fill_auto_leaves_the_input_alone_and_refuses_unknown_keys():

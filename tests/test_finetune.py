@@ -216,7 +216,8 @@ def test_qlora_zero3_renders_persistence_threshold_zero_and_deepspeed_accepts_it
     (partition_parameters.py), and a packed 4-bit weight holds half (uint8) or less of its weight's elements: QLoRA
     renders 0, as a number even where the HF Trainer would fill "auto" with 10 h; a full fine-tune keeps the HF rule."""
     from zerokit.config.render import render_ds_config
-    from zerokit.config.rules import fill_auto, validate_with_deepspeed
+    from zerokit.config.auto import fill_auto
+    from zerokit.config.validate import validate_with_deepspeed
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import ZeroSetup

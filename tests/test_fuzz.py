@@ -227,7 +227,7 @@ DS_CONFIGS = [
 
 
 def _ds_keys():
-    from zerokit.config.rules import deepspeed_keys
+    from zerokit.config.keys import deepspeed_keys
 
     k = deepspeed_keys()
     return sorted(k.top | k.zero | {"enabled", "device", "stage", "type", "params", "lr"})
@@ -242,17 +242,20 @@ def deepspeed():
 @given(mutated(DS_CONFIGS, _ds_keys()), st.sampled_from([1, 2, 4, 3]))
 def test_ds_config_rules(deepspeed, config, world):
     """lint, fill "auto", setup extraction and DeepSpeed's own validation: one line or an answer, nothing else."""
-    from zerokit.config import rules
+    from zerokit.config.auto import fill_auto
+    from zerokit.config.lint import lint_config
+    from zerokit.config.setup import setup_from_config
+    from zerokit.config.validate import validate_with_deepspeed
 
-    findings = only_zerokit_errors(rules.lint_config, config, world)
+    findings = only_zerokit_errors(lint_config, config, world)
     if findings is None or any(f.level == "error" for f in findings):
         return
-    filled = only_zerokit_errors(rules.fill_auto, config, None, world, 4096)
+    filled = only_zerokit_errors(fill_auto, config, None, world, 4096)
     if filled is None:
         return
-    only_zerokit_errors(rules.setup_from_config, filled, world)
+    only_zerokit_errors(setup_from_config, filled, world)
     event("reached DeepSpeed's validation")
-    only_zerokit_errors(rules.validate_with_deepspeed, filled, world)
+    only_zerokit_errors(validate_with_deepspeed, filled, world)
 
 
 @pytest.fixture(scope="module")

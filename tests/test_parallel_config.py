@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from zerokit.cli import main  # noqa: E402
-from zerokit.config.rules import lint_config, parallelism_from_config  # noqa: E402
+from zerokit.config.lint import lint_config  # noqa: E402
+from zerokit.config.read import parallelism_from_config  # noqa: E402
 from zerokit.spec.hardware import accelerator  # noqa: E402
 from zerokit.spec.setup import Parallelism  # noqa: E402
 

@@ -203,7 +203,8 @@ def test_render_writes_the_keys_deepspeed_reads(setup):
     zero_hpz_partition_size) and carries each degree where DeepSpeed reads it."""
     pytest.importorskip("deepspeed")
     from zerokit.config.render import render_ds_config
-    from zerokit.config.rules import parallelism_from_config, validate_with_deepspeed
+    from zerokit.config.read import parallelism_from_config
+    from zerokit.config.validate import validate_with_deepspeed
 
     model = load_model_spec("tiny-llama")
     cfg = render_ds_config(setup, CPU2, model, Workload(seq_len=64))

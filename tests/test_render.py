@@ -19,14 +19,10 @@ from pathlib import Path
 import pytest
 
 from zerokit.config import render
-from zerokit.config.rules import (
-    TRAINER_FILLED_KEYS,
-    auto_keys,
-    fill_auto,
-    lint_config,
-    setup_from_config,
-    validate_with_deepspeed,
-)
+from zerokit.config.auto import TRAINER_FILLED_KEYS, auto_keys, fill_auto
+from zerokit.config.lint import lint_config
+from zerokit.config.setup import setup_from_config
+from zerokit.config.validate import validate_with_deepspeed
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.hardware import Cluster, accelerator
 from zerokit.spec.model import ModelSpec

@@ -559,12 +559,14 @@ def main(argv=None) -> int:
                               fp16_profile if cluster_of(job) is fp16_cluster else None, args.drop_checkpoints)
                 print(f"    rc={run['returncode']} {run['wall_s']:.1f} s", file=sys.stderr, flush=True)
                 run_of.setdefault(job.name, run)
+    from zerokit.config.read import load_config_file
+
     rows, jobs_out = [], []
     for job in jobs:
         out = runs / job.name
         run = run_of.get(job.name)
         cfg_path = runs / f"{job.name}.ds_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else render(job, cluster_of(job), args.steps)
+        cfg = load_config_file(cfg_path) if cfg_path.is_file() else render(job, cluster_of(job), args.steps)
         pred = predict(job, cluster_of(job), cfg)
         meas = measure(out, args.warmup) if (out / "metrics").is_dir() else {}
         if meas and args.repeat > 1:

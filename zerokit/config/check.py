@@ -72,7 +72,7 @@ def largest_fitting_micro_batch(judge, limit: int = MAX_SEARCHED_MICRO_BATCH):
 @dataclass
 class CheckResult:
     config_path: str
-    findings: list = field(default_factory=list)  # ds_check.Finding
+    findings: list = field(default_factory=list)  # config.lint.Finding
     deepspeed_error: str | None = None
     evaluation: object | None = None  # planner.Evaluation when the config is valid
     world_size: int = 1
@@ -134,7 +134,10 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     deepspeed_now=False leaves DeepSpeed's config classes to whoever imports DeepSpeed next (a launch's ranks) when
     the verdict is not cached; a config zerokit cannot read a setup from is still put to DeepSpeed now."""
 
-    from zerokit.config import rules as ds_check
+    from zerokit.config.auto import AUTO, auto_keys
+    from zerokit.config.lint import Finding
+    from zerokit.config.read import parallelism_from_config
+    from zerokit.config.setup import setup_from_config, trainer_default_optimizer
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
     from zerokit.plan.planner import evaluate
 
@@ -142,7 +145,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     if precision is not None and not acc.supports(precision):
         raise ZerokitError(f"--precision {precision}: {acc.name} does not support {precision}: use "
                            f"{' or '.join(acc.precisions)}")
-    values, autos = dict(trainer_values or {}), set(ds_check.auto_keys(config))
+    values, autos = dict(trainer_values or {}), set(auto_keys(config))
     chosen = precision or (acc.precisions[0] if answer_auto else None)
     precision_keys = {"fp16.enabled", "bf16.enabled"}
     precision_auto = bool(autos & precision_keys) and not values.keys() & precision_keys
@@ -153,7 +156,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             config = {**config, chosen: {"enabled": True, **({"auto_cast": True} if chosen == "fp16" else {})}}
     # the micro batch is the Trainer's to fill: "auto", or absent beside an "auto" train_batch_size (DeepSpeed
     # derives it from that); a concrete train_batch_size fixes it
-    micro, total, auto = config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size"), ds_check.AUTO
+    micro, total, auto = config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size"), AUTO
     search = (answer_auto and "train_micro_batch_size_per_gpu" not in values
               and (micro == auto and total in (None, auto) or micro is None and total == auto))
     if search:
@@ -162,13 +165,13 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster)
     hidden = model.hidden_size if model is not None else None
     verdict = deepspeed_verdict(config, cluster.world_size, acc, values or None, hidden, run_deepspeed=deepspeed_now)
-    result.findings = [ds_check.Finding(**f) for f in verdict["findings"]]
+    result.findings = [Finding(**f) for f in verdict["findings"]]
     result.deepspeed_error = verdict["deepspeed_error"]
     result.deepspeed_checked = verdict.get("deepspeed_checked", True)
     if not result.valid:
         return result
     concrete = verdict["concrete"]
-    result.parallelism = ds_check.parallelism_from_config(concrete)
+    result.parallelism = parallelism_from_config(concrete)
     if model is not None:
         result.findings += sequence_parallel_findings(result.parallelism.sequence_parallel, model, workload.seq_len)
         if not result.valid:
@@ -181,9 +184,9 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
         try:
             # no optimizer block: the script's own. `check` and a user's script: the HF Trainer's default --optim for
             # the torch installed here (unless --client-optimizer); zerokit's own loop: torch.optim.AdamW (unfused)
-            client = client_optimizer or (ds_check.trainer_default_optimizer(package_version("torch")) if answer_auto
+            client = client_optimizer or (trainer_default_optimizer(package_version("torch")) if answer_auto
                                           else "adamw_torch")
-            setup, knobs = ds_check.setup_from_config(concrete, cluster.world_size, client_optimizer=client)
+            setup, knobs = setup_from_config(concrete, cluster.world_size, client_optimizer=client)
             if not isinstance(config.get("optimizer"), dict):
                 result.assumed.append({"key": "optimizer", "value": client, "why": (
                     "no optimizer block: the script's own, " + ("--client-optimizer given" if client_optimizer else
@@ -209,7 +212,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
         threshold = knobs.stage3_param_persistence_threshold
         if model is not None and model.trained.finetune_mode == "qlora" and setup.zero_stage == 3 and threshold > 0:
             # priced as it is (whole small 4-bit weights on every rank); said, since render writes 0 (ZeroKnobs.for_model)
-            result.findings.append(ds_check.Finding(
+            result.findings.append(Finding(
                 "warning", "zero_optimization.stage3_param_persistence_threshold",
                 f"{threshold:,} with QLoRA: packed 4-bit weights under {threshold:,} stored elements stay whole on every "
                 "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
@@ -234,7 +237,7 @@ def with_parallelism(setup, par):
 
 def sequence_parallel_findings(sp: int, model, seq_len: int) -> list:
     """spec.setup.ulysses_problems for this model and sequence, as errors on sequence_parallel_size."""
-    from zerokit.config.rules import Finding
+    from zerokit.config.lint import Finding
     from zerokit.spec.setup import ulysses_problems
 
     return [Finding("error", "sequence_parallel_size", why)
@@ -246,10 +249,12 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
              world_size: int) -> list[dict]:
     """What each "auto" in config was taken to be, and why: as the HF Trainer fills it from its arguments
     (HfTrainerDeepSpeedConfig in transformers/integrations/deepspeed.py), or DeepSpeed's default where it does not."""
-    from zerokit.config import rules as ds_check
+    from zerokit.config.auto import AUTO, TRAINER_DEFAULTS, TRAINER_FILLED_KEYS, auto_keys
+    from zerokit.config.keys import ZERO_FIELD_TO_ALIAS
+    from zerokit.config.read import batch_world_size, lookup
     from zerokit.spec.setup import ZeroKnobs
 
-    out, autos = [], ds_check.auto_keys(config)
+    out, autos = [], auto_keys(config)
 
     def add(key, value, why):
         out.append({"key": key, "value": value, "why": why})
@@ -264,13 +269,13 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
         add(micro, "searched", f"the largest that fits at seq {seq_len}, for the Trainer's "
                                "--per_device_train_batch_size; --micro-batch N judges N")
     elif micro in autos or (micro not in config and "train_batch_size" in autos):
-        add(micro, values.get(micro, ds_check.TRAINER_DEFAULTS[micro]),
+        add(micro, values.get(micro, TRAINER_DEFAULTS[micro]),
             arg(micro, "--micro-batch", "TrainingArguments' default per_device_train_batch_size"))
     if accum in autos:
-        add(accum, values.get(accum, ds_check.TRAINER_DEFAULTS[accum]),
+        add(accum, values.get(accum, TRAINER_DEFAULTS[accum]),
             arg(accum, "--grad-accum", "TrainingArguments' default; --grad-accum N to change"))
     if "train_batch_size" in autos:
-        dp = ds_check.batch_world_size(config, world_size)
+        dp = batch_world_size(config, world_size)
         add("train_batch_size", f"micro x accumulation x {dp}",
             "as the Trainer computes it" if dp == world_size else
             f"as accelerate sets it under sequence parallelism: {world_size} ranks / sequence_parallel_size")
@@ -282,15 +287,15 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
     for key in autos:
         if not key.startswith("zero_optimization."):
             continue
-        filled = ds_check._get(concrete, key)
-        if key in _HIDDEN_SIZE_FILLS and filled != ds_check.AUTO:
+        filled = lookup(concrete, key)
+        if key in _HIDDEN_SIZE_FILLS and filled != AUTO:
             add(key, filled, f"{_HIDDEN_SIZE_FILLS[key]} from the model's hidden size {hidden}" if hidden else
                 f"DeepSpeed's default; the Trainer fills {_HIDDEN_SIZE_FILLS[key]} from the model: give --model")
         else:
             name = key.split(".", 1)[1]
-            value = getattr(defaults, ds_check._ZERO_FIELD_TO_ALIAS.get(name, name), "DeepSpeed's default")
+            value = getattr(defaults, ZERO_FIELD_TO_ALIAS.get(name, name), "DeepSpeed's default")
             add(key, value, "DeepSpeed's default: the HF Trainer does not fill this key")
-    rest = [k for k in autos if k in ds_check.TRAINER_FILLED_KEYS and not k.startswith("zero_optimization.")
+    rest = [k for k in autos if k in TRAINER_FILLED_KEYS and not k.startswith("zero_optimization.")
             and k not in (micro, accum, "train_batch_size", "fp16.enabled", "bf16.enabled")]
     if rest:
         groups = sorted({k.rsplit(".", 1)[0] + ".*" if "." in k else k for k in rest})
@@ -313,7 +318,9 @@ def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values
     run_deepspeed=False on a cache miss: lint and "auto" only (lint reads DeepSpeed's key sets as data, importing
     nothing), "deepspeed_checked" False, and nothing cached."""
     from zerokit import __version__
-    from zerokit.config import rules as ds_check
+    from zerokit.config.auto import auto_keys, fill_auto
+    from zerokit.config.lint import lint_config
+    from zerokit.config.validate import validate_with_deepspeed
 
     material = json.dumps({"schema": _VERDICT_SCHEMA, "zerokit": __version__, "deepspeed": package_version("deepspeed"),
                            "config": config, "world_size": world_size, "trainer_values": trainer_values,
@@ -326,17 +333,17 @@ def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values
     except (OSError, ValueError):
         pass
     verdict = {"findings": [], "deepspeed_error": None, "concrete": None, "deepspeed_checked": True}
-    findings = ds_check.lint_config(config, world_size, accelerator)
+    findings = lint_config(config, world_size, accelerator)
     verdict["findings"] = [{"level": f.level, "key": f.key, "message": f.message} for f in findings]
     if not any(f.level == "error" for f in findings):
         concrete = config
-        if ds_check.auto_keys(config):
+        if auto_keys(config):
             # "auto" is filled by the HF Trainer at run time: validate what it will fill in.
-            concrete = ds_check.fill_auto(config, trainer_values, world_size, hidden_size)
+            concrete = fill_auto(config, trainer_values, world_size, hidden_size)
         if not run_deepspeed:
             return {**verdict, "concrete": concrete, "deepspeed_checked": False}
         try:
-            ds_check.validate_with_deepspeed(concrete, world_size)
+            validate_with_deepspeed(concrete, world_size)
             verdict["concrete"] = concrete
         except ZerokitError as e:
             verdict["deepspeed_error"] = str(e)

@@ -4,7 +4,7 @@ refused with a one-line ZerokitError that names the bound, never carried into th
 overflow, hang or answer nonsense).
 
 Every reader of user input (cli/common.py, core/units.py, spec/hardware.py, spec/hostfile.py, spec/model.py,
-config/rules.py) checks against these names; tests/test_bad_input.py holds the table of refusals.
+config/read.py, lint.py, setup.py) checks against these names; tests/test_bad_input.py holds the table of refusals.
 """
 
 from __future__ import annotations

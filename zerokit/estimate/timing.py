@@ -186,7 +186,7 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     weights = model.weight_bytes(bytes_per_element(setup.precision))
     knobs = knobs or ZeroKnobs.for_model(model)
     qgz_intra = 0.0
-    if not cluster.accelerator.is_cpu:  # ZeRO++'s quantizer runs on CUDA only (config.rules flags it elsewhere)
+    if not cluster.accelerator.is_cpu:  # ZeRO++'s quantizer runs on CUDA only (config.lint flags it elsewhere)
         e = bytes_per_element(setup.precision)
         if knobs.zero_quantized_weights:  # qwZ: every gather int8 + scales (partition_parameters.py quantize=True)
             weights -= (e - QWZ_BYTES_PER_ELEMENT) * (model.params - model.trained.quantized_params)

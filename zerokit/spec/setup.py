@@ -278,7 +278,7 @@ class ZeroKnobs:
     # its step makes fp32 temporaries of what it updates (torch/optim/adamw.py _single_tensor_adamw:
     # exp_avg_sq.sqrt() then / bias_correction2_sqrt; LLaMA-Factory#1221 ran out of memory on the second). The
     # fused kernel (--optim adamw_torch_fused, the Trainer's default with torch >= 2.8) updates in place and is
-    # priced as "deepspeed" (config.rules.optimizer_of; `zerokit check --client-optimizer`).
+    # priced as "deepspeed" (config.setup.optimizer_of; `zerokit check --client-optimizer`).
     optimizer: Literal["deepspeed", "torch_adamw"] = "deepspeed"
 
     @classmethod
@@ -313,7 +313,7 @@ class ZeroKnobs:
         d = cls()
         vals = {}
         for f in d.__dataclass_fields__:
-            if f == "optimizer":  # from the config's optimizer block (config.rules.setup_from_config)
+            if f == "optimizer":  # from the config's optimizer block (config.setup.setup_from_config)
                 continue
             v = zero.get(f, getattr(d, f))
             if v == "auto":
