@@ -46,12 +46,3 @@ fi
 
 # DeepSpeed builds its CPU ops with ninja on first use (53 s + 79 s here); build them now, once.
 PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/python" scripts/warm_ops.py
-
-# The time model's figures for this machine, measured once (~11 min on 2 cores) and kept where plans find them
-# without --hardware-profile ($ZEROKIT_CACHE_DIR/hardware/profile.json): on the catalog's rough `cpu` figures the
-# demo's first report missed the step time 4x (issue 13), and a --quick profile (no engine costs) 1.31x on the
-# demo's ZeRO-0 bf16 against 1.13x with the full one. A busy machine fails it in one line; plans then use the
-# catalog until `zerokit calibrate` runs.
-echo "setup: measuring this machine once for step-time predictions (zerokit calibrate, ~11 min)"
-PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/zerokit" calibrate --if-missing >/dev/null \
-  || echo "setup: no hardware profile measured; plans use the catalog's figures until \`zerokit calibrate\` runs" >&2

@@ -319,6 +319,7 @@ def test_frozen_parameters_are_bit_identical_after_training(workdir):
 
 def test_ranks_get_the_finetune_and_the_plan_counts_it(tmp_path):
     from zerokit.launch.prepare import LaunchRequest, prepare_launch
+    from zerokit.launch.rank_options import RankOptions
     from zerokit.spec.hardware import HardwareOptions
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.resolve import resolve_model
@@ -327,20 +328,22 @@ def test_ranks_get_the_finetune_and_the_plan_counts_it(tmp_path):
     ft = Finetune(mode="lora", lora_r=8, lora_targets="q_proj,v_proj")
     plan = prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2, finetune=ft, merge=True,
                                         output_dir=str(tmp_path / "run"), dry_run=True))
-    args = plan.script_args(False)
-    assert Finetune.from_dict(json.loads(args[args.index("--finetune-json") + 1])) == ft and "--merge" in args
+    opts = plan.rank_options(False)  # what rank_options.json carries to the ranks
+    assert opts.finetune == ft and opts.merge is True
+    assert RankOptions.from_dict(json.loads(json.dumps(opts.to_dict()))).finetune == ft  # and reads back
     assert plan.spec.trained.trainable_params < plan.spec.params // 50  # the plan sized the adapters, not the model
     assert plan.spec.params > load_model_spec(resolve_model("tiny-llama")).params
     full = prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2,
                                         output_dir=str(tmp_path / "run"), dry_run=True))
-    assert "--finetune-json" not in full.script_args(False) and "--merge" not in full.script_args(False)
+    assert full.rank_options(False).finetune.is_full and full.rank_options(False).merge is False
     # a user's script builds its own model: the fine-tune only sizes the plan, nothing is passed to the script
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
     own = prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2, finetune=ft,
                                        script_command=("python", str(script), "--deepspeed", "{ds_config}"),
                                        output_dir=str(tmp_path / "run"), dry_run=True))
-    assert own.spec.trained.trainable_params == plan.spec.trained.trainable_params and "--finetune-json" not in own.script_args(False)
+    assert own.spec.trained.trainable_params == plan.spec.trained.trainable_params
+    assert own.script_args(False)[-2:] == ["--deepspeed", str(own.cfg_path)]  # the script's own arguments only
     with pytest.raises(ZerokitError, match="--bnb-4bit-quant-storage fp32 in a bf16 run"):
         prepare_launch(LaunchRequest(model="tiny-llama", hardware=hw, seq_len=32, steps=2, pins={"precision": "bf16"},
                                      finetune=Finetune(mode="qlora", bnb_4bit_quant_storage="fp32"),

@@ -17,6 +17,25 @@ def add_calibrate_parser(sub) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
+# wall time of a calibration on a 2-core CPU machine (measure.calibrate.run_calibration says how measured): the
+# progress line's estimate of what is left
+EXPECTED_S = {True: 110, False: 554}
+
+
+def progress_line(quick: bool):
+    """Each calibration stage on stderr with the time spent and an estimate of what is left."""
+    import time
+
+    t0, total = time.monotonic(), EXPECTED_S[quick]
+
+    def say(msg: str) -> None:
+        spent = time.monotonic() - t0
+        left = f"~{max(total - spent, 0) / 60:.0f} min left" if spent < total else "nearly done"
+        print(f"calibrate [{spent / 60:4.1f} min, {left}] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
 def cmd_calibrate(args) -> int:
     from zerokit.measure.calibrate import format_profile, run_calibration
 
@@ -36,7 +55,8 @@ def cmd_calibrate(args) -> int:
                 return EXIT_OK
         except ZerokitError:
             pass  # unreadable: measure again
-    profile = run_calibration(args.output, quick=args.quick, log=lambda m: print(m, file=sys.stderr, flush=True))
+    profile = run_calibration(args.output, quick=args.quick, log=progress_line(args.quick),
+                              precisions=(args.precision,) if args.precision else None, adapters=args.finetune != "full")
     print(format_profile(profile))  # the summary; every measured point is in the file
     own = os.path.abspath(args.output) == os.path.abspath(local_profile_path() or "")
     print(f"wrote {args.output}" + (" (plans on this machine use it without --hardware-profile)" if own else ""),

@@ -208,8 +208,9 @@ OPTIONS: tuple[Option, ...] = (
            group=_PIN),
     Option("offload-optimizer", ("plan", "render", "launch"), "", choices=("none", "cpu", "nvme"), group=_PIN),
     Option("offload-param", ("plan", "render", "launch"), "", choices=("none", "cpu", "nvme"), group=_PIN),
-    Option("precision", RUNS, "check: for \"auto\" precision, the Trainer's --bf16/--fp16 (default: the best the GPU "
-           "supports)", choices=("bf16", "fp16", "fp32"), group=_PIN),
+    Option("precision", RUNS + ("calibrate",), "check: for \"auto\" precision, the Trainer's --bf16/--fp16 (default: "
+           "the best the GPU supports); calibrate: measure this precision only (and fp32, which every profile "
+           "prices)", choices=("bf16", "fp16", "fp32"), group=_PIN),
     Option("micro-batch", RUNS, "samples per GPU per forward (check: for \"auto\" configs, the Trainer's "
            "--per_device_train_batch_size; default: the largest that fits)", type=positive_int,
            dest="micro_batch_size", group=_PIN),
@@ -230,9 +231,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory-fraction", ("plan", "render", "launch"), "share of GPU memory a plan may use (default 0.95; the "
            "rest absorbs fragmentation)", type=fraction, group=_PIN),
     # -- fine-tuning
-    Option("finetune", RUNS, "full: every weight trains (default); lora: peft LoRA adapters on a frozen base; qlora: "
-           "LoRA on a base quantized to 4-bit NF4 by bitsandbytes", choices=("full", "lora", "qlora"), default="full",
-           group=_FT, rank=True),
+    Option("finetune", RUNS + ("calibrate",), "full: every weight trains (default); lora: peft LoRA adapters on a "
+           "frozen base; qlora: LoRA on a base quantized to 4-bit NF4 by bitsandbytes (calibrate: full skips timing "
+           "the LoRA/QLoRA models)", choices=("full", "lora", "qlora"), group=_FT, rank=True),
     Option("lora-r", RUNS, "LoRA rank (default 16)", type=integer, metavar="N", group=_FT, rank=True),
     Option("lora-alpha", RUNS, "LoRA alpha (default 8, peft's)", type=number, group=_FT, rank=True),
     Option("lora-dropout", RUNS, "LoRA dropout (default 0)", type=number, group=_FT, rank=True),
@@ -264,7 +265,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("client-optimizer", ("check",), "for a config without an optimizer block: what the script updates with "
            "(the HF Trainer's --optim; default: its default for the torch installed here, adamw_torch_fused from "
            "torch 2.8); adamw_torch keeps two fp32 temporaries of the partition in the step",
-           choices=("adamw_torch", "adamw_torch_fused")),
+           choices=("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit")),  # spec/optimizer.py CLIENT_OPTIMIZERS
     # -- launch
     Option("data", ("launch",), "a .txt/.jsonl/.json/.csv/.parquet file or a directory of them, a directory saved with "
            "datasets' save_to_disk, or a hub dataset id org/name; default: the bundled tiny corpus", group=_RUN),

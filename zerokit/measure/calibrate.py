@@ -467,12 +467,15 @@ def measure_zero_ring(profile: dict, precisions: list[str], threads: int | None,
 
 
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
-                    world_size: int | None = None, log=None) -> dict:
+                    world_size: int | None = None, log=None, precisions: tuple[str, ...] | None = None,
+                    adapters: bool = True) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
     world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
     quick=True: small sizes and short timings (110 s on a 2-core CPU machine with peft and bitsandbytes, measured; the
     full calibration 554 s, with the LoRA and QLoRA models, the engines (2 passes), the TP / SP engines and the 4-rank
-    ZeRO-3 ones)."""
+    ZeRO-3 ones).
+    precisions: measure these only (fp32 always: every profile prices its matmul); adapters=False: no LoRA/QLoRA
+    models (a plan of a full fine-tune prices none of their costs). `make demo` measures so, for its plan only."""
     import torch  # noqa: PLC0415
 
     say = log or (lambda msg: None)
@@ -514,7 +517,9 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     for prec in PRECISIONS:
         ok, why = precision_supported(prec, device)
         tflops[prec] = None
-        if ok:
+        if precisions is not None and prec not in precisions and prec != "fp32":
+            notes.append(f"{prec}: not measured (calibrate was asked for {', '.join(precisions)})")
+        elif ok:
             supported.append(prec)
         else:
             notes.append(f"{prec}: skipped, {why}")
@@ -622,14 +627,18 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         plausible = {p: (None if p in slow else t) for p, t in tflops.items()}
         seconds = measure_until_sane(best_of_passes, lambda v: compute_fit.fit_problems(fitted(v), plausible), log=say)
         compute_timing = fitted(seconds)
-        adapters = compute_fit.adapter_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
-                                            device.type == "cuda", quick)
-        if adapters:
-            say(f"LoRA adapters: {len(adapters)} HF models over {world_size} local ranks ...")
+        adapter_runs = compute_fit.adapter_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
+                                                device.type == "cuda", quick) if adapters else []
+        if adapter_runs:
+            say(f"LoRA adapters: {len(adapter_runs)} HF models over {world_size} local ranks ...")
             try:
-                measure_adapter_costs(compute_timing, adapters, dict(compute_spec, jobs=adapters), world_size, threads)
+                measure_adapter_costs(compute_timing, adapter_runs, dict(compute_spec, jobs=adapter_runs), world_size,
+                                      threads)
             except ZerokitError as e:  # the full models' fit stands; adapters then cost their FLOPs only
                 notes.append(f"LoRA adapter costs: {e}")
+        elif not adapters:
+            notes.append(f"LoRA adapter costs: not measured (calibrate {flag('finetune')} full); LoRA plans price "
+                         "their FLOPs")
         else:
             notes.append("LoRA adapter costs: skipped, peft is not installed (pip install 'zerokit[train]')")
 
