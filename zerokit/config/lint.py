@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass
 from zerokit.config.auto import AUTO, TRAINER_FILLED_KEYS, auto_keys
 from zerokit.config.keys import FP16_ONLY_KEYS, ZERO_DEPRECATED, deepspeed_keys, did_you_mean
 from zerokit.config.read import batch_fix, batch_world_size, derive_batch, is_int, lookup, parallelism_from_config
+from zerokit.spec.optimizer import OPTIMIZERS
 
 # Optimizers DeepSpeed has a CPU implementation of, used when the optimizer is offloaded
-# (engine._configure_basic_optimizer: DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion).
-CPU_OFFLOAD_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion")
+# (engine._configure_basic_optimizer: DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion): the declared ones
+# (spec/optimizer.py cpu_offload), DeepSpeed's Adam (the same DeepSpeedCPUAdam) and Adagrad (not declared)
+CPU_OFFLOAD_OPTIMIZERS = frozenset({"adam", "adagrad"} | {o.ds_type.lower() for o in OPTIMIZERS.values() if o.cpu_offload})
 
 # DeepSpeed's ZeRO++ quantized collectives: both build its CUDA quantizer (zero/partition_parameters.py CUDAQuantizer,
 # runtime/comm/coalesced_collectives.py all_to_all_quant_reduce: QuantizerBuilder().load()), which a machine without

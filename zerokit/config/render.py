@@ -18,6 +18,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.resources import template_environment
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
+from zerokit.spec.optimizer import ADAMW, optimizer_named
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
 
 PROFILES = ("deepspeed", "hf")
@@ -88,6 +89,11 @@ def render_ds_config(
     if not lr > 0:
         raise ZerokitError(f"learning rate must be positive, got {lr}")
     total = _total_steps(total_steps, workload, samples_per_step)
+    optimizer = optimizer_named(knobs.optimizer) if knobs is not None else ADAMW
+    if optimizer.ds_type is None:
+        raise ZerokitError(f"{optimizer.label} is the training script's own optimizer (HF Trainer --optim "
+                           f"{optimizer.client}), not one a ds_config's optimizer block builds: render with a DeepSpeed "
+                           "optimizer and drop the block for the script's")
     context = {
         "setup": setup,
         "knobs": knobs or (ZeroKnobs.for_model(model) if model else ZeroKnobs()),
@@ -106,7 +112,8 @@ def render_ds_config(
         # CPU-only machines: DeepSpeed's FusedAdam is a slow JIT build, so use torch.optim.AdamW. Not with optimizer
         # offload: torch_adam wins over DeepSpeedCPUAdam in engine.get_optimizer_configuration, which is the
         # optimizer offload is built for (ZeRO-3's offload fast path requires it).
-        "torch_adam": acc.is_cpu and setup.offload_optimizer == "none",
+        "optimizer": optimizer,
+        "torch_adam": acc.is_cpu and setup.offload_optimizer == "none" and optimizer.on_cpu == "adamw_torch",
         "nvme_path": cluster.nvme_path,
         "aio": uses_nvme,
     }

@@ -13,6 +13,8 @@ from zerokit.config.keys import ZERO_FIELD_TO_ALIAS
 from zerokit.config.lint import batch_findings
 from zerokit.config.read import batch_world_size, derive_batch, is_int
 from zerokit.core.errors import ZerokitError
+from zerokit.spec.optimizer import ADAMW, ADAMW_TORCH, deepspeed_optimizer
+from zerokit.spec.optimizer import client_optimizer as client_optimizer_named
 from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
 
@@ -42,7 +44,8 @@ def _offload_device(zero: Mapping, block: str, deprecated_flag: str) -> str:
 def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_size: int | None = None,
                       client_optimizer: str = "adamw_torch") -> tuple[ZeroSetup, ZeroKnobs]:
     """The ZeroSetup and ZeroKnobs a ds_config implies, with DeepSpeed's defaults for missing keys; the optimizer
-    of a config without one is client_optimizer (CLIENT_OPTIMIZERS; zerokit's own loop: torch.optim.AdamW).
+    of a config without one is client_optimizer (its HF Trainer --optim name, spec/optimizer.py CLIENT_OPTIMIZERS;
+    zerokit's own loop: torch.optim.AdamW).
 
     "auto" values are first filled as the HF Trainer would (fill_auto with auto_values and hidden_size).
     Missing batch keys are derived as DeepSpeed derives them. overlap_comm defaults to True at stage 3 only
@@ -80,21 +83,22 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
 
 
 # What a config without an optimizer block trains with is the script's choice (DeepSpeed wraps it:
-# engine._configure_optimizer with a client optimizer), named as the HF Trainer's --optim names it, and how the
-# memory model prices it (spec.setup.ZeroKnobs.optimizer): the unfused torch AdamW makes fp32 temporaries, the
-# fused kernel updates in place as DeepSpeed's FusedAdam does.
-CLIENT_OPTIMIZERS = {"adamw_torch": "torch_adamw", "adamw_torch_fused": "deepspeed"}
+# engine._configure_optimizer with a client optimizer), named as the HF Trainer's --optim names it
+# (spec/optimizer.py CLIENT_OPTIMIZERS); the declaration says how the memory model prices it (ZeroKnobs.optimizer).
 
 
 def optimizer_of(config: dict, client_optimizer: str = "adamw_torch") -> str:
-    """ZeroKnobs.optimizer for a ds_config: the client optimizer's pricing without an optimizer block;
-    "torch_adamw" with params.torch_adam true (engine._configure_basic_optimizer builds torch.optim.AdamW); else
-    "deepspeed"."""
+    """ZeroKnobs.optimizer (a spec/optimizer.py name) for a ds_config: without an optimizer block, the script's own
+    (client_optimizer, its HF Trainer --optim name); with params.torch_adam true, torch.optim.AdamW unfused
+    (engine._configure_basic_optimizer builds it); else the declaration of the block's "type" (DeepSpeed lowers it,
+    runtime/config.py get_optimizer_name), a type zerokit has none of priced as DeepSpeed's AdamW."""
     opt = config.get("optimizer")
     if not isinstance(opt, dict):
-        return CLIENT_OPTIMIZERS[client_optimizer]
+        return client_optimizer_named(client_optimizer).name
     params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
-    return "torch_adamw" if params.get("torch_adam") is True else "deepspeed"
+    if params.get("torch_adam") is True:
+        return ADAMW_TORCH.name
+    return (deepspeed_optimizer(opt.get("type")) or ADAMW).name
 
 
 def trainer_default_optimizer(torch_version: str) -> str:

@@ -32,6 +32,7 @@ from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEX
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
+from zerokit.spec.optimizer import ADAMW, Optimizer, optimizer_named, step_optimizer
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element
 
 
@@ -142,17 +143,19 @@ MODEL_STATE_TERMS = ("parameters", "gradients", "master_weights", "optimizer_sta
                      "stage3_gathered_params")
 
 
-def model_state_bytes_per_param(precision: str) -> dict[str, int]:
+def model_state_bytes_per_param(precision: str, optimizer: Optimizer = ADAMW) -> dict[str, int]:
     """Bytes per parameter of each model-state tensor before partitioning.
 
-    Mixed precision: 16-bit params and grads, fp32 master copy, Adam m and v, and the fp32 gradient
-    partition DeepSpeed materialises for the step (its estimator's 18 = 2+4+4+8 beyond the params).
-    fp32: params, grads, Adam m and v; ZeRO stages >= 1 also clone an fp32 master partition
-    (stage_1_and_2.py single_partition_of_fp32_groups is a .clone() even for fp32 models).
+    Mixed precision: 16-bit params and grads, fp32 master copy, the optimizer's state (spec/optimizer.py: Adam's m and
+    v, 8), and the fp32 gradient partition DeepSpeed materialises for the step (its estimator's 18 = 2+4+4+8 beyond
+    the params, with Adam). fp32: params, grads, the optimizer's state; ZeRO stages >= 1 also clone an fp32 master
+    partition (stage_1_and_2.py single_partition_of_fp32_groups is a .clone() even for fp32 models).
     """
     if precision == "fp32":
-        return {"parameters": 4, "gradients": 4, "master_weights": 4, "optimizer_states": 8, "fp32_gradients": 0}
-    return {"parameters": 2, "gradients": 2, "master_weights": 4, "optimizer_states": 8, "fp32_gradients": 4}
+        return {"parameters": 4, "gradients": 4, "master_weights": 4, "optimizer_states": optimizer.state_bytes,
+                "fp32_gradients": 0}
+    return {"parameters": 2, "gradients": 2, "master_weights": 4, "optimizer_states": optimizer.state_bytes,
+            "fp32_gradients": 4}
 
 
 def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, precision: str, attention: str,
@@ -566,14 +569,14 @@ def stage3_persistent_bytes(model: ModelSpec, e: int, threshold: int) -> int:
     return sum(c * n * (b or e) for n, b, c in param_tensor_sizes(model) if n <= threshold)
 
 
-def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
+def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, optimizer: Optimizer = ADAMW) -> dict[str, int]:
     """Per-GPU model states for the ZeRO stage and offload choice. Every weight is held in the training dtype,
     frozen or not; gradients, the fp32 master copy and Adam's moments exist for trainable parameters only
     (DeepSpeed's optimizer drops requires_grad=False parameters at every stage: stage_1_and_2.py and stage3.py
     build their flat groups from the trainable ones; measured, docs/measured-on-cpu.md "Fine-tuning")."""
     n = setup.zero_ranks(cluster.world_size)
     psi, trainable = model.params, model.trainable
-    bpp = model_state_bytes_per_param(setup.precision)
+    bpp = model_state_bytes_per_param(setup.precision, optimizer)
     stage = setup.zero_stage
     mixed = setup.precision != "fp32"
 
@@ -595,7 +598,7 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> d
     }
     if stage == 0 and not mixed:
         # Plain data parallel in fp32: the torch optimizer updates the params in place.
-        terms.update(master_weights=0, optimizer_states=8 * trainable, fp32_gradients=0)
+        terms.update(master_weights=0, optimizer_states=optimizer.state_bytes * trainable, fp32_gradients=0)
     else:
         opt = {k: part(bpp[k], stage >= 1) for k in ("master_weights", "optimizer_states", "fp32_gradients")}
         if setup.offload_optimizer != "none":
@@ -627,11 +630,12 @@ def buffer_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: Ze
     return terms
 
 
-def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> tuple[dict[str, int], dict[str, int]]:
+def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup,
+               optimizer: Optimizer = ADAMW) -> tuple[dict[str, int], dict[str, int]]:
     """Host RAM per node and NVMe per node for offloaded states and model loading."""
     psi, trainable = model.params, model.trainable
     nodes, gpn = cluster.nodes, cluster.gpus_per_node
-    bpp = model_state_bytes_per_param(setup.precision)
+    bpp = model_state_bytes_per_param(setup.precision, optimizer)
     cpu: dict[str, int] = {}
     nvme: dict[str, int] = {}
     opt_bytes = (bpp["master_weights"] + bpp["optimizer_states"] + bpp["fp32_gradients"]) * trainable // nodes
@@ -710,7 +714,8 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     # every term below is of what one rank holds: an AutoTP rank holds its slice of the split weights
     # (ModelSpec.tensor_parallel_shard), and ZeRO partitions over setup.zero_ranks
     model = model.tensor_parallel_shard(setup.tensor_parallel)
-    states = model_state_terms(model, cluster, setup)
+    optimizer = optimizer_named(knobs.optimizer)
+    states = model_state_terms(model, cluster, setup, optimizer)
     bufs = buffer_terms(model, cluster, setup, knobs)
     acts = activation_terms(model, setup, workload, on_cpu)
     n = setup.zero_ranks(cluster.world_size)
@@ -767,7 +772,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     persistent.update(zeropp["persistent"])
     live.update(zeropp["live"])
     if on_cpu:
-        persistent.update(cpu_offload_terms(model, cluster, setup))
+        persistent.update(cpu_offload_terms(model, cluster, setup, optimizer))
     if not on_cpu:
         persistent["cuda_context"] = CUDA_CONTEXT_BYTES
         persistent["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
@@ -827,19 +832,20 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if setup.zero_stage == 3 and setup.hpz_partition_size > 1 and "hpz_secondary_partition" not in persistent:
         hpz_after_backward = {"hpz_secondary_partition": hpz_bytes}  # made at the release that ends backward
         phases["backward_end"].update(hpz_after_backward)
-    # torch.optim.AdamW (what render writes for CPU targets without offload; on GPUs a config without an
+    # the temporaries the optimizer's step makes per parameter it updates (spec/optimizer.py step_temporaries): the
+    # unfused torch.optim.AdamW (what render writes for CPU targets without offload; on GPUs a config without an
     # optimizer block or with torch_adam: ZeroKnobs.optimizer) makes two fp32 temporaries of what it updates
     # (measured on CPU; on GPUs LLaMA-Factory#1221's OOM, tests/test_fp16_cpu.py); DeepSpeed's FusedAdam on GPUs
     # and DeepSpeedCPUAdam update in place.
-    torch_adam = setup.offload_optimizer == "none" and (on_cpu or knobs.optimizer == "torch_adamw")
+    temporaries = step_optimizer(optimizer, on_cpu).step_temporaries if setup.offload_optimizer == "none" else 0
     if setup.offload_optimizer != "none" and setup.zero_stage >= 1:
         step_extra = {}  # the host copies above are all there is
     elif setup.zero_stage == 0:
         # the full 16-bit gradients, in mixed precision the fp32 gradients the BF16 optimizer
         # accumulates, torch AdamW's temporaries per parameter tensor (the largest bounds them)
         step_extra = {**grads, "fp32_gradients": states["fp32_gradients"]}
-        if torch_adam:
-            step_extra["optimizer_step_temporaries"] = 2 * 4 * min(model.largest_layer_params, trainable)
+        if temporaries:
+            step_extra["optimizer_step_temporaries"] = temporaries * min(model.largest_layer_params, trainable)
         elif setup.precision == "fp16":
             # fp16 with FusedAdam is DeepSpeed's FP16_Optimizer (engine._configure_fp16_optimizer), whose step
             # builds the fp32 flat gradient as _flatten_dense_tensors([p.grad.to(fp32) for p in group])
@@ -852,11 +858,11 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # the fp32 gradient partition (made for an fp32 model too); the 16-bit gradients are freed by
         # then (measured: not alive at the step's peak at ZeRO-1/2)
         step_extra = {"fp32_gradients": 4 * trainable // n}
-        if torch_adam:
+        if temporaries:
             # of the flat fp32 partition it updates; ZeRO-3 steps it one sub-group at a time
             # (stage3.py DeepSpeedZeroOptimizer_Stage3.step -> _optimizer_step(sub_group_id))
             updated = trainable // n if setup.zero_stage < 3 else min(trainable // n, knobs.sub_group_size)
-            step_extra["optimizer_step_temporaries"] = 2 * 4 * updated
+            step_extra["optimizer_step_temporaries"] = temporaries * updated
     phases["step"] = {**persistent, **step_extra, **held_logits, **hpz_after_backward}
     return phases
 
@@ -904,18 +910,19 @@ def zeropp_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: Ze
 LOSS_BACKWARD_BYTES_PER_LOGIT = 8
 
 
-def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup) -> dict[str, int]:
+def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, optimizer: Optimizer = ADAMW) -> dict[str, int]:
     """On a CPU target the "offloaded" optimizer lives in the rank's own memory: count it per rank.
 
     Measured on 2-rank ZeRO-1/2 runs with offload_optimizer cpu (bench/accuracy): fp32 master + Adam
-    moments (12Ψ/N), the fp32 gradient partition (4Ψ/N), a training-dtype copy of the parameter
+    moments (12Ψ/N; 4 + the optimizer's state bytes), the fp32 gradient partition (4Ψ/N), a training-dtype copy of the parameter
     partition (EΨ/N) and DeepSpeed's two temp gradient buffers (training dtype, the largest tensor each).
     """
     if setup.offload_optimizer == "none":
         return {}
     n, trainable = setup.zero_ranks(cluster.world_size), model.trainable  # the optimizer's flat groups hold trainable params only
     e = dtype_bytes(setup.precision)
-    out = {"optimizer_states_offloaded": 12 * trainable // n, "fp32_gradients_offloaded": 4 * trainable // n}
+    out = {"optimizer_states_offloaded": (4 + optimizer.state_bytes) * trainable // n,
+           "fp32_gradients_offloaded": 4 * trainable // n}
     if setup.zero_stage in (1, 2):
         out["offload_param_partition"] = e * trainable // n
         # temp_grad_buffer_for_cpu_offload and _for_gpu_offload: both the training dtype, largest tensor
@@ -934,7 +941,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est.phases = {name: sum(t.values()) for name, t in phases.items()}
     est.peak_phase = max(est.phases, key=lambda k: (est.phases[k], k == "backward"))
     est.per_gpu.update(phases[est.peak_phase])
-    est.per_node_cpu, est.nvme = host_terms(model, cluster, setup)
+    est.per_node_cpu, est.nvme = host_terms(model, cluster, setup, optimizer_named(knobs.optimizer))
     # weights: the trainable ones are held in the training dtype (adapters, or what --freeze leaves), the rest as
     # weight_bytes holds them (4-bit for QLoRA); the weight-shaped terms split in that proportion
     held = weight_bytes(model, dtype_bytes(setup.precision)) + model.trained.quant_state_bytes

@@ -35,6 +35,7 @@ from zerokit.core.errors import ZerokitError
 
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
+from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
 from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
 
@@ -370,7 +371,8 @@ def intra_node_bandwidth(cluster: Cluster) -> float:
     return gbs * 1e9
 
 
-def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_adam_params_per_s: float) -> float:
+def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_adam_params_per_s: float,
+                    optimizer: Optimizer = ADAMW) -> float:
     if setup.offload_optimizer == "none" and setup.offload_param == "none":
         return 0.0
     acc = cluster.accelerator
@@ -385,7 +387,9 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
         seconds += (setup.gradient_accumulation_steps + 1) * e * trainable_shard / pcie
         seconds += (model.trainable * setup.tensor_parallel / cluster.nodes) / cpu_adam_params_per_s
         if setup.offload_optimizer == "nvme" and setup.zero_stage == 3:
-            seconds += 2 * 16 * model.trainable / cluster.nodes / (DEFAULT_NVME_BW * 1e9)  # read + write
+            # read + write of the fp32 master, the optimizer's state and the fp32 gradient (Adam: 16 bytes)
+            swapped = 4 + optimizer.state_bytes + 4
+            seconds += 2 * swapped * model.trainable / cluster.nodes / (DEFAULT_NVME_BW * 1e9)
     if setup.offload_param != "none":
         passes = 3 if setup.activation_checkpointing else 2
         seconds += setup.gradient_accumulation_steps * passes * e * shard / pcie
@@ -552,7 +556,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.cpu_adam_params_per_s:
         cpu_adam = terms.cpu_adam_params_per_s
-    offload = offload_seconds(model, cluster, setup, cpu_adam)
+    optimizer_spec = optimizer_named(knobs.optimizer if knobs is not None else DEFAULT_OPTIMIZER)
+    offload = offload_seconds(model, cluster, setup, cpu_adam, optimizer_spec)
     optimizer = engine = 0.0
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)

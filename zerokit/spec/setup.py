@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
 
 from zerokit.core.errors import ZerokitError
+from zerokit.spec.optimizer import DEFAULT_OPTIMIZER
 
 STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -271,15 +271,13 @@ class ZeroKnobs:
     zero_quantized_weights: bool = False
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False
-    # Not a zero_optimization key: what updates the fp32 weights on a GPU (on CPU targets render always writes
-    # torch AdamW). "deepspeed": the config's optimizer block built by DeepSpeed (FusedAdam; DeepSpeedCPUAdam with
-    # offload), in place. "torch_adamw": torch.optim.AdamW unfused, i.e. a config without an optimizer block (the
-    # script's own: the HF Trainer's --optim adamw_torch, a plain torch.optim.AdamW) or with "torch_adam": true:
-    # its step makes fp32 temporaries of what it updates (torch/optim/adamw.py _single_tensor_adamw:
-    # exp_avg_sq.sqrt() then / bias_correction2_sqrt; LLaMA-Factory#1221 ran out of memory on the second). The
-    # fused kernel (--optim adamw_torch_fused, the Trainer's default with torch >= 2.8) updates in place and is
-    # priced as "deepspeed" (config.setup.optimizer_of; `zerokit check --client-optimizer`).
-    optimizer: Literal["deepspeed", "torch_adamw"] = "deepspeed"
+    # Not a zero_optimization key: what updates the fp32 weights, the name of a spec/optimizer.py declaration (its
+    # state bytes, step temporaries, ds_config type or HF Trainer --optim name). "adamw": the config's AdamW block built
+    # by DeepSpeed (FusedAdam; DeepSpeedCPUAdam with offload), in place; on CPU targets render writes torch AdamW.
+    # "adamw_torch": torch.optim.AdamW unfused, i.e. a config without an optimizer block run by the HF Trainer's
+    # --optim adamw_torch or a plain torch.optim.AdamW, or with "torch_adam": true; "lion", "adamw_bnb_8bit", ... Read
+    # from a ds_config by config.setup.optimizer_of (`zerokit check --client-optimizer` for a script's own).
+    optimizer: str = DEFAULT_OPTIMIZER
 
     @classmethod
     def for_hidden_size(cls, hidden_size: int | None) -> "ZeroKnobs":
