@@ -43,7 +43,9 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.launch.checkpoints import (
@@ -368,7 +370,8 @@ def _fmt_eta(s: float) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# main
+# main, as named steps: configure -> setup_process -> (base_source) -> build_model_for -> make_engine -> make_data ->
+# resume_position -> start_metrics -> train_loop -> export -> finish, sharing a Run
 
 
 def config_accepted(ds_config: dict, out: Path) -> bool:
@@ -387,20 +390,94 @@ def config_accepted(ds_config: dict, out: Path) -> bool:
     return True
 
 
-def main(args: RankOptions) -> int:
-    t_start = time.time()
+@dataclass
+class Run:
+    """What the steps of one rank's run share, filled step by step: configure the first block, setup_process the rank's
+    place and the memory meter, main the LoRA base (base_source), build_model_for what must outlive the model build,
+    make_engine the engine and what the loss and the meters need."""
+
+    args: RankOptions
+    t_start: float  # before the heavy imports: the start record's startup_s counts them
+    out: Path
+    ckpt_dir: Path
+    ds_config: dict
+    stage: int
+    bf16: bool
+    fp16: bool
+    attempt: int = 0
+    run_id: str | None = None
+    # setup_process
+    local_rank: int = 0
+    on_cuda: bool = False
+    rank: int = 0
+    world: int = 1
+    layout: Any = None  # launch/parallel.RankLayout: the TP, SP and data-parallel groups
+    meter: Any = None  # the memory meter while it runs: None without one, or once memory_steps stopped it
+    mem_method: str = "none"
+    # main (base_source) and build_model_for
+    base_src: str | None = None  # LoRA/QLoRA: the base the adapter trains on
+    keep_alive: list = field(default_factory=list)  # ZeRO-3: the HfDeepSpeedConfig transformers' zero.Init reads
+    # make_engine
+    engine: Any = None
+    head_switch: Any = None  # --tiled-loss: parallel.HeadSwitch over the LM head
+    sp_group: Any = None  # Ulysses SP: the sequence-parallel process group
+    vocab: int = 0
+    phases: Any = None  # measure/step_phases.StepPhaseMeter
+    init_peak: int = 0
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
+
+
+@dataclass
+class Data:
+    """make_data's dataset, sampler and loader, with the step-count rule's inputs and answer."""
+
+    dataset: Any
+    sampler: Any  # ResumableDistributedSampler
+    loader: Any
+    mb: int  # micro batch per rank
+    ga: int  # gradient accumulation steps
+    micro_per_epoch: int
+    total_steps: int
+
+
+@dataclass
+class Position:
+    """Where the run starts: the data position (epoch, micro batch in it) and the step a resume loaded (0: none)."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    resumed_from: int = 0
+
+
+@dataclass
+class Trained:
+    """What train_loop leaves for the end record."""
+
+    step: int
+    train_time: float
+    peak_alloc: int
+    # the stream and the last micro batch (its batch, loss and outputs), alive until main returns, as they were when the
+    # loop was main's own: the export and the end record's CUDA peak reserve see the same memory
+    live: tuple = ()
+
+
+def configure(args: RankOptions, t_start: float) -> Run | None:
+    """The ds_config read, and the two refusals before any process group exists: DeepSpeed's config classes reject it
+    (--check-config, config_accepted), or it asks for fp16 where this CPU's DeepSpeed has none. None: refused (rank 0
+    wrote why; main exits EXIT_INVALID)."""
     import torch
 
-    import deepspeed
-    from deepspeed import comm as dist
+    import deepspeed  # noqa: F401 - imported before anything else, as the ranks always have
 
     from zerokit.config.read import load_config_file
 
     out = Path(args.output_dir)
-    ckpt_dir = out / CKPT_SUBDIR
     ds_config = load_config_file(args.ds_config)
     if args.check_config and not config_accepted(ds_config, out):
-        return EXIT_INVALID
+        return None
     zero = ds_config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0) or 0)
     bf16 = bool((ds_config.get("bf16") or {}).get("enabled"))
@@ -416,48 +493,65 @@ def main(args: RankOptions) -> int:
                 write_config_rejection(out, why)  # the parent prints it after a --check-config launch; no restarts
                 if not args.check_config:
                     print(f"error: {why}", file=sys.stderr, flush=True)
-            return EXIT_INVALID
-    attempt = _env_int("ZEROKIT_ATTEMPT") or 0
-    run_id = os.environ.get("ZEROKIT_RUN_ID")
+            return None
+    return Run(args=args, t_start=t_start, out=out, ckpt_dir=out / CKPT_SUBDIR, ds_config=ds_config, stage=stage,
+               bf16=bf16, fp16=fp16, attempt=_env_int("ZEROKIT_ATTEMPT") or 0, run_id=os.environ.get("ZEROKIT_RUN_ID"))
 
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by the deepspeed launcher on every rank
-    on_cuda = torch.cuda.is_available()
-    if on_cuda:
-        torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend=args.dist_backend)  # None: the accelerator's communication_backend_name()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    # TP and SP groups (the config's keys): every rank of one reads the same samples (launch/parallel.py)
+
+def setup_process(run: Run) -> None:
+    """The rank's device and process group, its TP/SP/data-parallel place, the memory meter, the seeds."""
+    import torch
+
+    import deepspeed
+    from deepspeed import comm as dist
+
     from zerokit.launch import parallel
 
-    layout = parallel.RankLayout.from_config(ds_config, rank, world)
-    dp = layout.data_parallel
+    args = run.args
+    run.local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by the deepspeed launcher on every rank
+    run.on_cuda = torch.cuda.is_available()
+    if run.on_cuda:
+        torch.cuda.set_device(run.local_rank)
+    deepspeed.init_distributed(dist_backend=args.dist_backend)  # None: the accelerator's communication_backend_name()
+    run.rank, run.world = dist.get_rank(), dist.get_world_size()
+    # TP and SP groups (the config's keys): every rank of one reads the same samples (launch/parallel.py)
+    run.layout = parallel.RankLayout.from_config(run.ds_config, run.rank, run.world)
 
     # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure.meter
-    meter = None
-    mem_method = "cuda_max_allocated" if on_cuda else "none"
+    run.meter = None
+    run.mem_method = "cuda_max_allocated" if run.on_cuda else "none"
     if not args.no_memory_meter:
         try:
             from zerokit.measure.meter import MemoryMeter
 
-            meter = MemoryMeter(f"cuda:{local_rank}" if on_cuda else "cpu")
-            meter.start()
-            mem_method = meter.method
+            run.meter = MemoryMeter(f"cuda:{run.local_rank}" if run.on_cuda else "cpu")
+            run.meter.start()
+            run.mem_method = run.meter.method
         except ImportError:  # measure.py missing: CUDA counters still work, CPU reports nothing
-            meter = None
+            run.meter = None
 
     _seed_all(args.seed)
-    finetune = args.finetune
-    base_src = base_source(args, out, rank) if finetune.uses_lora else None
-    keep_alive = []
+
+
+def build_model_for(run: Run):
+    """The model the engine trains: built (QLoRA: loaded 4-bit from run.base_src; else build_model from run.base_src or
+    the model, under ZeRO-3 through transformers' zero.Init), checkpointing and the cache set, the finetune applied
+    (apply_finetune), ZeRO-3's 16-bit adapters cast, --tiled-mlp's MLPs tiled. Needs no process group below ZeRO-3."""
+    import torch
+
+    from zerokit.launch import parallel
+
+    args, finetune = run.args, run.args.finetune
     if finetune.mode == "qlora":
-        model = build_quantized(base_src, finetune, torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32,
-                                local_rank)
+        model = build_quantized(run.base_src, finetune,
+                                torch.bfloat16 if run.bf16 else torch.float16 if run.fp16 else torch.float32,
+                                run.local_rank)
     else:
-        if stage == 3:  # transformers builds the model under deepspeed.zero.Init while this object lives
+        if run.stage == 3:  # transformers builds the model under deepspeed.zero.Init while this object lives
             from transformers.integrations import HfDeepSpeedConfig
 
-            keep_alive.append(HfDeepSpeedConfig(ds_config))
-        model = build_model(base_src or args.model, ds_config, args.seed)
+            run.keep_alive.append(HfDeepSpeedConfig(run.ds_config))
+        model = build_model(run.base_src or args.model, run.ds_config, args.seed)
     if args.gradient_checkpointing:
         # use_reentrant=False: reentrant checkpointing gives no gradient to parameters inside a block whose inputs do
         # not require grad, the case of adapters over a frozen base (transformers' _activation_checkpointing_enable
@@ -466,22 +560,36 @@ def main(args: RankOptions) -> int:
     if hasattr(model, "config"):
         model.config.use_cache = False
     model = apply_finetune(model, finetune, args.seed)
-    if stage == 3 and (bf16 or fp16):
+    if run.stage == 3 and (run.bf16 or run.fp16):
         # peft adds its adapters after transformers built the base under zero.Init, in fp32 (LoraLayer.update_layer;
         # get_peft_model's autocast_adapter_dtype upcasts 16-bit adapters to fp32). deepspeed.initialize casts a
         # 16-bit run's parameters to the training dtype only when none is a ZeRO parameter yet
         # (engine._configure_distributed_model: is_zero_init_model skips _cast_module_mixed_precision), so at ZeRO-3
         # the adapters would stay fp32 and run the adapter path in fp32 (measured: +4.8 MiB of fp32 input casts per
         # rank on tiny-llama, -22.7% against the model): cast them as DeepSpeed casts every parameter at ZeRO-0/1/2.
-        dtype = torch.bfloat16 if bf16 else torch.float16
+        dtype = torch.bfloat16 if run.bf16 else torch.float16
         for p in model.parameters():
             if not hasattr(p, "ds_id") and p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
 
     if args.tiled_mlp:
         parallel.tile_mlps(model)
+    return model
+
+
+def make_engine(run: Run, model) -> None:
+    """Ulysses' SP groups, deepspeed.initialize (an AdamW at --lr when the config has no optimizer), the tiled loss's
+    head switch, the meter told of the engine, training mode, and the step-phase meter with its init peak."""
+    import torch
+
+    import deepspeed
+
+    from zerokit.launch import parallel
+
+    args, ds_config = run.args, run.ds_config
     # Ulysses: the SP groups and the attention wrapper, before the engine (which takes their mpu)
-    mpu = parallel.register_ulysses(model, layout.sequence_parallel, int(ds_config.get("train_micro_batch_size_per_gpu", 1)))
+    mpu = parallel.register_ulysses(model, run.layout.sequence_parallel,
+                                    int(ds_config.get("train_micro_batch_size_per_gpu", 1)))
 
     optimizer = None
     if "optimizer" not in ds_config:
@@ -493,14 +601,15 @@ def main(args: RankOptions) -> int:
         config=ds_config,
         mpu=mpu,
     )
-    head_switch = parallel.HeadSwitch(engine.module.get_output_embeddings()) if args.tiled_loss else None
-    sp_group = mpu.get_sequence_parallel_group() if mpu is not None else None
+    run.engine = engine
+    run.head_switch = parallel.HeadSwitch(engine.module.get_output_embeddings()) if args.tiled_loss else None
+    run.sp_group = mpu.get_sequence_parallel_group() if mpu is not None else None
     # the whole vocabulary, as memory.tiled_loss_shards prices the slices: an AutoTP LM head's weight holds V / tp rows
     # but gathers its logits to V
-    vocab = engine.module.config.get_text_config().vocab_size
-    if meter is not None and hasattr(meter, "register_deepspeed_engine"):
+    run.vocab = engine.module.config.get_text_config().vocab_size
+    if run.meter is not None and hasattr(run.meter, "register_deepspeed_engine"):
         try:
-            meter.register_deepspeed_engine(engine)
+            run.meter.register_deepspeed_engine(engine)
         except Exception:  # noqa: BLE001 - attribution is optional
             pass
 
@@ -510,21 +619,34 @@ def main(args: RankOptions) -> int:
     # included), and bnb's Linear4bit.forward takes its inference path (a bf16 CPU kernel) in eval mode.
     # DeepSpeedEngine.train() sets module.train(True), as the HF Trainer does each epoch
     engine.train()
-    phases = StepPhaseMeter(meter, on_cuda)
-    init_peak = phases.init_peak()
+    run.phases = StepPhaseMeter(run.meter, run.on_cuda)
+    run.init_peak = run.phases.init_peak()
+
+
+def make_data(args: RankOptions, dp: int, data_rank: int, mb: int, ga: int) -> Data:
+    """The dataset (make_dataset), this data-parallel replica's seeded sampler and its loader of mb rows, and the
+    optimizer steps the run takes. Needs no process group."""
+    import torch
 
     dataset = make_dataset(args)
     Sampler = make_sampler_class()
-    sampler = Sampler(dataset, num_replicas=dp, rank=layout.data_rank, shuffle=True, seed=args.seed, drop_last=False)
-    mb = engine.train_micro_batch_size_per_gpu()
-    ga = engine.gradient_accumulation_steps()
+    sampler = Sampler(dataset, num_replicas=dp, rank=data_rank, shuffle=True, seed=args.seed, drop_last=False)
     loader = torch.utils.data.DataLoader(dataset, batch_size=mb, sampler=sampler, drop_last=False, num_workers=0)
     micro_per_epoch = math.ceil(sampler.num_samples / mb)
     # the one step-count rule: `zerokit launch` predicted with it (sampler.num_samples = ceil(n / replicas))
     total_steps = optimizer_steps(len(dataset), dp, mb, ga, args.steps, args.epochs)
+    return Data(dataset, sampler, loader, mb, ga, micro_per_epoch, total_steps)
 
-    # resume
-    epoch, batch_in_epoch, resumed_from = 0, 0, 0
+
+def resume_position(run: Run, data: Data) -> Position:
+    """--resume (every restart): stale checkpoints removed, the latest complete one loaded (universal when the launcher
+    converted it for this world size), the data position mapped onto this data-parallel size, this rank's RNG
+    streams restored. No checkpoint: the start."""
+    from deepspeed import comm as dist
+
+    args, engine, ckpt_dir, rank = run.args, run.engine, run.ckpt_dir, run.rank
+    mb, dp = data.mb, run.layout.data_parallel
+    pos = Position()
     if args.resume and read_latest(ckpt_dir):
         if rank == 0:
             for d in stale_checkpoints(ckpt_dir):
@@ -539,15 +661,16 @@ def main(args: RankOptions) -> int:
                 tag += UNIVERSAL_SUFFIX
             else:
                 engine._config.load_universal_checkpoint = False
-        # a LoRA checkpoint holds no base weights (save below): the module loads non-strictly, as the HF Trainer loads
-        # a peft model's (transformers integrations.deepspeed_load_checkpoint, load_module_strict=not peft); the
+        # a LoRA checkpoint holds no base weights (save_checkpoint): the module loads non-strictly, as the HF Trainer
+        # loads a peft model's (transformers integrations.deepspeed_load_checkpoint, load_module_strict=not peft); the
         # adapters come back from the module state and, at ZeRO-1/2/3, from the optimizer's fp32 partitions
-        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag, load_module_strict=not finetune.uses_lora)
+        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag,
+                                                   load_module_strict=not args.finetune.uses_lora)
         if load_path is None:
             raise RuntimeError(f"could not load checkpoint {ckpt_dir}/{tag}")
         zk = client["zerokit"]
         epoch, batch_in_epoch = zk["epoch"], zk["batch_in_epoch"]
-        saved_dp = zk.get("data_parallel", zk.get("world_size", world))
+        saved_dp = zk.get("data_parallel", zk.get("world_size", run.world))
         if saved_dp != dp:
             # the position by samples consumed: DistributedSampler deals one seeded permutation round-robin
             # (replica r takes indices[r::replicas]), so the first k x replicas samples of the epoch are the same set
@@ -561,92 +684,130 @@ def main(args: RankOptions) -> int:
         # rank r continues saved rank r's stream; a rank the old run did not have takes rank 0's (the streams
         # only drive dropout and the like; none is more right than another, rank 0's always exists)
         _set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
-        resumed_from = engine.global_steps
+        pos = Position(epoch, batch_in_epoch, engine.global_steps)
     elif args.resume and rank == 0:
         for d in stale_checkpoints(ckpt_dir):
             shutil.rmtree(d, ignore_errors=True)
+    return pos
 
-    metrics = MetricsLog(out, rank)
+
+def start_metrics(run: Run, data: Data, pos: Position) -> MetricsLog:
+    """This rank's metrics/rank{R}.jsonl, opened with its start record."""
+    import torch
+
+    args = run.args
+    metrics = MetricsLog(run.out, run.rank)
     metrics.write({
-        "event": "start", "rank": rank, "world_size": world, "attempt": attempt, "run_id": run_id,
-        "resumed_from": resumed_from,
-        "total_steps": total_steps, "zero_stage": stage, "precision": "bf16" if bf16 else "fp16" if fp16 else "fp32",
-        "micro_batch": mb, "grad_accum": ga, "seq_len": int(dataset[0]["input_ids"].numel()), "samples": len(dataset),
-        "memory_method": mem_method, "startup_s": time.time() - t_start, "time": time.time(),
-        "init_peak_bytes": init_peak, "memory_steps": args.memory_steps, "torch_threads": torch.get_num_threads(),
+        "event": "start", "rank": run.rank, "world_size": run.world, "attempt": run.attempt, "run_id": run.run_id,
+        "resumed_from": pos.resumed_from,
+        "total_steps": data.total_steps, "zero_stage": run.stage, "precision": run.precision,
+        "micro_batch": data.mb, "grad_accum": data.ga, "seq_len": int(data.dataset[0]["input_ids"].numel()),
+        "samples": len(data.dataset),
+        "memory_method": run.mem_method, "startup_s": time.time() - run.t_start, "time": time.time(),
+        "init_peak_bytes": run.init_peak, "memory_steps": args.memory_steps, "torch_threads": torch.get_num_threads(),
         # the backend asked for (None: DeepSpeed's default) and the one the process group really runs
         "dist_backend_requested": args.dist_backend, "dist_backend": torch.distributed.get_backend(),
-        "finetune": finetune.to_dict(), "trainable_params": trainable_count(engine.module),
+        "finetune": args.finetune.to_dict(), "trainable_params": trainable_count(run.engine.module),
     })
+    return metrics
 
-    def stream():
-        e, b = epoch, batch_in_epoch
-        while True:
-            sampler.set_epoch(e)
-            sampler.start_index = min(b * mb, sampler.num_samples)
-            for batch in loader:
-                b += 1
-                yield e, b, batch
-            e, b = e + 1, 0
 
-    def client_state(e: int, b: int) -> dict:
-        rngs = [None] * world
-        dist.all_gather_object(rngs, _rng_state())
-        if b >= micro_per_epoch:
-            e, b = e + 1, 0
-        return {"zerokit": {"epoch": e, "batch_in_epoch": b, "rng": rngs, "seed": args.seed, "world_size": world,
-                            "data_parallel": dp, "micro_batch": mb, "samples_in_epoch": b * mb * dp}}
+def data_stream(data: Data, epoch: int, batch_in_epoch: int):
+    """(epoch, micro batches read in it, batch) from the position on, across epoch boundaries, without end."""
+    e, b = epoch, batch_in_epoch
+    while True:
+        data.sampler.set_epoch(e)
+        data.sampler.start_index = min(b * data.mb, data.sampler.num_samples)
+        for batch in data.loader:
+            b += 1
+            yield e, b, batch
+        e, b = e + 1, 0
 
-    def save(step: int, e: int, b: int) -> None:
-        tag = tag_for_step(step)
-        # LoRA: the frozen base is rebuilt from its source on resume, so checkpoints leave it out, as the HF Trainer
-        # saves a peft model's (Trainer._save_checkpoint: save_checkpoint(exclude_frozen_parameters=True)); else
-        # each would hold the whole base, twice at ZeRO-2/3 (module state + DeepSpeed's frozen_param_fragments).
-        # A --freeze run keeps them: its final weights are the whole model (ZeRO-3's zero_to_fp32 reads them).
-        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state(e, b), save_latest=False,
-                               exclude_frozen_parameters=finetune.uses_lora)
-        _crash_hook("checkpoint", step, rank)
-        dist.barrier()  # every rank has finished writing its part
-        if rank == 0:  # what wrote it, for a resume on another world size (launch/checkpoints.py read_shape)
-            write_shape(ckpt_dir / tag, world, mb, ga, stage, "bf16" if bf16 else "fp16" if fp16 else "fp32",
-                        layout.tensor_parallel, layout.sequence_parallel)
-            write_latest(ckpt_dir, tag)
-        dist.barrier()
 
-    def forward_loss(batch):
-        """(loss, outputs) of a micro batch: the model's own loss (HF's mean over real tokens), or with SP or a tiled
-        loss the same mean computed here (the model then returns no loss: it gets no labels)."""
-        if layout.sequence_parallel == 1 and head_switch is None:
-            out_ = engine(**batch)
-            return out_.loss, out_
-        if layout.sequence_parallel > 1:
-            part = parallel.sp_shard(batch, layout)
-            shift = part.pop("shift_labels")
-        else:
-            part = {k: v for k, v in batch.items() if k != "labels"}
-            shift = parallel.shift_labels_of(batch)
-        out_ = engine(**part, use_cache=False)
-        if head_switch is not None:  # out_.logits is the final hidden state: the head returned its input
-            total, good = parallel.tiled_causal_lm_loss(head_switch, out_.logits, shift, vocab)
-        else:
-            logits = out_.logits
-            total = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), shift.view(-1),
-                                                      ignore_index=-100, reduction="sum")
-            good = (shift != -100).sum()
-        if sp_group is not None:
-            return parallel.sp_group_loss(total, good, sp_group), out_
-        return total / good.clamp(min=1), out_
+def client_state(run: Run, data: Data, e: int, b: int) -> dict:
+    """What a checkpoint holds beside the engine's state: the data position after (e, b) and every rank's RNG streams
+    (a collective: all ranks gather them)."""
+    from deepspeed import comm as dist
 
-    it = stream()
+    rngs = [None] * run.world
+    dist.all_gather_object(rngs, _rng_state())
+    if b >= data.micro_per_epoch:
+        e, b = e + 1, 0
+    dp = run.layout.data_parallel
+    return {"zerokit": {"epoch": e, "batch_in_epoch": b, "rng": rngs, "seed": run.args.seed, "world_size": run.world,
+                        "data_parallel": dp, "micro_batch": data.mb, "samples_in_epoch": b * data.mb * dp}}
+
+
+def save_checkpoint(run: Run, data: Data, step: int, e: int, b: int) -> None:
+    """checkpoints/step{N} on every rank, then (rank 0, after a barrier) its shape and the latest marker."""
+    from deepspeed import comm as dist
+
+    tag = tag_for_step(step)
+    # LoRA: the frozen base is rebuilt from its source on resume, so checkpoints leave it out, as the HF Trainer saves a
+    # peft model's (Trainer._save_checkpoint: save_checkpoint(exclude_frozen_parameters=True)); else each would hold
+    # the whole base, twice at ZeRO-2/3 (module state + DeepSpeed's frozen_param_fragments).
+    # A --freeze run keeps them: its final weights are the whole model (ZeRO-3's zero_to_fp32 reads them).
+    run.engine.save_checkpoint(str(run.ckpt_dir), tag=tag, client_state=client_state(run, data, e, b),
+                               save_latest=False, exclude_frozen_parameters=run.args.finetune.uses_lora)
+    _crash_hook("checkpoint", step, run.rank)
+    dist.barrier()  # every rank has finished writing its part
+    if run.rank == 0:  # what wrote it, for a resume on another world size (launch/checkpoints.py read_shape)
+        layout = run.layout
+        write_shape(run.ckpt_dir / tag, run.world, data.mb, data.ga, run.stage, run.precision,
+                    layout.tensor_parallel, layout.sequence_parallel)
+        write_latest(run.ckpt_dir, tag)
+    dist.barrier()
+
+
+def forward_loss(run: Run, batch: dict):
+    """(loss, outputs) of a micro batch: the model's own loss (HF's mean over real tokens), or with SP or a tiled loss
+    the same mean computed here (the model then returns no loss: it gets no labels)."""
+    import torch
+
+    from zerokit.launch import parallel
+
+    engine, layout, head_switch = run.engine, run.layout, run.head_switch
+    if layout.sequence_parallel == 1 and head_switch is None:
+        out_ = engine(**batch)
+        return out_.loss, out_
+    if layout.sequence_parallel > 1:
+        part = parallel.sp_shard(batch, layout)
+        shift = part.pop("shift_labels")
+    else:
+        part = {k: v for k, v in batch.items() if k != "labels"}
+        shift = parallel.shift_labels_of(batch)
+    out_ = engine(**part, use_cache=False)
+    if head_switch is not None:  # out_.logits is the final hidden state: the head returned its input
+        total, good = parallel.tiled_causal_lm_loss(head_switch, out_.logits, shift, run.vocab)
+    else:
+        logits = out_.logits
+        total = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), shift.view(-1),
+                                                  ignore_index=-100, reduction="sum")
+        good = (shift != -100).sum()
+    if run.sp_group is not None:
+        return parallel.sp_group_loss(total, good, run.sp_group), out_
+    return total / good.clamp(min=1), out_
+
+
+def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trained:
+    """The optimizer steps from the position to data.total_steps: a step record each, the CPU meter stopped after
+    memory_steps, progress on rank 0, the crash hook, a checkpoint every save_every; then the final checkpoint."""
+    import torch
+
+    from deepspeed import comm as dist
+
+    args, engine, layout, phases = run.args, run.engine, run.layout, run.phases
+    ga, total_steps, world = data.ga, data.total_steps, run.world
+    it = data_stream(data, pos.epoch, pos.batch_in_epoch)
     step = engine.global_steps
-    last_saved = step if resumed_from else -1
+    last_saved = step if pos.resumed_from else -1
     peak_alloc = 0
     step_times: list[float] = []
     steps_run = 0  # optimizer steps of this run: a resumed run meters its own first steps (memory_steps)
     train_t0 = time.time()
-    e_cur, b_cur = epoch, batch_in_epoch
+    e_cur, b_cur = pos.epoch, pos.batch_in_epoch
     while step < total_steps:
-        metered = phases.active and not on_cuda
+        metered = phases.active and not run.on_cuda
         phases.new_step()
         t0 = time.perf_counter()
         loss_sum, tokens = 0.0, 0
@@ -656,7 +817,7 @@ def main(args: RankOptions) -> int:
             # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a loop
             # that keeps `outputs = model(**batch)`: the memory model counts those logits (memory.phase_terms
             # logits_output)
-            loss_, out_ = phases.run("forward", lambda: forward_loss(batch))
+            loss_, out_ = phases.run("forward", lambda: forward_loss(run, batch))
             phases.run("backward", lambda: engine.backward(loss_))
             phases.run("step", engine.step)
             loss_sum += float(loss_.detach().float())
@@ -674,51 +835,84 @@ def main(args: RankOptions) -> int:
         rec = {
             "event": "step", "step": step, "loss": loss, "local_loss": local_loss, "step_time": step_time,
             "tokens": tokens, "tokens_per_s": tokens / step_time, "global_tokens_per_s": global_tokens / step_time,
-            "epoch": e_cur, "batch_in_epoch": b_cur, "attempt": attempt, "run_id": run_id, "lr": engine.get_lr()[0] if engine.get_lr() else None,
-            "memory_method": mem_method, "time": time.time(), "metered": metered,
+            "epoch": e_cur, "batch_in_epoch": b_cur, "attempt": run.attempt, "run_id": run.run_id,
+            "lr": engine.get_lr()[0] if engine.get_lr() else None,
+            "memory_method": run.mem_method, "time": time.time(), "metered": metered,
         }
         rec.update(phases.step_fields())  # this step's peak per phase (forward, backward, step), the run's so far
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)
         steps_run += 1
-        if args.memory_steps and not on_cuda and phases.active and steps_run >= args.memory_steps:
+        if args.memory_steps and not run.on_cuda and phases.active and steps_run >= args.memory_steps:
             phases.stop()
-            meter = None
-        if rank == 0 and (step % args.log_every == 0 or step == total_steps):
+            run.meter = None
+        if run.rank == 0 and (step % args.log_every == 0 or step == total_steps):
             avg = sum(step_times[-10:]) / len(step_times[-10:])
             print(f"step {step}/{total_steps}  loss {loss:.4f}  {global_tokens / step_time:,.0f} tok/s  "
                   f"{step_time:.2f} s/step  ETA {_fmt_eta(avg * (total_steps - step))}", flush=True)
-        _crash_hook("step", step, rank)
+        _crash_hook("step", step, run.rank)
         if args.save_every and step % args.save_every == 0 and step < total_steps:
-            save(step, e_cur, b_cur)
+            save_checkpoint(run, data, step, e_cur, b_cur)
             last_saved = step
 
     train_time = time.time() - train_t0
     # the final checkpoint (resumable, and ZeRO-3's export reads it)
     if last_saved != step:
-        save(step, e_cur, b_cur)
-    final_tag = tag_for_step(step)
+        save_checkpoint(run, data, step, e_cur, b_cur)
+    return Trained(step, train_time, peak_alloc, (it, batch, loss_, out_) if steps_run else (it,))
 
+
+def export(run: Run, step: int) -> None:
+    """final/ (export_final's weights, or a LoRA's export_adapter) unless --no-export; every rank meets at a barrier."""
+    from deepspeed import comm as dist
+
+    args = run.args
+    final_tag = tag_for_step(step)
     if not args.no_export:
-        if finetune.uses_lora:
-            export_adapter(engine, out, stage, bf16, rank, args, base_src)
+        if args.finetune.uses_lora:
+            export_adapter(run.engine, run.out, run.stage, run.bf16, run.rank, args, run.base_src)
         else:
-            export_final(engine, out, ckpt_dir, final_tag, stage, bf16, rank, args)
+            export_final(run.engine, run.out, run.ckpt_dir, final_tag, run.stage, run.bf16, run.rank, args)
     dist.barrier()
-    end = {"event": "end", "rank": rank, "step": step, "attempt": attempt, "run_id": run_id, "train_s": train_time,
-           "total_s": time.time() - t_start, "peak_allocated_bytes": peak_alloc, "memory_method": mem_method,
-           "time": time.time()}
-    if on_cuda:
-        end["peak_reserved_bytes"] = max(int(phases.reserved), int(torch.cuda.max_memory_reserved()))
-    if meter is not None:
+
+
+def finish(run: Run, metrics: MetricsLog, trained: Trained) -> None:
+    """The end record, the meter stopped, the metrics closed, rank 0's last line."""
+    import torch
+
+    end = {"event": "end", "rank": run.rank, "step": trained.step, "attempt": run.attempt, "run_id": run.run_id,
+           "train_s": trained.train_time, "total_s": time.time() - run.t_start, "peak_allocated_bytes": trained.peak_alloc,
+           "memory_method": run.mem_method, "time": time.time()}
+    if run.on_cuda:
+        end["peak_reserved_bytes"] = max(int(run.phases.reserved), int(torch.cuda.max_memory_reserved()))
+    if run.meter is not None:
         try:
-            meter.stop()
+            run.meter.stop()
         except Exception:  # noqa: BLE001
             pass
     metrics.write(end)
     metrics.close()
-    if rank == 0:
-        print(f"done: {step} steps in {train_time:.1f} s; final weights in {out / FINAL_SUBDIR}", flush=True)
+    if run.rank == 0:
+        print(f"done: {trained.step} steps in {trained.train_time:.1f} s; final weights in {run.out / FINAL_SUBDIR}",
+              flush=True)
+
+
+def main(args: RankOptions) -> int:
+    """One rank's run, step by step; 0, or EXIT_INVALID when the config is refused before any process group."""
+    t_start = time.time()
+    run = configure(args, t_start)
+    if run is None:
+        return EXIT_INVALID
+    setup_process(run)
+    run.base_src = base_source(args, run.out, run.rank) if args.finetune.uses_lora else None
+    make_engine(run, build_model_for(run))
+    data = make_data(args, run.layout.data_parallel, run.layout.data_rank, run.engine.train_micro_batch_size_per_gpu(),
+                     run.engine.gradient_accumulation_steps())
+    pos = resume_position(run, data)
+    metrics = start_metrics(run, data, pos)
+    trained = train_loop(run, data, pos, metrics)
+    export(run, trained.step)
+    finish(run, metrics, trained)
     return 0
 
 
@@ -816,7 +1010,7 @@ def export_adapter(engine, out: Path, stage: int, bf16: bool, rank: int, args, b
         engine.module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
         _copy_tokenizer(args, tmp)
         if args.merge:
-            # the ZeRO-3 run's HfDeepSpeedConfig (main's keep_alive) would make from_pretrained build the merge's base
+            # the ZeRO-3 run's HfDeepSpeedConfig (Run.keep_alive) would make from_pretrained build the merge's base
             # under deepspeed.zero.Init, a collective that rank 0 alone enters: it hangs. The engine needs it no more
             # (transformers is_deepspeed_zero3_enabled reads the weak reference this clears)
             from transformers.integrations.deepspeed import unset_hf_deepspeed_config
