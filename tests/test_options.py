@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -216,3 +217,61 @@ def test_rank_options_round_trip_and_refuse_wrong_types(tmp_path):
     assert options_file_from_argv(["--local_rank=1", str(path)]) == str(path)
     with pytest.raises(ZerokitError, match="usage"):
         options_file_from_argv(["--local_rank=1"])
+
+
+# ---------------------------------------------------------------------------------------------
+# lower layers name an option through its declaration (issue 26): flag("merge"), never "--merge"
+
+# literals that spell a declared option's flag but mean another program's: (file, the whole literal) -> why
+NOT_ZEROKITS = {
+    ("zerokit/launch/command.py", "--hostfile"): "the deepspeed launcher's own flag, in its argv",
+    ("zerokit/launch/command.py", "--launcher"): "the deepspeed launcher's own flag, in its argv",
+}
+
+
+def option_flag_literals(sources: dict[str, str]) -> list[str]:
+    """String constants (the constant parts of f-strings included, docstrings not) that spell `--NAME` for a declared
+    option, as "path:line --NAME"."""
+    names = sorted((o.name for o in OPTIONS), key=len, reverse=True)
+    spelled = re.compile(r"--(?:" + "|".join(map(re.escape, names)) + r")(?![\w-])")
+    bad = []
+    for path, src in sources.items():
+        tree = ast.parse(src)
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and (path, node.value) not in NOT_ZEROKITS):
+                bad += [f"{path}:{node.lineno} {m.group(0)}" for m in spelled.finditer(node.value)]
+    return bad
+
+
+def test_lower_layers_name_options_through_the_declarations():
+    sources = {str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "zerokit").rglob("*.py"))
+               if p.relative_to(REPO).parts[1] != "cli" and p.relative_to(REPO) != Path("zerokit/core/options.py")}
+    assert "zerokit/launch/prepare.py" in sources and "zerokit/cli/launch.py" not in sources
+    assert option_flag_literals(sources) == []
+    # the check can fail: a message, an f-string's constant part, a bare flag; not a docstring, a comment, a flag
+    # that is no option (--num_gpus) or only begins like one (--seeds, --seed_x)
+    src = ('"""Pass --seed."""\n'
+           'def f(n):\n'
+           '    """--merge, documented."""\n'
+           '    a = "--merge needs --finetune lora"  # --lr\n'
+           '    b = f"{n} with --gpus-per-node {n}"\n'
+           '    return a, b, "--seed", "--num_gpus", "--seeds", "--seed_x"\n')
+    assert option_flag_literals({"zerokit/x.py": src}) == [
+        "zerokit/x.py:4 --merge", "zerokit/x.py:4 --finetune", "zerokit/x.py:5 --gpus-per-node", "zerokit/x.py:6 --seed"]
+
+
+def test_the_example_run_file_serves_every_command(tmp_path, capsys):
+    """examples/run.yaml, as the README shows it: plan from it alone, and a dry-run launch from it."""
+    example = str(REPO / "examples" / "run.yaml")
+    for command in ("plan", "render", "check", "launch"):
+        assert parse([command, "-c", example]).model == "tiny-llama"
+    assert main(["plan", "-c", example, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is True
+    out = tmp_path / "run"
+    assert main(["launch", "-c", example, "--dry-run", "--output-dir", str(out)]) == 0
+    assert "rank options" in capsys.readouterr().out and not out.exists()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, ZerokitError
+from zerokit.core.options import flag
 
 # zerokit's own bound on the search for the largest micro batch of an "auto" config: doubling to 2^16 and bisecting
 # is at most 32 evaluations (arithmetic), and 2^16 sequences per GPU is past what any catalog GPU holds of any model.
@@ -143,7 +144,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
 
     acc = cluster.accelerator
     if precision is not None and not acc.supports(precision):
-        raise ZerokitError(f"--precision {precision}: {acc.name} does not support {precision}: use "
+        raise ZerokitError(f"{flag('precision')} {precision}: {acc.name} does not support {precision}: use "
                            f"{' or '.join(acc.precisions)}")
     values, autos = dict(trainer_values or {}), set(auto_keys(config))
     chosen = precision or (acc.precisions[0] if answer_auto else None)
@@ -188,11 +189,12 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                                           else "adamw_torch")
             setup, knobs = setup_from_config(concrete, cluster.world_size, client_optimizer=client)
             if not isinstance(config.get("optimizer"), dict):
+                whose = (f"{flag('client-optimizer')} given" if client_optimizer else
+                         "the HF Trainer's default --optim with the torch installed here" if answer_auto else
+                         "zerokit's loop: torch.optim.AdamW")
                 result.assumed.append({"key": "optimizer", "value": client, "why": (
-                    "no optimizer block: the script's own, " + ("--client-optimizer given" if client_optimizer else
-                    "the HF Trainer's default --optim with the torch installed here" if answer_auto else
-                    "zerokit's loop: torch.optim.AdamW") + "; adamw_torch (unfused) keeps two fp32 temporaries of the "
-                    "partition in the step, adamw_torch_fused none")})
+                    "no optimizer block: the script's own, " + whose + "; adamw_torch (unfused) keeps two fp32 "
+                    "temporaries of the partition in the step, adamw_torch_fused none")})
             comm = concrete.get("communication_data_type")  # the gradients' dtype (estimate.timing.collective_bytes)
             setup = replace(setup, communication_data_type=comm.lower() if isinstance(comm, str) else None)
         except ZerokitError:  # setup_from_config's one line for a value it cannot read (tests/test_fuzz.py)
@@ -203,9 +205,9 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                                 memory_fraction, trainer_values, deepspeed_now=True, precision=precision,
                                 answer_auto=answer_auto, client_optimizer=client_optimizer, tiled=tiled)
         if precision is not None and setup.precision != precision:
-            raise ZerokitError(f"--precision {precision} disagrees with {config_path}, which trains in "
-                               f"{setup.precision}: the HF Trainer refuses the mismatch; drop --precision or make the "
-                               "config's precision \"auto\"")
+            raise ZerokitError(f"{flag('precision')} {precision} disagrees with {config_path}, which trains in "
+                               f"{setup.precision}: the HF Trainer refuses the mismatch; drop {flag('precision')} or "
+                               "make the config's precision \"auto\"")
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing)
         setup = replace(with_parallelism(setup, result.parallelism), **(tiled or {}))
@@ -259,30 +261,31 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
     def add(key, value, why):
         out.append({"key": key, "value": value, "why": why})
 
-    def arg(key, flag, default_why):
-        return f"{flag} given" if key in given else default_why
+    def arg(key, named, default_why):
+        return f"{named} given" if key in given else default_why
 
     micro, accum = "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
     if searched and not has_model:
-        add(micro, 1, "for DeepSpeed's checks; give --model to search the largest that fits")
+        add(micro, 1, f"for DeepSpeed's checks; give {flag('model')} to search the largest that fits")
     elif searched:
         add(micro, "searched", f"the largest that fits at seq {seq_len}, for the Trainer's "
-                               "--per_device_train_batch_size; --micro-batch N judges N")
+                               f"--per_device_train_batch_size; {flag('micro-batch')} N judges N")
     elif micro in autos or (micro not in config and "train_batch_size" in autos):
         add(micro, values.get(micro, TRAINER_DEFAULTS[micro]),
-            arg(micro, "--micro-batch", "TrainingArguments' default per_device_train_batch_size"))
+            arg(micro, flag("micro-batch"), "TrainingArguments' default per_device_train_batch_size"))
     if accum in autos:
         add(accum, values.get(accum, TRAINER_DEFAULTS[accum]),
-            arg(accum, "--grad-accum", "TrainingArguments' default; --grad-accum N to change"))
+            arg(accum, flag("grad-accum"), f"TrainingArguments' default; {flag('grad-accum')} N to change"))
     if "train_batch_size" in autos:
         dp = batch_world_size(config, world_size)
         add("train_batch_size", f"micro x accumulation x {dp}",
             "as the Trainer computes it" if dp == world_size else
             f"as accelerate sets it under sequence parallelism: {world_size} ranks / sequence_parallel_size")
     if precision is not None:
-        flag = "no --bf16/--fp16" if precision == "fp32" else f"--{precision}"
-        add("precision", precision, "--precision given" if precision_given else
-            f"the best the {accelerator.name} supports, as the Trainer's {flag} sets it; --precision to change")
+        trainer_flag = "no --bf16/--fp16" if precision == "fp32" else f"--{precision}"
+        add("precision", precision, f"{flag('precision')} given" if precision_given else
+            f"the best the {accelerator.name} supports, as the Trainer's {trainer_flag} sets it; {flag('precision')} "
+            "to change")
     defaults = ZeroKnobs()
     for key in autos:
         if not key.startswith("zero_optimization."):
@@ -290,7 +293,8 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
         filled = lookup(concrete, key)
         if key in _HIDDEN_SIZE_FILLS and filled != AUTO:
             add(key, filled, f"{_HIDDEN_SIZE_FILLS[key]} from the model's hidden size {hidden}" if hidden else
-                f"DeepSpeed's default; the Trainer fills {_HIDDEN_SIZE_FILLS[key]} from the model: give --model")
+                f"DeepSpeed's default; the Trainer fills {_HIDDEN_SIZE_FILLS[key]} from the model: give "
+                f"{flag('model')}")
         else:
             name = key.split(".", 1)[1]
             value = getattr(defaults, ZERO_FIELD_TO_ALIAS.get(name, name), "DeepSpeed's default")

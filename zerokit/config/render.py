@@ -15,6 +15,7 @@ import json
 import math
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.core.resources import template_environment
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
@@ -66,7 +67,7 @@ def render_ds_config(
         )
     uses_nvme = "nvme" in (setup.offload_optimizer, setup.offload_param)
     if uses_nvme and not cluster.nvme_path:
-        raise ZerokitError("NVMe offload needs a path on the NVMe drive: give --nvme-path DIR")
+        raise ZerokitError(f"NVMe offload needs a path on the NVMe drive: give {flag('nvme-path')} DIR")
     world = cluster.world_size
     if world % (setup.tensor_parallel * setup.sequence_parallel):
         raise ZerokitError(f"{setup.tensor_parallel * setup.sequence_parallel} model-parallel ranks do not divide the "

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.core.units import GiB, MiB
 from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEXT_BYTES
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
@@ -460,7 +461,8 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         # TiledMLP (ulysses_sp.py) runs the MLP under no_grad one slice at a time and saves only its input (the second
         # norm's output, which the norm's bytes count as the next Linear's): the MLP's intermediates are not kept
         if _is_finetune_layout(model):
-            raise ZerokitError("--tiled-mlp is modelled for full fine-tunes: drop it, or use --finetune full")
+            raise ZerokitError(f"{flag('tiled-mlp')} is modelled for full fine-tunes: drop it, or use "
+                               f"{flag('finetune')} full")
         mlp = tokens * _mlp_bytes_per_token(model, setup.precision)
         one_layer -= mlp
         all_layers -= model.num_layers * mlp
@@ -994,6 +996,7 @@ def fit_problems(est: MemoryEstimate, cluster: Cluster, budget: Budget) -> list[
     if budget.cpu_bytes and host > budget.cpu_bytes:
         problems.append(f"needs {fmt_bytes(host)} host RAM per node, have {fmt_bytes(budget.cpu_bytes)}")
     if est.nvme_total and est.nvme_total > budget.nvme_bytes:
-        have = fmt_bytes(budget.nvme_bytes) if budget.nvme_bytes else "none (give --nvme-path/--nvme-size)"
+        have = (fmt_bytes(budget.nvme_bytes) if budget.nvme_bytes else
+                f"none (give {flag('nvme-path')}/{flag('nvme-size')})")
         problems.append(f"needs {fmt_bytes(est.nvme_total)} NVMe per node, have {have}")
     return problems

@@ -91,8 +91,7 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
     (register_with_transformers refuses eager)."""
     gpn = cluster.gpus_per_node
     a, k = model.num_attention_heads, model.num_kv_heads
-    for name, degree, d in (("tensor", flag("tensor-parallel"), tensor_parallel),
-                            ("sequence", flag("sequence-parallel"), sequence_parallel)):
+    for degree, d in ((flag("tensor-parallel"), tensor_parallel), (flag("sequence-parallel"), sequence_parallel)):
         if d > 1 and gpn % d:
             return f"{degree} {d} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
     if tensor_parallel > 1:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.spec.model import ModelSpec
 
 FINETUNE_MODES = ("full", "lora", "qlora")
@@ -50,21 +51,25 @@ class Finetune:
 
     def __post_init__(self):
         if self.mode not in FINETUNE_MODES:
-            raise ZerokitError(f"--finetune must be one of {', '.join(FINETUNE_MODES)}, got {self.mode!r}")
+            raise ZerokitError(f"{flag('finetune')} must be one of {', '.join(FINETUNE_MODES)}, got {self.mode!r}")
         if self.lora_r < 1:
-            raise ZerokitError(f"--lora-r must be at least 1, got {self.lora_r}: the adapter rank (16 is common)")
+            raise ZerokitError(f"{flag('lora-r')} must be at least 1, got {self.lora_r}: the adapter rank (16 is "
+                               "common)")
         if not 0 <= self.lora_dropout < 1:
-            raise ZerokitError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+            raise ZerokitError(f"{flag('lora-dropout')} must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_alpha > 0:
-            raise ZerokitError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+            raise ZerokitError(f"{flag('lora-alpha')} must be positive, got {self.lora_alpha}")
         if not self.target_names and self.lora_targets != ALL_LINEAR:
-            raise ZerokitError("--lora-targets is empty: give all-linear or module names such as q_proj,v_proj")
+            raise ZerokitError(f"{flag('lora-targets')} is empty: give all-linear or module names such as "
+                               "q_proj,v_proj")
         if any(not p for p in self.freeze):
-            raise ZerokitError("--freeze got an empty pattern: give a module-name pattern such as embed_tokens or layers.0.")
+            raise ZerokitError(f"{flag('freeze')} got an empty pattern: give a module-name pattern such as "
+                               "embed_tokens or layers.0.")
         if self.freeze and self.mode != "full":
-            raise ZerokitError("--freeze applies to --finetune full: LoRA already freezes every base weight")
+            raise ZerokitError(f"{flag('freeze')} applies to {flag('finetune')} full: LoRA already freezes every base "
+                               "weight")
         if self.bnb_4bit_quant_storage not in QUANT_STORAGE_DTYPES:
-            raise ZerokitError(f"--bnb-4bit-quant-storage must be one of {', '.join(QUANT_STORAGE_DTYPES)}, "
+            raise ZerokitError(f"{flag('bnb-4bit-quant-storage')} must be one of {', '.join(QUANT_STORAGE_DTYPES)}, "
                                f"got {self.bnb_4bit_quant_storage!r}")
 
     @property
@@ -143,11 +148,12 @@ def freeze_split(params: list[tuple[str, int]], freeze: tuple[str, ...]) -> Trai
     for pat in freeze:
         if not any(_freeze_matches(pat, name) for name, _ in params):
             example = params[len(params) // 2][0] if params else "?"
-            raise ZerokitError(f"--freeze {pat!r} matches no parameter (names look like {example!r}): "
+            raise ZerokitError(f"{flag('freeze')} {pat!r} matches no parameter (names look like {example!r}): "
                                "give part of a module name, e.g. embed_tokens or layers.0.")
     frozen = sum(n for name, n in params if any(_freeze_matches(p, name) for p in freeze))
     if frozen == total:
-        raise ZerokitError(f"--freeze {' '.join(freeze)} freezes every parameter: nothing would train; narrow the patterns")
+        raise ZerokitError(f"{flag('freeze')} {' '.join(freeze)} freezes every parameter: nothing would train; narrow "
+                           "the patterns")
     return TrainableSplit(total, total - frozen)
 
 
@@ -160,7 +166,7 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
         from peft import LoraConfig, get_peft_model  # noqa: PLC0415
         from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: PLC0415
     except ImportError:
-        raise ZerokitError("--finetune lora counts the adapters with peft, which is not installed: "
+        raise ZerokitError(f"{flag('finetune')} lora counts the adapters with peft, which is not installed: "
                            "pip install 'zerokit[train]' (or pip install peft)") from None
     names = finetune.target_names
     cfg = LoraConfig(r=finetune.lora_r, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
@@ -173,8 +179,8 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                          if type(m).__name__ in ("Linear", "Conv1D") and "." in n})
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ZerokitError(f"--lora-targets {finetune.lora_targets}: peft refused it ({first[:160]}); this model's "
-                           f"Linear modules are named {', '.join(linear[:12])}") from None
+        raise ZerokitError(f"{flag('lora-targets')} {finetune.lora_targets}: peft refused it ({first[:160]}); this "
+                           f"model's Linear modules are named {', '.join(linear[:12])}") from None
     trainable, total = peft_model.get_nb_trainable_parameters()
     adapted = sum(1 for m in peft_model.modules() if isinstance(m, BaseTunerLayer))
     return TrainableSplit(int(total), int(trainable), int(trainable), adapted)
@@ -436,8 +442,8 @@ def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
         import torch  # noqa: PLC0415
         from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
     except ImportError as exc:
-        raise ZerokitError(f"--finetune {finetune.mode} and --freeze count the model's modules with torch and "
-                           f"transformers ({exc.name} is missing): pip install 'zerokit[train]'") from None
+        raise ZerokitError(f"{flag('finetune')} {finetune.mode} and {flag('freeze')} count the model's modules with "
+                           f"torch and transformers ({exc.name} is missing): pip install 'zerokit[train]'") from None
     import transformers  # noqa: PLC0415
 
     verbosity = transformers.logging.get_verbosity()
@@ -447,8 +453,9 @@ def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg)
     except Exception as exc:  # noqa: BLE001  (an architecture transformers cannot build as a causal LM)
-        raise ZerokitError(f"--finetune {finetune.mode}/--freeze: transformers cannot build {config_source} as a "
-                           f"causal LM ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})") from None
+        raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')}: transformers cannot build "
+                           f"{config_source} as a causal LM "
+                           f"({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
     return measure_split(model, finetune)

@@ -44,6 +44,7 @@ from pathlib import Path
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 from zerokit.core.limits import MAX_LAYERS, META_BUILD_SECONDS, WHY, at_most
+from zerokit.core.options import flag
 from zerokit.spec.arch_params import SIZE_LIMITS, ConfigView, config_fields, count_params_from_config, first_attr as _first
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
@@ -110,8 +111,9 @@ class ModelSpec:
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse a sequence longer than the model's positions (the same rule for plan, render, check and launch)."""
         if self.max_positions is not None and seq_len > self.max_positions:
-            raise ZerokitError(f"--seq-len {seq_len} exceeds the model's maximum of {self.max_positions} positions "
-                               "(max_position_embeddings): lower it, or raise the config's maximum for a rope-scaled model")
+            raise ZerokitError(f"{flag('seq-len')} {seq_len} exceeds the model's maximum of {self.max_positions} "
+                               "positions (max_position_embeddings): lower it, or raise the config's maximum for a "
+                               "rope-scaled model")
 
     @property
     def active_params(self) -> int:
@@ -145,8 +147,9 @@ class ModelSpec:
         if tp == 1:
             return self
         if self.trained.trainable_params is not None:
-            raise ZerokitError("AutoTP tensor parallelism is planned for full fine-tunes only (peft's LoRA layers are not "
-                               "the nn.Linear modules AutoTP splits): drop --tensor-parallel, or use --finetune full")
+            raise ZerokitError("AutoTP tensor parallelism is planned for full fine-tunes only (peft's LoRA layers are "
+                               f"not the nn.Linear modules AutoTP splits): drop {flag('tensor-parallel')}, or use "
+                               f"{flag('finetune')} full")
         split = self.tensor_parallel_params()
         vh = self.vocab_size * self.hidden_size
         largest = self.largest_layer_params
@@ -443,8 +446,8 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
     except ImportError as exc:
         raise ZerokitError(
-            f"exact counts for {source} need torch and transformers ({exc.name} is missing): "
-            "pip install 'zerokit[train]', or plan with --params N"
+            f"exact counts for {source} need torch and transformers ({exc.name} is missing): pip install "
+            f"'zerokit[train]', or plan with {flag('params')} N"
         ) from None
 
     model_type = config.get("model_type")
@@ -454,7 +457,7 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
         hint = " (it has auto_map: pass trust_remote_code / --trust-remote-code)" if "auto_map" in config else ""
         raise ZerokitError(
             f"{source}: model_type {model_type!r} is unknown to transformers {transformers.__version__}{hint}: "
-            "upgrade transformers, or plan with --params N"
+            f"upgrade transformers, or plan with {flag('params')} N"
         )
 
     verbosity = transformers.logging.get_verbosity()
@@ -488,17 +491,18 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
                         errors.append(_first_line(exc))
         except _MetaBuildTimeout:
             raise ZerokitError(f"{source} did not build on the meta device within {META_BUILD_SECONDS} s "
-                               "(core/limits.py): check its sizes, or plan with --params N") from None
+                               f"(core/limits.py): check its sizes, or plan with {flag('params')} N") from None
         if model is None:
             raise ZerokitError(
-                f"transformers cannot build {source} (model_type {model_type!r}): {errors[-1]}; plan with --params N"
+                f"transformers cannot build {source} (model_type {model_type!r}): {errors[-1]}; plan with "
+                f"{flag('params')} N"
             )
         try:
             measured = _measure(model, cfg)
             measured["_seconds"] = time.perf_counter() - start
             return measured
         except Exception as exc:
-            raise ZerokitError(f"cannot measure {source} ({_first_line(exc)}): plan with --params N") from None
+            raise ZerokitError(f"cannot measure {source} ({_first_line(exc)}): plan with {flag('params')} N") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
 
@@ -623,10 +627,10 @@ def spec_from_params(
     try:
         total = int(params)
     except (TypeError, ValueError, OverflowError):
-        raise ZerokitError(f"--params must be a number, got {params!r}") from None
+        raise ZerokitError(f"{flag('params')} must be a number, got {params!r}") from None
     if total <= 0:
-        raise ZerokitError(f"--params must be positive, got {params!r}")
-    at_most(total, "MAX_PARAMS", "--params")
+        raise ZerokitError(f"{flag('params')} must be positive, got {params!r}")
+    at_most(total, "MAX_PARAMS", flag("params"))
     for label, value, limit in (("hidden_size", hidden_size, "MAX_DIMENSION"), ("num_layers", num_layers, "MAX_LAYERS"),
                                 ("vocab_size", vocab_size, "MAX_VOCAB"), ("seq_len", seq_len, "MAX_SEQ_LEN")):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
@@ -666,7 +670,7 @@ def spec_from_params(
         L = max(1, round((total - 2 * V * h - h) / _layer_params(h, inter, heads, kv)))
     if L > MAX_LAYERS:
         raise ZerokitError(f"{_human(total)} parameters at hidden size {h:,} make {L:,} layers, above the "
-                           f"{MAX_LAYERS:,} zerokit accepts ({WHY['MAX_LAYERS']}): give a larger --hidden-size")
+                           f"{MAX_LAYERS:,} zerokit accepts ({WHY['MAX_LAYERS']}): give a larger {flag('hidden-size')}")
 
     head_dim = max(1, h // heads)
     largest = max(V * h, h * inter, h * h)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def client_optimizer(client: str) -> Optimizer:
     try:
         return CLIENT_OPTIMIZERS[client]
     except KeyError:
-        raise ZerokitError(f"--client-optimizer {client!r}: zerokit prices {', '.join(CLIENT_OPTIMIZERS)}") from None
+        raise ZerokitError(f"{flag('client-optimizer')} {client!r}: zerokit prices "
+                           f"{', '.join(CLIENT_OPTIMIZERS)}") from None
 
 
 def deepspeed_optimizer(ds_type: str) -> Optimizer | None:

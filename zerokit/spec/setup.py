@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.spec.optimizer import DEFAULT_OPTIMIZER
 
 STAGES = (0, 1, 2, 3)
@@ -59,9 +60,10 @@ class ZeroSetup:
         if self.precision not in PRECISIONS:
             raise ZerokitError(f"precision must be bf16, fp16 or fp32, got {self.precision!r}")
         if self.offload_param != "none" and self.zero_stage != 3:
-            raise ZerokitError("parameter offload needs ZeRO stage 3: use --stage 3 or --offload-param none")
+            raise ZerokitError(f"parameter offload needs ZeRO stage 3: use {flag('stage')} 3 or "
+                               f"{flag('offload-param')} none")
         if self.offload_optimizer != "none" and self.zero_stage == 0:
-            raise ZerokitError("optimizer offload needs ZeRO stage 1, 2 or 3: use --stage 1 or higher")
+            raise ZerokitError(f"optimizer offload needs ZeRO stage 1, 2 or 3: use {flag('stage')} 1 or higher")
         if self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
             raise ZerokitError("micro batch and gradient accumulation must be at least 1")
         if self.communication_data_type not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
@@ -69,11 +71,11 @@ class ZeroSetup:
         par = self.parallelism  # validates the degrees
         if par.tensor_parallel > 1 and par.sequence_parallel > 1:
             # engine.py builds one model-parallel mesh: mp_mode = "tp" if tp_size > 1 else "sp"
-            raise ZerokitError("DeepSpeed 0.19.8 runs tensor or sequence parallelism, not both: drop --tensor-parallel "
-                               "or --sequence-parallel")
+            raise ZerokitError("DeepSpeed 0.19.8 runs tensor or sequence parallelism, not both: drop "
+                               f"{flag('tensor-parallel')} or {flag('sequence-parallel')}")
         if par.hpz_partition_size > 1 and self.zero_stage != 3:
             # only stage3.py reads zero_hpz_partition_size
-            raise ZerokitError("ZeRO++ hpZ partitions ZeRO-3 parameters: use --stage 3 or drop --hpz")
+            raise ZerokitError(f"ZeRO++ hpZ partitions ZeRO-3 parameters: use {flag('stage')} 3 or drop {flag('hpz')}")
 
     @property
     def parallelism(self) -> "Parallelism":
@@ -184,7 +186,7 @@ def ulysses_problems(heads: int, kv_heads: int, sp: int, seq_len: int) -> list[s
                    "them): use a divisor or multiple of it")
     if seq_len % sp:
         out.append(f"{sp} does not divide the sequence of {seq_len} tokens (each rank takes an equal slice): use a "
-                   f"--seq-len that is a multiple of {sp}")
+                   f"{flag('seq-len')} that is a multiple of {sp}")
     return out
 
 
