@@ -191,7 +191,7 @@ def main() -> None:
         a_gpu = analytic(name, seq, micro, ckpt, on_cpu=False)
         try:
             t = trace(str(resolve_model(name).config_file()), seq, micro, ckpt)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             results.append({"model": name, "seq_len": seq, "micro_batch": micro, "checkpointing": ckpt,
                             "what": what, "error": f"{type(e).__name__}: {e}"})
             print("  failed:", e, flush=True)

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     world = int((prof.get("collectives") or {}).get("world_size") or 2)
     precs = sorted(prof["engine_overhead"].get("by_precision") or {})
     notes = prof.setdefault("notes", [])
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731 - a one-line logger
     t0 = time.perf_counter()
     if "tp-sp" in fits_wanted:
         measure_model_parallel(prof, precs, world, prof.get("compute_threads"), notes, say)

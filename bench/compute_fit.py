@@ -85,7 +85,7 @@ def main(argv=None) -> int:
                     model.gradient_checkpointing_enable()
                 for mb, seq in TINY_SHAPES if name.startswith("tiny") else SMALL_SHAPES:
                     x = torch.randint(0, conf.vocab_size, (mb, seq))
-                    meas = Alone().time(lambda: model(input_ids=x, labels=x).loss.backward(), 0.4)  # noqa: B023
+                    meas = Alone().time(lambda: model(input_ids=x, labels=x).loss.backward(), 0.4)
                     setup = ZeroSetup(zero_stage=0, precision=prec, micro_batch_size=mb, activation_checkpointing=ckpt)
                     pred = _calibrated_compute(spec, setup, Workload(seq_len=seq), fits[family][prec]["coef"])
                     errs.append(abs(pred - meas) / meas)

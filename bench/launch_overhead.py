@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from zerokit.measure.ranks import free_port  # noqa: E402
-from zerokit.launch.rank_options import RankOptions  # noqa: E402
+from zerokit.measure.ranks import free_port
+from zerokit.launch.rank_options import RankOptions
 
 CONFIG = {
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,

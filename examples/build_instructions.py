@@ -66,7 +66,7 @@ def fact():
     if kind == 4:
         a, k = r.choice(list(KIND)), r.choice(["bird", "fish", "insect", "mammal"])
         yes = KIND[a] == k
-        art = lambda w: ("an " if w[0] in "aeiou" else "a ") + w  # noqa: E731
+        art = lambda w: ("an " if w[0] in "aeiou" else "a ") + w  # noqa: E731 - a one-line helper beside its one use
         return f"Is the {a} {art(k)}?", (f"Yes, the {a} is {art(k)}." if yes else f"No, the {a} is {art(KIND[a])}.")
     if kind == 5:
         w = r.choice(list(OPPOSITES))

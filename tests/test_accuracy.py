@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench" / "accuracy"))
 
-from accuracy import format_table, group_terms, rel_err, summarize, summary_of_rows  # noqa: E402
+from accuracy import format_table, group_terms, rel_err, summarize, summary_of_rows
 
 MEMORY_TARGET_MAX = 0.08  # bench/accuracy target: max |error| 8%, median 3%
 MEMORY_TARGET_MEDIAN = 0.03

@@ -11,8 +11,8 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import loop_vs_trainer as lvt  # noqa: E402
-import planner_pick as pp  # noqa: E402
+import loop_vs_trainer as lvt
+import planner_pick as pp
 
 
 def test_ranks_average_ties():

@@ -16,18 +16,18 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from zerokit.cli import main  # noqa: E402
-from zerokit.config.auto import fill_auto  # noqa: E402
-from zerokit.config.keys import ZERO_DEPRECATED  # noqa: E402
-from zerokit.config.lint import lint_config  # noqa: E402
-from zerokit.config.read import load_config_file  # noqa: E402
-from zerokit.config.setup import setup_from_config  # noqa: E402
-from zerokit.config.validate import validate_with_deepspeed  # noqa: E402
-from zerokit.config.check import check_config, largest_fitting_micro_batch  # noqa: E402
-from zerokit.plan.planner import evaluate  # noqa: E402
-from zerokit.spec.hardware import HardwareOptions, accelerator  # noqa: E402
-from zerokit.spec.model import load_model_spec  # noqa: E402
-from zerokit.spec.setup import Workload, ZeroSetup  # noqa: E402
+from zerokit.cli import main
+from zerokit.config.auto import fill_auto
+from zerokit.config.keys import ZERO_DEPRECATED
+from zerokit.config.lint import lint_config
+from zerokit.config.read import load_config_file
+from zerokit.config.setup import setup_from_config
+from zerokit.config.validate import validate_with_deepspeed
+from zerokit.config.check import check_config, largest_fitting_micro_batch
+from zerokit.plan.planner import evaluate
+from zerokit.spec.hardware import HardwareOptions, accelerator
+from zerokit.spec.model import load_model_spec
+from zerokit.spec.setup import Workload, ZeroSetup
 
 DATA = Path(__file__).resolve().parent / "data" / "user_configs"
 

@@ -21,10 +21,10 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from zerokit.core import resources  # noqa: E402
-from zerokit.core.errors import ZerokitError  # noqa: E402
-from zerokit.launch import data as zdata  # noqa: E402
-from zerokit.launch.data_sources import DataSource, load_hub_split, resolve_source  # noqa: E402
+from zerokit.core import resources
+from zerokit.core.errors import ZerokitError
+from zerokit.launch import data as zdata
+from zerokit.launch.data_sources import DataSource, load_hub_split, resolve_source
 
 REPO = Path(__file__).resolve().parents[1]
 TOK = str(resources.bundled_tokenizer())

@@ -17,16 +17,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("deepspeed")
 
-from zerokit.config import keys as ds_check  # noqa: E402
-from zerokit.config.auto import auto_keys, fill_auto  # noqa: E402
-from zerokit.config.lint import Finding, lint_config  # noqa: E402
-from zerokit.config.read import load_config_file  # noqa: E402
-from zerokit.config.setup import setup_from_config  # noqa: E402
-from zerokit.config.validate import validate_with_deepspeed  # noqa: E402
-from zerokit.core.errors import ZerokitError  # noqa: E402
-from zerokit.spec.hardware import Cluster, accelerator  # noqa: E402
-from zerokit.config.render import render_ds_config  # noqa: E402
-from zerokit.spec.setup import ZeroKnobs, ZeroSetup  # noqa: E402
+from zerokit.config import keys as ds_check
+from zerokit.config.auto import auto_keys, fill_auto
+from zerokit.config.lint import Finding, lint_config
+from zerokit.config.read import load_config_file
+from zerokit.config.setup import setup_from_config
+from zerokit.config.validate import validate_with_deepspeed
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.config.render import render_ds_config
+from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
 A100 = accelerator("a100-80gb")
 V100 = accelerator("v100-32gb")

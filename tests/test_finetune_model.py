@@ -109,7 +109,7 @@ def test_quantization_constants_per_weight():
     for n in (64 * 300 + 7, 4096):
         w = torch.randn(n, dtype=torch.bfloat16)
         for dq in (False, True):
-            for storage, dt in (("uint8", torch.uint8), ("bf16", torch.bfloat16)):
+            for dt in (torch.uint8, torch.bfloat16):
                 packed, qs = F.quantize_4bit(w, quant_type="nf4", compress_statistics=dq, quant_storage=dt)
                 assert packed.numel() == packed_4bit_elements(n, packed.element_size())
                 assert sum(t.numel() * t.element_size() for t in _quant_state_tensors(qs)) == quant_state_bytes(n, dq)

@@ -21,12 +21,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench" / "accuracy"))
 
-from accuracy import rel_err, summarize  # noqa: E402
+from accuracy import rel_err, summarize
 
-from zerokit.estimate.memory import estimate_memory  # noqa: E402
-from zerokit.spec.hardware import build_cluster  # noqa: E402
-from zerokit.spec.model import load_model_spec  # noqa: E402
-from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup  # noqa: E402
+from zerokit.estimate.memory import estimate_memory
+from zerokit.spec.hardware import build_cluster
+from zerokit.spec.model import load_model_spec
+from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 
 HARNESS = ROOT / "bench" / "accuracy" / "fp16_on_cpu"
 MEMORY_TARGET_MAX = 0.08  # bench/accuracy target: max |error| 8%, median 3%

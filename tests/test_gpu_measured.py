@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "accuracy_h200.json"
 sys.path.insert(0, str(REPO / "bench" / "accuracy"))
 
-import run as harness  # noqa: E402  (bench/accuracy/run.py)
+import run as harness  # bench/accuracy/run.py
 
 
 def _measured_jobs() -> list[dict]:

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from zerokit.measure.meter import MemoryMeter, measure_overhead  # noqa: E402
+from zerokit.measure.meter import MemoryMeter, measure_overhead
 
 
 @pytest.fixture

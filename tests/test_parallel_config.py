@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from zerokit.cli import main  # noqa: E402
-from zerokit.config.lint import lint_config  # noqa: E402
-from zerokit.config.read import parallelism_from_config  # noqa: E402
-from zerokit.spec.hardware import accelerator  # noqa: E402
-from zerokit.spec.setup import Parallelism  # noqa: E402
+from zerokit.cli import main
+from zerokit.config.lint import lint_config
+from zerokit.config.read import parallelism_from_config
+from zerokit.spec.hardware import accelerator
+from zerokit.spec.setup import Parallelism
 
 CPU = accelerator("cpu")
 A100 = accelerator("a100-80gb")

@@ -5,9 +5,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from zerokit.core.errors import ZerokitError  # noqa: E402
-from zerokit.measure.meter import MemoryMeter  # noqa: E402
-from zerokit.measure.trace import trace_activation_memory  # noqa: E402
+from zerokit.core.errors import ZerokitError
+from zerokit.measure.meter import MemoryMeter
+from zerokit.measure.trace import trace_activation_memory
 
 TINY = {
     "model_type": "llama",

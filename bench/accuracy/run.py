@@ -42,7 +42,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from accuracy import (MEASURED_GROUPS, TERM_GROUPS, format_table, format_terms, group_terms,  # noqa: E402
+from accuracy import (MEASURED_GROUPS, TERM_GROUPS, format_table, format_terms, group_terms,
                       rel_err, summary_of_rows)
 
 MODELS = {

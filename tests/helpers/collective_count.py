@@ -53,7 +53,7 @@ def main() -> int:
     conf = AutoConfig.from_pretrained(args.model)
     for path in args.configs:
         cfg = json.load(open(path))
-        keep = HfDeepSpeedConfig(cfg) if cfg["zero_optimization"]["stage"] == 3 else None  # noqa: F841 (zero.Init)
+        keep = HfDeepSpeedConfig(cfg) if cfg["zero_optimization"]["stage"] == 3 else None  # held while the model builds: transformers then builds it under zero.Init
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(conf)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)

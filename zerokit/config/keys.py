@@ -54,7 +54,7 @@ def import_deepspeed_config():
     try:
         # DeepSpeed logs its accelerator choice on import: kept out of zerokit's output unless -v
         with library_output():
-            import deepspeed.runtime.config as ds_config  # noqa: PLC0415 (heavy: only when checking)
+            import deepspeed.runtime.config as ds_config  # heavy: only when checking
     except ImportError as e:
         raise ZerokitError(f"checking against DeepSpeed needs deepspeed installed ({e}): pip install 'zerokit[train]'") from None
     return ds_config
@@ -148,8 +148,8 @@ def read_deepspeed_keys() -> DeepSpeedKeys:
     """The key sets, read from the installed DeepSpeed's own code (imports it): its top-level reads, recorded while
     DeepSpeedConfig parses a minimal config, and its config models' fields."""
     ds_config = import_deepspeed_config()
-    from deepspeed.runtime import precision_config  # noqa: PLC0415
-    from deepspeed.runtime.zero import config as zero_config, offload_config  # noqa: PLC0415
+    from deepspeed.runtime import precision_config
+    from deepspeed.runtime.zero import config as zero_config, offload_config
 
     recorder = _KeyRecorder({"train_micro_batch_size_per_gpu": 1})
     with DeepSpeedWorld(1):
@@ -204,7 +204,7 @@ class DeepSpeedWorld:
         self.shim = SimpleNamespace(get_rank=lambda group=None: 0, get_world_size=lambda group=None: world_size)
 
     def __enter__(self):
-        import deepspeed.runtime.config as ds_config  # noqa: PLC0415
+        import deepspeed.runtime.config as ds_config
 
         self.module, self.saved = ds_config, ds_config.dist
         ds_config.dist = self.shim

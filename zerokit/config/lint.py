@@ -282,7 +282,7 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
     """TP, SP and ZeRO++: what DeepSpeed refuses only once the ranks run, and what it silently ignores."""
     out: list[Finding] = []
     tp_key, sp_key, hpz_key = "tensor_parallel.autotp_size", "sequence_parallel_size", "zero_optimization.zero_hpz_partition_size"
-    tp, sp, hpz = lookup(config, tp_key), config.get(sp_key), zero.get("zero_hpz_partition_size")
+    tp, sp = lookup(config, tp_key), config.get(sp_key)
     if is_int(sp) and sp < 1:  # DeepSpeedConfig divides the world by it
         out.append(Finding("error", sp_key, f"{sp} ranks: DeepSpeed divides the world size by it; use 1 (off) or "
                                             "the number of ranks that share a sequence"))

@@ -64,7 +64,7 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
             "(zerokit.config.auto.fill_auto) or give a concrete value"
         )
     ds_config = import_deepspeed_config()
-    import pydantic  # noqa: PLC0415 (deepspeed depends on it)
+    import pydantic  # deepspeed depends on it
 
     try:
         _parse_with_deepspeed(ds_config, config, world_size)
@@ -78,7 +78,7 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
     except ds_config.DeepSpeedConfigError as e:
         text = " ".join(str(e).split())
         raise ZerokitError(f"DeepSpeed rejects the config: {text}") from None
-    except Exception as e:  # noqa: BLE001 - DeepSpeed's own code tripped on a value (AttributeError, TypeError, ...)
+    except Exception as e:  # DeepSpeed's own code tripped on a value (AttributeError, TypeError, ...
         key = _key_deepspeed_trips_on(ds_config, config, world_size)
         text = " ".join(str(e).split())[:160] or "a value of a type it does not expect"
         where = f"{key} (" if key else "the config ("
@@ -95,13 +95,13 @@ def _parse_with_deepspeed(ds_config, config: dict, world_size: int) -> None:
 
 def _trips(ds_config, config: dict, world_size: int) -> bool:
     """Whether DeepSpeedConfig fails on `config` other than by its own checks (pydantic, assertions)."""
-    import pydantic  # noqa: PLC0415
+    import pydantic
 
     try:
         _parse_with_deepspeed(ds_config, config, world_size)
     except (pydantic.ValidationError, AssertionError, ds_config.DeepSpeedConfigError):
         return False
-    except Exception:  # noqa: BLE001
+    except Exception:
         return True
     return False
 

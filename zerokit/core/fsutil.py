@@ -59,7 +59,7 @@ def package_version(name: str) -> str:
         from importlib.metadata import version
 
         return version(name)
-    except Exception:  # noqa: BLE001 - not installed, or broken metadata
+    except Exception:  # not installed, or broken metadata
         return "none"
 
 

@@ -557,7 +557,7 @@ def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
     module tree for a fine-tune (with_finetune), else the spec's shapes (timing.gradient_sizes_in_backward_order)."""
     if model.trained.param_tensors:
         return model.trained.param_tensors
-    from zerokit.estimate.timing import gradient_sizes_in_backward_order  # noqa: PLC0415  (timing does not import us)
+    from zerokit.estimate.timing import gradient_sizes_in_backward_order  # timing does not import us
 
     return tuple((n, 0, 1) for n in gradient_sizes_in_backward_order(model))
 
@@ -577,7 +577,7 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, opti
     (DeepSpeed's optimizer drops requires_grad=False parameters at every stage: stage_1_and_2.py and stage3.py
     build their flat groups from the trainable ones; measured, docs/measured-on-cpu.md "Fine-tuning")."""
     n = setup.zero_ranks(cluster.world_size)
-    psi, trainable = model.params, model.trainable
+    trainable = model.trainable
     bpp = model_state_bytes_per_param(setup.precision, optimizer)
     stage = setup.zero_stage
     mixed = setup.precision != "fp32"

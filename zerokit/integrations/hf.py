@@ -85,7 +85,7 @@ class ZerokitCallback(TrainerCallback):
                 from types import SimpleNamespace
 
                 meter.register_deepspeed_engine(SimpleNamespace(module=model, optimizer=inner))
-            except Exception:  # noqa: BLE001 - attribution is optional
+            except Exception:  # attribution is optional
                 pass
         self.meter_method = "cuda_max_allocated" if on_cuda else (
             "none" if meter is None else "live_tensor_bytes" if meter is not self._own_meter

@@ -42,8 +42,8 @@ if __name__ == "__main__":  # launcher slurm's entry script: make `zerokit` impo
     sys.path[0] = os.getcwd()
     sys.path.append(str(Path(__file__).resolve().parents[2]))  # a checkout that is not pip-installed
 
-from zerokit.core.errors import ZerokitError  # noqa: E402
-from zerokit.spec.hostfile import ENV_KEY  # noqa: E402
+from zerokit.core.errors import ZerokitError
+from zerokit.spec.hostfile import ENV_KEY
 
 LAUNCHERS = ("local", "pdsh", "openmpi", "mpich", "slurm")
 MULTI_NODE = ("pdsh", "openmpi", "mpich", "slurm")
@@ -190,7 +190,7 @@ def resolve_resources(spec: LaunchSpec, hosts: dict[str, int]) -> dict[str, list
     slots a host does not have, or ignore the spec's counts). Pure: parse the file with
     zerokit.spec.hostfile.parse_hostfile first.
     """
-    from zerokit.spec.hostfile import apply_filters  # noqa: PLC0415
+    from zerokit.spec.hostfile import apply_filters
 
     validate(spec)
     if spec.launcher == "local":
@@ -282,7 +282,7 @@ def render_sbatch(
             lines.append(word(argv[i]))
             i += 1
     lines.append(" ".join(word(a) for a in argv[script_at:]))
-    from zerokit.core.resources import template_environment  # noqa: PLC0415
+    from zerokit.core.resources import template_environment
 
     env = template_environment(keep_trailing_newline=True)
     return env.get_template("sbatch.sh.j2").render(
@@ -303,9 +303,9 @@ def render_sbatch(
 
 
 def _slurm_entry(argv: list[str]) -> None:
-    import os  # noqa: PLC0415
-    import runpy  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+    import os
+    import runpy
+    import sys
 
     if not argv:
         raise SystemExit("usage: python command.py MODULE [ARGS...]")

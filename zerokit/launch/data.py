@@ -68,7 +68,7 @@ def load_tokenizer(name_or_path: str):
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(name_or_path)
-    except Exception as e:  # noqa: BLE001 - transformers raises many kinds; report one line
+    except Exception as e:  # transformers raises many kinds; report one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ZerokitError(f"cannot load tokenizer {name_or_path!r}: {msg}") from None
     return tok
@@ -146,7 +146,7 @@ class PlainFastTokenizer:
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_str(text)
-        except Exception:  # noqa: BLE001 - no tokenizers library, or a file it cannot read: transformers decides
+        except Exception:  # no tokenizers library, or a file it cannot read: transformers decides
             return None
         ids = {k: tokenizer.token_to_id(v) for k, v in named.items()}
         return cls(tokenizer, ids.get("eos_token"), ids.get("sep_token"), ids.get("pad_token"))
@@ -211,7 +211,7 @@ def encode_chat(tok, messages: list[dict], where: str) -> tuple[list[int], list[
     def render(turns, generation_prompt=False) -> str:
         try:
             return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt)
-        except Exception as e:  # noqa: BLE001 - jinja errors, raise_exception() in the template
+        except Exception as e:  # jinja errors, raise_exception() in the template
             msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ZerokitError(f"{where}: the chat template cannot render this conversation ({msg}): fix the record, "
                                f"or use a tokenizer whose template accepts it ({flag('tokenizer')})") from None

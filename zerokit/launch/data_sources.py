@@ -250,7 +250,7 @@ def _load_file(reader: str, f: Path) -> Table:
             ds = datasets.load_dataset(reader, data_files=[str(f)], split="train", cache_dir=str(cache_dir("datasets")))
     except ImportError:
         raise ZerokitError(f"reading {f} needs the datasets library: pip install 'zerokit[train]'") from None
-    except Exception as e:  # noqa: BLE001 - Arrow, pandas and datasets raise many kinds; report one line
+    except Exception as e:  # Arrow, pandas and datasets raise many kinds; report one line
         cause = e.__cause__ or e
         if "corresponds to no data" in str(e):  # datasets' words for a split without rows (an empty file)
             raise ZerokitError(f"data file {f} holds no records: add some, or pick another {flag('data')}") from None
@@ -268,7 +268,7 @@ def _load_saved(location: str, split: str) -> Table:
             ds = datasets.load_from_disk(location)
     except ImportError:
         raise ZerokitError(f"reading {location} needs the datasets library: pip install 'zerokit[train]'") from None
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ZerokitError(f"cannot read the saved dataset {location} ({_first_line(e)}): save it again") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
@@ -296,7 +296,7 @@ def check_hub_reachable(dataset_id: str) -> None:
                                  retry_on_errors=False)
         except HfHubHTTPError:
             return  # the hub answered (no card, not found, gated): load_dataset says which
-        except Exception as exc:  # noqa: BLE001 - no network: DNS, refused connection, timeout
+        except Exception as exc:  # no network: DNS, refused connection, timeout
             raise ZerokitError(
                 f"cannot reach the HuggingFace hub to fetch dataset {dataset_id} within {HUB_PROBE_SECONDS:g} s "
                 f"({_first_line(exc)}): connect to the internet, set HF_HUB_OFFLINE=1 to use a copy datasets cached "
@@ -320,7 +320,7 @@ def load_hub_split(path: str, config: str | None, split: str) -> Table:
     except ConnectionError:
         raise ZerokitError(f"cannot reach the HuggingFace hub for dataset {path} and datasets has no cached copy: "
                            "connect to the internet, or pass local files") from None
-    except Exception as e:  # noqa: BLE001 - not found, gated, unknown split or config: datasets' message says which
+    except Exception as e:  # not found, gated, unknown split or config: datasets' message says which
         raise ZerokitError(f"cannot load dataset {path} ({_first_line(e.__cause__ or e)}): check the id, "
                            f"{flag('data-config')} and {flag('data-split')} (`hf auth login` for a gated or private "
                            "one)") from None

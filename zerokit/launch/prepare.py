@@ -264,7 +264,7 @@ def check_cuda_arch_list(cluster: Cluster, ranks_here: bool) -> None:
             raise ZerokitError(f"TORCH_CUDA_ARCH_LIST={archs!r} names an architecture variant that this DeepSpeed's JIT "
                                f"op builder cannot parse (compute_capability_args; DeepSpeed#8619), so every rank would "
                                f"fail building its CUDA ops: export TORCH_CUDA_ARCH_LIST='{plain}' for the run") from None
-        except Exception:  # noqa: BLE001  (anything else is the build's own to report, in the ranks)
+        except Exception:  # anything else is the build's own to report, in the ranks
             return
 
 
@@ -285,8 +285,8 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
 
         try:  # imported, not just found: a broken install (its native library) fails here, not in every rank
             with library_output():
-                import bitsandbytes  # noqa: F401, PLC0415
-        except Exception as exc:  # noqa: BLE001  (ImportError, or the native library's own error)
+                import bitsandbytes  # noqa: F401 - the import is the check
+        except Exception as exc:  # ImportError, or the native library's own error
             why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
             raise ZerokitError(f"{flag('finetune')} qlora quantizes the base to 4-bit with bitsandbytes, which does "
                                f"not import here ({why}): pip install bitsandbytes") from None

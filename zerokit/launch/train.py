@@ -95,7 +95,7 @@ def build_model(model: str, ds_config: dict, seed: int):
     kind, src = resolved.init, resolved.source
     config = AutoConfig.from_pretrained(src)
     cls = _causal_lm_class(config)  # import the class (and torch._dynamo) BEFORE zero.Init
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
 
     torch.manual_seed(seed)
     if kind == "weights":
@@ -610,7 +610,7 @@ def make_engine(run: Run, model) -> None:
     if run.meter is not None and hasattr(run.meter, "register_deepspeed_engine"):
         try:
             run.meter.register_deepspeed_engine(engine)
-        except Exception:  # noqa: BLE001 - attribution is optional
+        except Exception:  # attribution is optional
             pass
 
     # training mode: transformers' from_pretrained returns the model in eval mode (modeling_utils: "model.eval() # Set
@@ -888,7 +888,7 @@ def finish(run: Run, metrics: MetricsLog, trained: Trained) -> None:
     if run.meter is not None:
         try:
             run.meter.stop()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     metrics.write(end)
     metrics.close()
@@ -974,7 +974,7 @@ def _copy_tokenizer(args, dest: Path) -> None:
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(src).save_pretrained(str(dest))
-    except Exception as e:  # noqa: BLE001 - weights matter more than the tokenizer copy
+    except Exception as e:  # weights matter more than the tokenizer copy
         print(f"warning: tokenizer not copied to {dest.name}/: {e}", file=sys.stderr)
 
 

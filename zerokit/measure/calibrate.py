@@ -58,7 +58,7 @@ COMPUTE_PASSES = 2  # the compute benchmark's passes; each point keeps its faste
 
 def precision_supported(precision: str, device: Any = None) -> tuple[bool, str]:
     """Whether training in this precision works on the device, and why not."""
-    import torch  # noqa: PLC0415
+    import torch
 
     device = device_of(device)
     if precision == "fp32":
@@ -69,7 +69,7 @@ def precision_supported(precision: str, device: Any = None) -> tuple[bool, str]:
             # device." unless the CPU accelerator says yes (cpu_accelerator.py CPU_Accelerator.is_fp16_supported:
             # oneDNN fp16, AVX512-FP16/AMX CPUs; bench/accuracy/fp16_on_cpu lifts it for measurement). The CPU
             # class itself, not get_accelerator(): on a CUDA machine that is the CUDA accelerator.
-            from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: PLC0415
+            from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
             if not CPU_Accelerator().is_fp16_supported():
                 return False, ("fp16 is not supported on this CPU (DeepSpeed: 'Type fp16 is not supported on your "
@@ -82,7 +82,7 @@ def precision_supported(precision: str, device: Any = None) -> tuple[bool, str]:
 
 def measure_matmul(precision: str, size: int = 2048, device: Any = None, min_time_s: float = 1.0) -> float:
     """Dense n x n x n matmul throughput in TFLOP/s (2 n^3 FLOPs per matmul), after one warm-up."""
-    import torch  # noqa: PLC0415
+    import torch
 
     if precision not in TORCH_DTYPE_NAMES:
         raise ZerokitError(f"precision {precision!r} is not one of {', '.join(TORCH_DTYPE_NAMES)}")
@@ -112,7 +112,7 @@ def measure_matmul(precision: str, size: int = 2048, device: Any = None, min_tim
 
 def measure_copy_bandwidth(nbytes: int = 256 * MiB, device: Any = None, iters: int = 5) -> dict:
     """Pinned host <-> device copy bandwidth in GB/s (GPU only)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     device = device_of(device)
     if device.type != "cuda":
@@ -133,8 +133,8 @@ def measure_copy_bandwidth(nbytes: int = 256 * MiB, device: Any = None, iters: i
 
 # -- collectives ------------------------------------------------------------------------------------
 def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, backend: str) -> list[dict]:
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch
+    import torch.distributed as dist
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
@@ -185,11 +185,11 @@ def _collective_worker(rank: int, world_size: int, port: int, sizes: list[int], 
 
 def _worker_main() -> None:
     """Entry of one benchmark rank (a subprocess: no multiprocessing re-import of the caller's __main__)."""
-    import warnings  # noqa: PLC0415
+    import warnings
 
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch.distributed as dist
 
-    from zerokit.core.process import finish_rank  # noqa: PLC0415
+    from zerokit.core.process import finish_rank
 
     warnings.filterwarnings("ignore")
     spec = json.loads(os.environ["ZEROKIT_COLL_SPEC"])
@@ -198,7 +198,7 @@ def _worker_main() -> None:
     compute = None
     if spec.get("compute"):
         # every rank times the same real HF models at once, in lockstep, as training ranks share the machine
-        from zerokit.measure.compute_fit import rank_main  # noqa: PLC0415
+        from zerokit.measure.compute_fit import rank_main
 
         cs = spec["compute"]
         device = device_of(cs.get("device"))
@@ -219,7 +219,7 @@ def _run_benchmark_ranks(world_size: int, sizes: list[int], iters: int, backend:
     """Run `world_size` benchmark ranks (_worker_main): the collectives over `sizes`, then the compute jobs of
     `compute` in lockstep. Returns the backend (nccl when there is a GPU per rank, else gloo, unless given) and rank
     0's collective rows and compute seconds (None without `compute`)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
@@ -291,13 +291,13 @@ def collectives_by_backend(coll: dict) -> dict:
 def cpu_adam_available() -> tuple[bool, str]:
     """Whether DeepSpeedCPUAdam's op is prebuilt or already JIT-built (loading it then costs seconds)."""
     try:
-        from deepspeed.git_version_info import installed_ops  # noqa: PLC0415
-        from deepspeed.ops.op_builder import CPUAdamBuilder  # noqa: PLC0415
-    except Exception as e:  # noqa: BLE001
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+    except Exception as e:
         return False, f"deepspeed is not importable ({type(e).__name__})"
     if installed_ops.get("cpu_adam"):
         return True, "prebuilt"
-    from torch.utils.cpp_extension import _get_build_directory  # noqa: PLC0415
+    from torch.utils.cpp_extension import _get_build_directory
 
     name = CPUAdamBuilder().name
     path = os.path.join(_get_build_directory(name, verbose=False), f"{name}.so")
@@ -337,8 +337,8 @@ def _venv_ninja_first():
 def measure_cpu_adam(params: int = 10_000_000, min_time_s: float = 1.0) -> float:
     """DeepSpeedCPUAdam (AdamW mode, fp32 states) step rate in parameters per second. Loads (or
     JIT-builds, ~80 s on 2 cores, cached in TORCH_EXTENSIONS_DIR) DeepSpeed's cpu_adam op."""
-    import torch  # noqa: PLC0415
-    from deepspeed.ops.adam import DeepSpeedCPUAdam  # noqa: PLC0415
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     p = torch.nn.Parameter(torch.randn(params))
     p.grad = torch.randn(params) * 1e-3
@@ -349,7 +349,7 @@ def measure_cpu_adam(params: int = 10_000_000, min_time_s: float = 1.0) -> float
 
 def measure_torch_adamw(params: int = 10_000_000, device: Any = None, min_time_s: float = 1.0) -> float:
     """torch.optim.AdamW (default implementation) step rate in parameters per second."""
-    import torch  # noqa: PLC0415
+    import torch
 
     device = device_of(device)
     p = torch.nn.Parameter(torch.randn(params, device=device))
@@ -382,7 +382,7 @@ def measure_until_sane(measure, problems, retries: int = SANITY.retries, log=Non
 
 
 def _device_info(device) -> dict:
-    import torch  # noqa: PLC0415
+    import torch
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -393,7 +393,7 @@ def _device_info(device) -> dict:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         pass
-    from zerokit.spec.profile import cpu_model_name  # noqa: PLC0415  (what spec.profile.measured_here compares)
+    from zerokit.spec.profile import cpu_model_name  # what spec.profile.measured_here compares
 
     return {"type": "cpu", "name": cpu_model_name(), "count": 1, "memory_bytes": int(mem), "cpu_cores": os.cpu_count()}
 
@@ -403,7 +403,7 @@ def measure_adapter_costs(compute_timing: dict, jobs: list[dict], compute_spec: 
     """Time the LoRA jobs (compute_fit.adapter_jobs) on the benchmark ranks in lockstep, the fastest of COMPUTE_PASSES
     passes per point as for the full models, and add their fitted adapter costs to compute_timing
     (compute_fit.fit_adapters). bench/calibrate_adapters.py runs this alone against an existing profile."""
-    from zerokit.measure import compute_fit  # noqa: PLC0415
+    from zerokit.measure import compute_fit
 
     passes = [time_compute(world_size, compute_spec, threads) for _ in range(COMPUTE_PASSES)]
     return compute_fit.fit_adapters(compute_timing, jobs, [min(ts) for ts in zip(*passes)])
@@ -414,11 +414,11 @@ def measure_peft_modules(profile: dict, precisions: list[str], world_size: int, 
     """What each module peft adds costs a step at every ZeRO stage (engine_fit.measure_peft_module_costs), when peft
     is installed; a failure is a note (the rules it refines stay)."""
     try:
-        import peft  # noqa: F401, PLC0415
+        import peft  # noqa: F401 - the import is the check
     except ImportError:
         notes.append("LoRA engine costs: skipped, peft is not installed (pip install 'zerokit[train]')")
         return
-    from zerokit.measure.engine_fit import measure_peft_module_costs  # noqa: PLC0415
+    from zerokit.measure.engine_fit import measure_peft_module_costs
 
     try:
         measure_peft_module_costs(profile, precisions, world_size, threads, log=log)
@@ -430,7 +430,7 @@ def benchmark_world_size(device) -> int:
     """How many local ranks calibration runs: one per GPU on a GPU machine (a training job's ranks never share a GPU:
     two ranks timing compute on one GPU would each read half its speed), two on a CPU machine (they share the cores
     as a CPU job's ranks do: Lockstep)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     return max(1, torch.cuda.device_count()) if device.type == "cuda" else 2
 
@@ -439,7 +439,7 @@ def measure_model_parallel(profile: dict, precisions: list[str], world_size: int
                            log=None) -> None:
     """What a TP or SP call costs inside a step (engine_fit.measure_model_parallel_calls); a failure is a note (the
     back-to-back latencies then price those calls), as is a machine with too few ranks for TP 2 / SP 2."""
-    from zerokit.measure.engine_fit import MODEL_PARALLEL_DEGREE, measure_model_parallel_calls  # noqa: PLC0415
+    from zerokit.measure.engine_fit import MODEL_PARALLEL_DEGREE, measure_model_parallel_calls
 
     if world_size % MODEL_PARALLEL_DEGREE:
         notes.append(f"TP/SP calls: {world_size} rank(s), none of TP {MODEL_PARALLEL_DEGREE} or SP "
@@ -456,7 +456,7 @@ def measure_model_parallel(profile: dict, precisions: list[str], world_size: int
 def measure_zero_ring(profile: dict, precisions: list[str], threads: int | None, notes: list[str], log=None) -> None:
     """What a ZeRO-3 call costs per ring step on RING_RANKS ranks inside real steps (engine_fit.measure_zero_ring_calls),
     on a CPU machine; a failure is a note (the back-to-back latencies then price those calls)."""
-    from zerokit.measure.engine_fit import RING_RANKS, measure_zero_ring_calls  # noqa: PLC0415
+    from zerokit.measure.engine_fit import RING_RANKS, measure_zero_ring_calls
 
     if log:
         log(f"ZeRO-3 engines on {RING_RANKS} ranks ...")
@@ -476,7 +476,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     ZeRO-3 ones).
     precisions: measure these only (fp32 always: every profile prices its matmul); adapters=False: no LoRA/QLoRA
     models (a plan of a full fine-tune prices none of their costs). `make demo` measures so, for its plan only."""
-    import torch  # noqa: PLC0415
+    import torch
 
     say = log or (lambda msg: None)
     if output_path:  # before minutes of measuring, not after
@@ -489,7 +489,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         try:
             if os.path.isdir(os.fspath(output_path)):
                 raise IsADirectoryError(21, "a directory")
-            import tempfile  # noqa: PLC0415
+            import tempfile
 
             with tempfile.TemporaryFile(dir=folder):  # a real write: permission bits do not tell for root or sysfs
                 pass
@@ -529,7 +529,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     for prec in supported:
         try:
             probe[prec] = measure_matmul(prec, PROBE_SIZE, device, min_time_s=0.05)
-        except Exception:  # noqa: BLE001  (the full measurement below says why)
+        except Exception:  # the full measurement below says why
             pass
     first: dict[str, list[float]] = {}
     for prec in supported:
@@ -541,7 +541,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         say(f"matmul {prec} {matmul_n[prec]}^3 ...")
         try:
             first[prec] = matmul_repeats(prec)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             notes.append(f"{prec}: matmul failed: {type(e).__name__}: {e}")
     if "fp32" not in first:
         raise ZerokitError("fp32 matmul could not be measured on this machine")
@@ -552,7 +552,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         tflops[prec] = statistics.fmean(reps)
         spread[prec] = round(statistics.pstdev(reps) / tflops[prec], 4)
 
-    from zerokit.measure import compute_fit  # noqa: PLC0415
+    from zerokit.measure import compute_fit
 
     coll_bytes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
     best = max(v for v in tflops.values() if v)
@@ -654,7 +654,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         say("DeepSpeedCPUAdam ...")
         try:
             cpu_adam = measure_cpu_adam(n_opt, min_time_s=min_t)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             notes.append(f"cpu_adam: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     else:
         notes.append(f"cpu_adam: skipped in quick mode, {where}")
@@ -665,7 +665,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     # of 2026-11-26: its gpu-llama ZeRO-0 row predicted 382 ms, measured 89)
     adamw = measure_torch_adamw(n_opt, device, min_time_s=min_t)
 
-    import importlib.metadata as md  # noqa: PLC0415
+    import importlib.metadata as md
 
     try:
         ds_version = md.version("deepspeed")
@@ -698,7 +698,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     if quick:
         notes.append("engine costs: skipped in quick mode (real DeepSpeed engines per ZeRO stage and precision, ~4 min)")
     else:
-        from zerokit.measure.engine_fit import measure_engine_overhead  # noqa: PLC0415
+        from zerokit.measure.engine_fit import measure_engine_overhead
 
         precs = [p for p in PRECISIONS if tflops.get(p) and p not in slow]  # slow ones are never planned
         try:
@@ -714,7 +714,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
                 measure_zero_ring(profile, precs, threads, notes, say)
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
-        from zerokit.core.fsutil import atomic_write_text  # noqa: PLC0415
+        from zerokit.core.fsutil import atomic_write_text
 
         atomic_write_text(output_path, json.dumps(profile, indent=2) + "\n")
     return profile

@@ -64,7 +64,7 @@ def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: i
 def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: int | None = None) -> list[dict]:
     """Every (family, precision, shape, depth) to time, with its features from the model's exact spec; only the
     `smallest` shapes when given (a pathologically slow precision: measure/calibrate.SLOW_PRECISION_SHAPES)."""
-    from zerokit.spec.model import load_model_spec  # noqa: PLC0415
+    from zerokit.spec.model import load_model_spec
 
     shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
     shapes = shapes[:smallest] if smallest else shapes
@@ -98,18 +98,18 @@ def adapter_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]
     4-bit dequantization on, with their features from the spec as peft wraps the model (spec.finetune.finetuned_spec:
     the module tree on the meta device); [] without peft."""
     try:
-        import peft  # noqa: F401, PLC0415
+        import peft  # noqa: F401 - the import is the check
     except ImportError:
         return []
-    from zerokit.spec.finetune import Finetune, finetuned_spec  # noqa: PLC0415
-    from zerokit.spec.model import load_model_spec  # noqa: PLC0415
+    from zerokit.spec.finetune import Finetune, finetuned_spec
+    from zerokit.spec.model import load_model_spec
 
     modes = ["lora"]
     try:
-        import bitsandbytes  # noqa: F401, PLC0415
+        import bitsandbytes  # noqa: F401 - the import is the check
 
         modes.append("qlora")
-    except Exception:  # noqa: BLE001  (ImportError, or a native library that fails to load)
+    except Exception:  # ImportError, or a native library that fails to load
         pass
     shapes = (SHAPES_GPU_QUICK if quick else SHAPES_GPU) if on_gpu else (SHAPES_CPU_QUICK if quick else SHAPES_CPU)
     shapes = shapes[:ADAPTER_QUICK_SHAPES] if quick else shapes  # two unknowns per stage: three points still fit them
@@ -134,8 +134,8 @@ def adapter_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]
 def _quantized_model(cfg: dict, dtype, device):
     """A random-init model of `cfg` loaded 4-bit as QLoRA trains it (zerokit.launch.train: NF4, double quantization,
     uint8 storage, the run's dtype as compute dtype): transformers quantizes only while loading saved weights."""
-    import torch  # noqa: PLC0415
-    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig  # noqa: PLC0415
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
 
     cfg = dict(cfg)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
@@ -144,7 +144,7 @@ def _quantized_model(cfg: dict, dtype, device):
     with tempfile.TemporaryDirectory(prefix="zerokit-qlora-") as tmp:
         # every benchmark rank writes its own copy: under torch.distributed, save_pretrained writes on rank 0 only
         # (transformers distributed/mixin.py should_save_on_this_rank), so the weights go through safetensors directly
-        from safetensors.torch import save_model  # noqa: PLC0415
+        from safetensors.torch import save_model
 
         model.config.save_pretrained(tmp)
         save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
@@ -158,7 +158,7 @@ def quantized_device_map(device) -> dict:
     """from_pretrained's device_map for a benchmark rank's 4-bit model: the rank's own GPU by index. The ranks pass
     torch.device("cuda") (each has set its GPU with torch.cuda.set_device), whose index is None, and transformers
     refuses {"": None}: an H200 calibration lost its QLoRA points to it."""
-    import torch  # noqa: PLC0415
+    import torch
 
     if device.type != "cuda":
         return {"": "cpu"}
@@ -167,8 +167,8 @@ def quantized_device_map(device) -> dict:
 
 def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[float]:
     """One benchmark rank: forward + backward with the loss of each job's model, timed in lockstep."""
-    import torch  # noqa: PLC0415
-    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     seconds = []
@@ -183,7 +183,7 @@ def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[flo
             with torch.device(device):
                 model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
         if job.get("lora_r"):  # as zerokit.launch.train wraps a LoRA run (peft get_peft_model)
-            from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+            from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=job["lora_r"], target_modules="all-linear"))
         if job.get("finetune") != "qlora":

@@ -79,15 +79,15 @@ def synthetic_config(layers: int, heads: tuple[int, int] = (3, 1)) -> dict:
 
 def _rank_main() -> None:
     """One rank: train every job's engine for STEPS steps, print the median step time after WARMUP (rank 0)."""
-    import warnings  # noqa: PLC0415
+    import warnings
 
     warnings.filterwarnings("ignore")
-    import deepspeed  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
-    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
-    from transformers.integrations import HfDeepSpeedConfig  # noqa: PLC0415
-    import torch._dynamo  # noqa: F401, PLC0415 (as zerokit.launch.train: imported before zero.Init)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+    import torch._dynamo  # as zerokit.launch.train: imported before zero.Init
 
     spec = json.loads(os.environ["ZEROKIT_ENGINE_SPEC"])
     # the backend zerokit.launch.train gets: the accelerator's default (gloo on CPU, nccl on GPUs)
@@ -97,7 +97,7 @@ def _rank_main() -> None:
     sp_mpus: dict = {}
     for job in spec["jobs"]:
         cfg = job["ds_config"]
-        keep = HfDeepSpeedConfig(cfg) if cfg["zero_optimization"]["stage"] == 3 else None  # noqa: F841 (zero.Init)
+        keep = HfDeepSpeedConfig(cfg) if cfg["zero_optimization"]["stage"] == 3 else None  # held while the model builds: transformers then builds it under zero.Init
         torch.manual_seed(0)
         conf = AutoConfig.from_pretrained(job["model_dir"])
         model = AutoModelForCausalLM.from_config(conf)
@@ -110,7 +110,7 @@ def _rank_main() -> None:
             # once per process (DeepSpeed asserts "sequence parallel group is already initialized"; the wrapper replaces
             # sdpa in transformers' registry, so the later models of the same shape run it too)
             if sp not in sp_mpus:
-                from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF  # noqa: PLC0415
+                from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
                 sp_mpus[sp] = UlyssesSPAttentionHF.register_with_transformers(
                     model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=sp,
@@ -118,7 +118,7 @@ def _rank_main() -> None:
             mpu = sp_mpus[sp]
         if job.get("lora_r"):  # as zerokit.launch.train applies LoRA: peft over the (zero.Init) base, then at
             # ZeRO-3 the adapters cast to a 16-bit run's dtype (DeepSpeed skips them: see launch/train.py)
-            from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+            from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=job["lora_r"], target_modules="all-linear"))
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job["precision"])
@@ -196,17 +196,17 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
     measure_model_parallel_calls measures), with mp_calls: those calls per step, ring steps counted. kind "ring": ZeRO's
     calls' latency left out of predicted_s (what measure_zero_ring_calls measures), with ring_calls: those calls per
     step x ring steps x the CPU's oversubscription (all that estimate_time multiplies a latency by)."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from zerokit.config.render import render_ds_config  # noqa: PLC0415
-    from zerokit.estimate.timing import (collective_calls_per_step, estimate_time,  # noqa: PLC0415
+    from zerokit.config.render import render_ds_config
+    from zerokit.estimate.timing import (collective_calls_per_step, estimate_time,
                                          model_parallel_call_seconds,
                                          model_parallel_call_steps, peft_module_seconds, zero_call_seconds,
                                          zero_call_steps)
-    from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json  # noqa: PLC0415
-    from zerokit.spec.hardware import build_cluster  # noqa: PLC0415
-    from zerokit.spec.model import load_model_spec  # noqa: PLC0415
-    from zerokit.spec.setup import Workload, ZeroSetup  # noqa: PLC0415
+    from zerokit.measure.ranks import free_port, run_local_ranks, tagged_json
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import Workload, ZeroSetup
 
     say = log or (lambda m: None)
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
@@ -288,7 +288,7 @@ def _priced_without(profile: dict, precisions: list[str], stage: str, paths) -> 
     """For a fit measured on top of `profile`'s engine fits: (its engine fits by precision, the precisions among
     `precisions` with a fit for `stage`, a copy of `profile` without the entries at `paths` (each a key path under a
     precision's fits) for those precisions): a re-measurement replaces, never builds on, an earlier figure."""
-    import copy  # noqa: PLC0415
+    import copy
 
     fits = (profile.get("engine_overhead") or {}).get("by_precision") or {}
     precisions = [p for p in precisions if (fits.get(p) or {}).get(stage)]
@@ -320,7 +320,7 @@ def measure_peft_module_costs(profile: dict, precisions: list[str], world_size: 
     them. Why: ZeRO-3 hooks every submodule (fetch, release, trace); at ZeRO-0/1/2 the engines measured 10-17 ms over
     at 8 LoRA layers, which nothing priced, and the recompute rule before this (the layer's recompute cost over its 13
     modules, per module) priced checkpointed LoRA engines 30-52 ms over at 8 layers (2026-11-26)."""
-    from zerokit.spec.finetune import Finetune, finetuned_spec  # noqa: PLC0415
+    from zerokit.spec.finetune import Finetune, finetuned_spec
 
     fits, precisions, priced = _priced_without(
         profile, precisions, "3", [(str(st), k) for st in STAGES for k in ("per_peft_module_s", "per_peft_module_recompute_s")])

@@ -21,7 +21,7 @@ def free_port() -> int:
 
 
 def device_of(device: Any = None):
-    import torch  # noqa: PLC0415
+    import torch
 
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -29,7 +29,7 @@ def device_of(device: Any = None):
 
 
 def sync(device) -> None:
-    import torch  # noqa: PLC0415
+    import torch
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -46,10 +46,10 @@ class Lockstep:
         self.device = device
 
     def time(self, fn, min_time_s: float) -> float:
-        import statistics  # noqa: PLC0415
+        import statistics
 
-        import torch  # noqa: PLC0415
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch
+        import torch.distributed as dist
 
         fn()
         sync(self.device)
@@ -76,8 +76,8 @@ def run_local_ranks(cmd: list[str], envs: list[dict], timeout_s: float, what: st
     return each rank's stdout. Output goes to files, not pipes: DeepSpeed logs a lot, and a rank blocked on
     a full pipe would stall the others. A timeout or a failed rank raises ZerokitError naming `what` and
     the rank's last line."""
-    import subprocess  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
+    import subprocess
+    import tempfile
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     envs = [dict(env, PYTHONPATH=root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))

@@ -68,7 +68,7 @@ class StepPhaseMeter:
         if self.meter is not None and not self.on_cuda:
             try:
                 self.meter.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self.meter = None
         self.active = self.on_cuda

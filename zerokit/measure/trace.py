@@ -49,7 +49,7 @@ _CATS = {
 
 def load_config(config_or_model_dir: Any):
     """A transformers PretrainedConfig from a config object, a dict, a config.json path or a model dir."""
-    from transformers import AutoConfig, PretrainedConfig  # noqa: PLC0415
+    from transformers import AutoConfig, PretrainedConfig
 
     if isinstance(config_or_model_dir, PretrainedConfig):
         return config_or_model_dir
@@ -69,12 +69,12 @@ def load_config(config_or_model_dir: Any):
         return load_config(d)
     try:
         return AutoConfig.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 (transformers raises many kinds)
+    except Exception as e:  # transformers raises many kinds
         raise ZerokitError(f"cannot load a model config from {path!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def _snap(mt, kind: str = "current") -> dict[str, int]:
-    import torch  # noqa: PLC0415
+    import torch
 
     snap = mt.get_tracker_snapshot(kind)
     dev = snap.get(torch.device("cpu"), {})
@@ -92,7 +92,7 @@ def _snap(mt, kind: str = "current") -> dict[str, int]:
 
 def _reset_peak(mt) -> None:
     """Start a new peak window in MemTracker (private fields; harmless if they change name)."""
-    import copy  # noqa: PLC0415
+    import copy
 
     cur = getattr(mt, "_curr_mem_snap", None)
     if cur is None or not hasattr(mt, "_peak_mem"):
@@ -109,7 +109,7 @@ def _no_packed_sequence_check(active: bool):
     mu = None
     if active:
         try:
-            import transformers.masking_utils as mu  # noqa: PLC0415
+            import transformers.masking_utils as mu
         except ImportError:
             mu = None
     if mu is None or not hasattr(mu, "find_packed_sequence_indices"):
@@ -132,7 +132,7 @@ class MaxLiveActivations:
     """
 
     def __enter__(self):
-        from torch.distributed._tools.mem_tracker import MemTracker  # noqa: PLC0415
+        from torch.distributed._tools.mem_tracker import MemTracker
 
         self.cls, self.orig, self.max = MemTracker, MemTracker._update_peak_stats, 0
         me = self
@@ -151,8 +151,8 @@ class MaxLiveActivations:
 
 
 def _run_step(model, config, seq_len, micro_batch, attention_mask, optimizer_step, activation_checkpointing):
-    import torch  # noqa: PLC0415
-    from torch.distributed._tools.mem_tracker import MemTracker  # noqa: PLC0415
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     vocab = int(getattr(config, "vocab_size", 0) or 32000)
     ids = torch.randint(0, vocab, (micro_batch, seq_len))
@@ -222,9 +222,9 @@ def trace_activation_memory(
         raise ZerokitError(f"precision {precision!r} is not one of {', '.join(TORCH_DTYPE_NAMES)}")
     if seq_len < 1 or micro_batch < 1:
         raise ZerokitError("seq_len and micro_batch must be at least 1")
-    import torch  # noqa: PLC0415
-    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
 
     config = load_config(config_or_model_dir)
     dtype = getattr(torch, TORCH_DTYPE_NAMES[precision])
@@ -249,7 +249,7 @@ def trace_activation_memory(
             break
         except ZerokitError:
             raise
-        except Exception as e:  # noqa: BLE001 (fall back to eager attention, then give up)
+        except Exception as e:  # fall back to eager attention, then give up
             errors.append(f"{attn}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         finally:
             torch.set_default_dtype(old_dtype)

@@ -136,7 +136,7 @@ def first_attr(obj, names, default=None):
     for n in names:
         try:
             v = getattr(obj, n)
-        except Exception:  # noqa: BLE001 - a config property may raise
+        except Exception:  # a config property may raise
             continue
         if v is not None:
             return v

@@ -163,8 +163,8 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
     ParamWrapper adapts transformers 5's 3-D expert weights: Mixtral all-linear is 360M trainable, not the
     14M its attention Linears alone would give), so zerokit asks it rather than copying its rules."""
     try:
-        from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-        from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: PLC0415
+        from peft import LoraConfig, get_peft_model
+        from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:
         raise ZerokitError(f"{flag('finetune')} lora counts the adapters with peft, which is not installed: "
                            "pip install 'zerokit[train]' (or pip install peft)") from None
@@ -219,10 +219,10 @@ def quantized_weights(model) -> dict[int, int]:
     module, the output embedding: the LM head stays in the compute dtype) and the model's _keep_in_fp32_modules
     (Bnb4BitHfQuantizer._process_model_before_weight_loading -> get_modules_to_not_convert with
     llm_int8_skip_modules None), matched by should_convert_module. transformers' own functions, called on the model."""
-    import torch  # noqa: PLC0415
-    from transformers.pytorch_utils import Conv1D  # noqa: PLC0415
-    from transformers.quantizers.base import get_keys_to_not_convert  # noqa: PLC0415
-    from transformers.quantizers.quantizers_utils import should_convert_module  # noqa: PLC0415
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
 
     skip = list(set(get_keys_to_not_convert(model)) | set(getattr(model, "_keep_in_fp32_modules", None) or []))
     return {id(m.weight): m.weight.numel() for name, m in model.named_modules()
@@ -257,7 +257,7 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
     """What the memory and time models read from the module tree of the model as fine-tuned (after get_peft_model or
     the --freeze requires_grad flags): per-tensor stored sizes, the 4-bit bytes, which Linear inputs autograd still
     saves, where the gradient starts. The fields are spec/trained.py Trained's (with_finetune copies them)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     quantized = quantized or {}
     storage = QUANT_STORAGE_BYTES[finetune.bnb_4bit_quant_storage]
@@ -305,7 +305,6 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
             frozen[s] = frozen[s] and not trainable
         return adapters, frozen
 
-    trainable_ids = {id(p) for _, p in named if p.requires_grad}
     layer_trainable = [False] * num_layers
     pre_trainable = False
     seen_layer = False
@@ -428,7 +427,7 @@ def finetuned_spec(model: ModelSpec, config_source: str, finetune: Finetune) -> 
     """The ModelSpec as `finetune` trains it, counted from the model's modules (trainable_split), with what peft and
     bitsandbytes print while importing (bitsandbytes' note on its optional CPU kernels package) kept out of the
     output as other libraries' (core.quiet). The one path plan, check, launch and the suggestions count through."""
-    from zerokit.core.quiet import library_output  # noqa: PLC0415
+    from zerokit.core.quiet import library_output
 
     with library_output():
         split = trainable_split(config_source, finetune)
@@ -439,12 +438,12 @@ def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
     """Build the causal LM from its config.json on the meta device (no weights) and count (imports torch and
     transformers: ~6 s on 2 cores; a full fine-tune without --freeze needs none of it)."""
     try:
-        import torch  # noqa: PLC0415
-        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError as exc:
         raise ZerokitError(f"{flag('finetune')} {finetune.mode} and {flag('freeze')} count the model's modules with "
                            f"torch and transformers ({exc.name} is missing): pip install 'zerokit[train]'") from None
-    import transformers  # noqa: PLC0415
+    import transformers
 
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
@@ -452,7 +451,7 @@ def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
         cfg = AutoConfig.from_pretrained(config_source)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg)
-    except Exception as exc:  # noqa: BLE001  (an architecture transformers cannot build as a causal LM)
+    except Exception as exc:  # an architecture transformers cannot build as a causal LM
         raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')}: transformers cannot build "
                            f"{config_source} as a causal LM "
                            f"({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})") from None

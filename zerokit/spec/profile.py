@@ -124,7 +124,7 @@ def slow_precisions(matmul_tflops: dict) -> tuple[str, ...]:
 def matmul_problem(precision: str, repeats_tflops: list[float], sanity: CalibrationSanity = SANITY) -> str | None:
     """Why repeated matmul timings (TFLOP/s) of one precision are not a measurement, or None when they are.
     A slow but consistent precision passes: it is what the machine does (the planner ranks on time)."""
-    import statistics  # noqa: PLC0415
+    import statistics
 
     if not repeats_tflops or not all(_pos(r) for r in repeats_tflops):
         return f"{precision} matmul gave {min(repeats_tflops, default=0) * 1e3:.3g} GFLOP/s"
@@ -300,7 +300,7 @@ def local_profile_path() -> str | None:
 
 def cpu_model_name() -> str:
     """This machine's CPU as /proc/cpuinfo names it ("AMD EPYC 9B14"): what a CPU profile was measured on."""
-    import platform  # noqa: PLC0415
+    import platform
 
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -317,7 +317,7 @@ def measured_here(profile: "HardwareProfile") -> bool:
     one `cpu` entry stands for every CPU, so a CPU profile from another machine must not price this one; issue 13:
     the same grid on an AVX2 EPYC without AVX-512 ran bf16 matmuls at 0.3 GFLOP/s, this machine at 411). A GPU
     profile: written on this host."""
-    import platform  # noqa: PLC0415
+    import platform
 
     dev = profile.data.get("device") or {}
     if profile.device_type == "cuda":
