@@ -12,12 +12,12 @@ DEMO := runs/demo
 setup:
 	@bash scripts/setup.sh
 
-# The demo's step-time prediction rests on this machine's figures for what its plan prices: a full fine-tune in fp32
-# or bf16 (calibrate --quick --finetune full: no LoRA models, no engine runs; ~1 min, once). The whole profile is
-# `zerokit calibrate` (~10 min), an explicit command.
+# The demo's step-time prediction rests on this machine's figures for what its plan prices, measured once (~1 min):
+# the tiny Llama's block family, fp32 and the fastest 16-bit precision, a full fine-tune (no LoRA models), no engine
+# runs. The whole profile is `zerokit calibrate` (~10 min), an explicit command.
 demo: setup
 	@rm -rf $(DEMO)
-	zerokit calibrate --quick --finetune full --if-missing
+	zerokit calibrate --quick --model tiny-llama --finetune full --if-missing
 	zerokit plan tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64 --global-batch 8 --samples 256
 	@mkdir -p $(DEMO)
 	zerokit render tiny-llama --gpu cpu --gpus-per-node 2 --seq-len 64 --global-batch 8 -o $(DEMO)/ds_config.json

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 def demo_steps(repo: Path) -> list[str]:
     """The demo's recipe lines as make would run them (`make -n`: printed, not run)."""
     out = subprocess.run(["make", "-n", "demo"], cwd=repo, capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    return [line for line in out.replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:

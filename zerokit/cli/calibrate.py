@@ -17,16 +17,17 @@ def add_calibrate_parser(sub) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-# wall time of a calibration on a 2-core CPU machine (measure.calibrate.run_calibration says how measured): the
-# progress line's estimate of what is left
-EXPECTED_S = {True: 110, False: 554}
+# wall time of a calibration on a 2-core CPU machine, for the progress line's estimate of what is left: quick and full
+# as measure.calibrate.run_calibration gives them; quick for one model (--model, --finetune full) as
+# bench/results/first_run.txt measured it
+EXPECTED_S = {(True, False): 110, (False, False): 554, (True, True): 60, (False, True): 480}
 
 
-def progress_line(quick: bool):
+def progress_line(quick: bool, scoped: bool = False):
     """Each calibration stage on stderr with the time spent and an estimate of what is left."""
     import time
 
-    t0, total = time.monotonic(), EXPECTED_S[quick]
+    t0, total = time.monotonic(), EXPECTED_S[quick, scoped]
 
     def say(msg: str) -> None:
         spent = time.monotonic() - t0
@@ -55,8 +56,14 @@ def cmd_calibrate(args) -> int:
                 return EXIT_OK
         except ZerokitError:
             pass  # unreadable: measure again
-    profile = run_calibration(args.output, quick=args.quick, log=progress_line(args.quick),
-                              precisions=(args.precision,) if args.precision else None, adapters=args.finetune != "full")
+    gated = None
+    if args.model:  # time what a plan of this model prices (run_calibration: its block family, one 16-bit precision)
+        from zerokit.spec.model import load_model_spec
+
+        gated = load_model_spec(args.model).gated_mlp
+    profile = run_calibration(args.output, quick=args.quick, log=progress_line(args.quick, scoped=gated is not None),
+                              precisions=(args.precision,) if args.precision else None, adapters=args.finetune != "full",
+                              gated_mlp=gated)
     print(format_profile(profile))  # the summary; every measured point is in the file
     own = os.path.abspath(args.output) == os.path.abspath(local_profile_path() or "")
     print(f"wrote {args.output}" + (" (plans on this machine use it without --hardware-profile)" if own else ""),

@@ -185,8 +185,10 @@ OPTIONS: tuple[Option, ...] = (
            "DeepSpeed's for the accelerator (nccl on NVIDIA GPUs, gloo on cpu); priced in the step time",
            choices=DIST_BACKENDS, group=_HW, rank=True),
     # -- model
-    Option("model", RUNS, "HF model id, local directory with config.json, or bundled name (tiny-llama, llama-3-8b, "
-           "...); launch loads its weights when the directory has them, else initializes at random",
+    Option("model", RUNS + ("calibrate",), "HF model id, local directory with config.json, or bundled name "
+           "(tiny-llama, llama-3-8b, ...); launch loads its weights when the directory has them, else initializes at "
+           "random; calibrate times only what a plan of it prices (its block family, fp32 and the fastest 16-bit "
+           "precision)",
            positional=("plan", "render"), group=_MODEL, rank=True),
     Option("params", PLANNING, "bare parameter count (7e9, 7B, 125M) instead of a model config", metavar="N",
            group=_MODEL),

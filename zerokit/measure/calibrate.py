@@ -468,14 +468,19 @@ def measure_zero_ring(profile: dict, precisions: list[str], threads: int | None,
 
 def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
                     world_size: int | None = None, log=None, precisions: tuple[str, ...] | None = None,
-                    adapters: bool = True) -> dict:
+                    adapters: bool = True, gated_mlp: bool | None = None) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
     world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
     quick=True: small sizes and short timings (110 s on a 2-core CPU machine with peft and bitsandbytes, measured; the
     full calibration 554 s, with the LoRA and QLoRA models, the engines (2 passes), the TP / SP engines and the 4-rank
     ZeRO-3 ones).
     precisions: measure these only (fp32 always: every profile prices its matmul); adapters=False: no LoRA/QLoRA
-    models (a plan of a full fine-tune prices none of their costs). `make demo` measures so, for its plan only."""
+    models (a plan of a full fine-tune prices none of their costs).
+    gated_mlp: time what a plan of such a model prices, no more: its block family only (compute_fit.FAMILIES; the
+    profile's other family falls back to it, TimingTerms.compute_coefficients), and of the 16-bit precisions only the
+    one whose matmul is fastest here (the planner never prefers a slower one at equal memory; the others are left
+    unmeasured, so plans on this profile do not choose them). `make demo` measures so for its model, in about a
+    minute on 2 cores."""
     import torch
 
     say = log or (lambda msg: None)
@@ -551,9 +556,20 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     for prec, reps in repeats.items():
         tflops[prec] = statistics.fmean(reps)
         spread[prec] = round(statistics.pstdev(reps) / tflops[prec], 4)
-
     from zerokit.measure import compute_fit
 
+    families = compute_fit.FAMILIES
+    if gated_mlp is not None:  # scoped to one model's plan
+        families = ("gated",) if gated_mlp else ("plain",)
+        halves = [p for p in tflops if p != "fp32" and tflops[p]]
+        fastest = max(halves, key=lambda p: tflops[p]) if halves else None
+        for p in halves:
+            if p != fastest:
+                notes.append(f"{p}: not timed, its matmul ({tflops[p] * 1e3:.3g} GFLOP/s) is slower than {fastest}'s "
+                             f"({tflops[fastest] * 1e3:.3g}): a plan of the model calibrated for would not choose it")
+                tflops[p] = None
+                spread.pop(p, None)
+        notes.append(f"compute: the {families[0]} block family only (calibrated for one model)")
     coll_bytes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
     best = max(v for v in tflops.values() if v)
     slow = slow_precisions(tflops)
@@ -564,9 +580,10 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         notes.append(f"{p}: compute benchmark on the {SLOW_PRECISION_SHAPES} smallest shapes only, its matmul "
                      f"({tflops[p] * 1e3:.3g} GFLOP/s) is under 1/{SLOW_PRECISION_FACTOR:g} of the best precision's ({best * 1e3:.3g}): never planned here")
     compute_jobs = compute_fit.benchmark_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
-                                              device.type == "cuda", quick)
+                                              device.type == "cuda", quick, families=families)
     if slow:
-        compute_jobs += compute_fit.benchmark_jobs(list(slow), device.type == "cuda", True, SLOW_PRECISION_SHAPES)
+        compute_jobs += compute_fit.benchmark_jobs(list(slow), device.type == "cuda", True, SLOW_PRECISION_SHAPES,
+                                                   families=families)
     compute_spec = {"jobs": compute_jobs, "min_time_s": 0.05 if quick else 0.3,
                     "device": None if device.type == "cpu" else "cuda"}
     say(f"collectives and the compute of {len(compute_jobs)} HF models over {world_size} local ranks ...")

@@ -61,7 +61,8 @@ def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: i
             "torch_dtype": "float32"}
 
 
-def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: int | None = None) -> list[dict]:
+def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: int | None = None,
+                   families: tuple[str, ...] = FAMILIES) -> list[dict]:
     """Every (family, precision, shape, depth) to time, with its features from the model's exact spec; only the
     `smallest` shapes when given (a pathologically slow precision: measure/calibrate.SLOW_PRECISION_SHAPES)."""
     from zerokit.spec.model import load_model_spec
@@ -70,7 +71,7 @@ def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: i
     shapes = shapes[:smallest] if smallest else shapes
     jobs, specs = [], {}
     with tempfile.TemporaryDirectory(prefix="zerokit-compute-") as tmp:
-        for family in FAMILIES:
+        for family in families:
             for b, s, h, a, v in shapes:
                 for layers, ckpt in RUNS:
                     cfg = synthetic_config(family, layers, h, a, v, s)
