@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# `# noqa: CODE[, CODE]` followed by the reason: `- why` or `(why)`
+# a noqa directive with its codes, then the reason: "- why" or "(why)"
 NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)$")
 REASONED = re.compile(r":\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*\s+(-\s*|\()\S")
 
