@@ -235,7 +235,8 @@ def test_quick_calibration_end_to_end(tmp_path):
 
     out = tmp_path / "sub" / "profile.json"
     try:  # a busy machine: the degenerate points are re-measured; still degenerate, one line and no profile
-        prof = run_calibration(out, quick=True)
+        # bf16 (and fp32, always): what every x86 CPU here runs; fp16 on AVX512-FP16 CPUs is test_fp16_cpu's
+        prof = run_calibration(out, quick=True, precisions=("bf16",))
     except ZerokitError as e:
         assert e.exit_code == EXIT_TOO_BUSY and not out.exists(), e
         pytest.fail(str(e))
@@ -245,13 +246,8 @@ def test_quick_calibration_end_to_end(tmp_path):
         assert key in on_disk
     assert on_disk["device"]["type"] == "cpu"
     assert on_disk["matmul_tflops"]["fp32"] > 0 and on_disk["matmul_tflops"]["bf16"] > 0
-    from zerokit.measure.calibrate import precision_supported
-
-    fp16 = precision_supported("fp16", "cpu")[0]  # AVX512-FP16/AMX CPUs: DeepSpeed's CPU accelerator runs fp16
-    if fp16:
-        assert on_disk["matmul_tflops"]["fp16"] > 0
-    else:
-        assert on_disk["matmul_tflops"]["fp16"] is None and any("fp16" in n for n in on_disk["notes"])
+    assert on_disk["matmul_tflops"]["fp16"] is None and any(n.startswith("fp16: not measured") or
+                                                            n.startswith("fp16: skipped") for n in on_disk["notes"])
     coll = on_disk["collectives"]
     assert coll["backend"] == "gloo" and coll["all_reduce_busbw_gbps"] > 0 and coll["all_gather_busbw_gbps"] > 0
     assert on_disk["torch_adamw_params_per_s"] > 0 and on_disk["torch_adamw_device"] == "cpu"
@@ -262,7 +258,7 @@ def test_quick_calibration_end_to_end(tmp_path):
     from zerokit.spec.profile import ADAPTER_FEATURES, slow_precisions
 
     ct = on_disk["compute_timing"]
-    assert sorted(ct) == ["gated", "plain"] and all(sorted(ct[f]) == ["bf16", *(["fp16"] * fp16), "fp32"] for f in ct)
+    assert sorted(ct) == ["gated", "plain"] and all(sorted(ct[f]) == ["bf16", "fp32"] for f in ct)
     # a CPU without AVX-512 bf16 runs bf16 under 1/10 of fp32's rate: calibrate times it on its smallest shapes only
     # and fits no adapters for it (run_calibration: a slow precision is never planned)
     slow = set(slow_precisions(on_disk["matmul_tflops"]))

@@ -219,15 +219,14 @@ def test_slow_precision_is_recorded_as_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "measure_matmul",
                         lambda prec, size=2048, *a, **k: (sizes.append((prec, size)), fake(prec, size, *a, **k))[1])
     out = tmp_path / "p.json"
-    calibrate.run_calibration(out, quick=True)
+    calibrate.run_calibration(out, quick=True, precisions=("bf16",), adapters=False)  # the slow path, nothing else
     prof = load_profile(out)
     assert prof["matmul_tflops"]["bf16"] == pytest.approx(3.0e-4)
     assert prof["matmul_spread_cv"]["bf16"] < SANITY.max_spread_cv
     fp32_sizes = {n for p, n in sizes if p == "fp32"}  # the probe, then the calibration's matmul size
     assert len(fp32_sizes) == 2 and min(fp32_sizes) == calibrate.PROBE_SIZE
     assert {n for p, n in sizes if p == "bf16"} == {calibrate.PROBE_SIZE}  # never timed at fp32's size
-    fp16 = ["fp16"] * calibrate.precision_supported("fp16", "cpu")[0]  # AVX512-FP16/AMX CPUs run it
-    assert all(sorted(v) == ["bf16", *fp16, "fp32"] for v in prof["compute_timing"].values())
+    assert all(sorted(v) == ["bf16", "fp32"] for v in prof["compute_timing"].values())
     assert any(n.startswith("bf16: matmul measured at 256^3 only") for n in prof["notes"])
     assert any(n.startswith("bf16: compute benchmark on the 4 smallest shapes only") for n in prof["notes"])
 

@@ -113,7 +113,17 @@ def test_model_states_count_trainable_parameters_only():
 
 
 def _zerokit(*args):
-    return subprocess.run([sys.executable, "-m", "zerokit", *args], capture_output=True, text=True, cwd=REPO)
+    """`zerokit ARGS` in this process (the one-line, no-traceback guarantee of a real process is tests/test_bad_input's):
+    exit code, stdout and stderr as subprocess.run returns them, without a fresh interpreter's imports each time."""
+    import contextlib
+    import io
+
+    from zerokit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def test_plan_cli_lora_json_text_and_errors():

@@ -252,7 +252,9 @@ def reference(workdir: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,before,after", [(2, 2, 1), (2, 1, 2), (3, 2, 1), (3, 1, 2)])
+# each stage once and each direction once: ZeRO-2 grows 1 -> 2 ranks, ZeRO-3 shrinks 2 -> 1 (the mirrored pairs ran
+# the same universal-checkpoint conversion on the same stage again: 67 s of the suite's time)
+@pytest.mark.parametrize("stage,before,after", [(2, 1, 2), (3, 2, 1)])
 def test_resume_on_another_world_size_equals_the_uninterrupted_run(workdir, stage, before, after):
     ref = reference(workdir)
     out = workdir / f"z{stage}_{before}to{after}"

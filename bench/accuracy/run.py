@@ -251,14 +251,15 @@ def fp16_cpu_profile(given: str | None, runs: Path) -> str:
     """A hardware profile with fp16 for the fp16 jobs on CPU: `zerokit launch` (check) refuses fp16 on an
     accelerator that does not support it, and a profile measured under the harness says it does (calibrate's
     precision_supported asks DeepSpeed's accelerator). The given profile if it has fp16, else one
-    `zerokit calibrate --quick` under the harness, made once per runs directory."""
+    `zerokit calibrate --quick --precision fp16 --finetune full` under the harness (fp16 and fp32, the fp16 jobs'
+    full fine-tunes; no bf16 or LoRA models), made once per runs directory."""
     if given and (json.loads(Path(given).read_text()).get("matmul_tflops") or {}).get("fp16"):
         return given
     path = runs / "fp16_cpu_profile.json"
     if not path.is_file():
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(FP16_HARNESS), os.environ.get("PYTHONPATH")])))
-        subprocess.run([sys.executable, "-m", "zerokit", "calibrate", "--quick", "-o", str(path)], cwd=ROOT, env=env,
-                       check=True)
+        subprocess.run([sys.executable, "-m", "zerokit", "calibrate", "--quick", "--precision", "fp16", "--finetune",
+                        "full", "-o", str(path)], cwd=ROOT, env=env, check=True)
     return str(path)
 
 
