@@ -219,7 +219,8 @@ def test_slow_precision_is_recorded_as_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "measure_matmul",
                         lambda prec, size=2048, *a, **k: (sizes.append((prec, size)), fake(prec, size, *a, **k))[1])
     out = tmp_path / "p.json"
-    calibrate.run_calibration(out, quick=True, precisions=("bf16",), adapters=False)  # the slow path, nothing else
+    # the slow path, nothing else: bf16 (and fp32), no LoRA models, one block family
+    calibrate.run_calibration(out, quick=True, precisions=("bf16",), adapters=False, gated_mlp=True)
     prof = load_profile(out)
     assert prof["matmul_tflops"]["bf16"] == pytest.approx(3.0e-4)
     assert prof["matmul_spread_cv"]["bf16"] < SANITY.max_spread_cv

@@ -126,7 +126,7 @@ def fp16_runs(tmp_path_factory):
     import run as bench
 
     tmp = tmp_path_factory.mktemp("fp16")
-    profile = bench.fp16_cpu_profile(None, tmp)
+    profile = bench.fp16_cpu_profile(None, tmp, model="tiny-llama")  # the jobs below are tiny-llama's
     cluster = bench.make_cluster("cpu", 2, None, None, profile)
     runs = {}
     for stage in (0, 2):

@@ -247,19 +247,21 @@ ONE_GPU = [
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
 
 
-def fp16_cpu_profile(given: str | None, runs: Path) -> str:
+def fp16_cpu_profile(given: str | None, runs: Path, model: str | None = None) -> str:
     """A hardware profile with fp16 for the fp16 jobs on CPU: `zerokit launch` (check) refuses fp16 on an
     accelerator that does not support it, and a profile measured under the harness says it does (calibrate's
     precision_supported asks DeepSpeed's accelerator). The given profile if it has fp16, else one
     `zerokit calibrate --quick --precision fp16 --finetune full` under the harness (fp16 and fp32, the fp16 jobs'
-    full fine-tunes; no bf16 or LoRA models), made once per runs directory."""
+    full fine-tunes; no bf16 or LoRA models), made once per runs directory; with `model`, only what a plan of that
+    model prices (calibrate --model)."""
     if given and (json.loads(Path(given).read_text()).get("matmul_tflops") or {}).get("fp16"):
         return given
     path = runs / "fp16_cpu_profile.json"
     if not path.is_file():
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(FP16_HARNESS), os.environ.get("PYTHONPATH")])))
+        scope = ["--model", model] if model else []
         subprocess.run([sys.executable, "-m", "zerokit", "calibrate", "--quick", "--precision", "fp16", "--finetune",
-                        "full", "-o", str(path)], cwd=ROOT, env=env, check=True)
+                        "full", *scope, "-o", str(path)], cwd=ROOT, env=env, check=True)
     return str(path)
 
 
