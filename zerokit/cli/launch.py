@@ -3,6 +3,7 @@
     zerokit launch --model tiny-llama --plan --gpus-per-node 2 --steps 20
     zerokit launch --model DIR --data corpus/ --config ds_config.json --output-dir runs/x --save-every 50
     zerokit launch ... --dry-run            # print the exact command, env and config; run and write nothing
+    zerokit launch ... --k8s job.yaml --k8s-image IMAGE --k8s-volume CLAIM:/mnt/shared   # a Kubeflow PyTorchJob
     zerokit launch --model DIR --gpus-per-node 8 -- python train.py --deepspeed {ds_config}   # your own script
 
 This module only parses: launch/prepare.py validates and plans (writing nothing), launch/execute.py writes
@@ -73,8 +74,10 @@ def request_from_args(args):
         max_restarts=args.max_restarts, seq_len=args.seq_len, global_batch=args.global_batch, lr=args.lr,
         warmup_steps=args.warmup_steps, seed=args.seed, master_port=args.master_port, launcher=args.launcher,
         master_addr=args.master_addr, sbatch=args.sbatch, time_limit=args.time_limit, partition=args.partition,
+        k8s=args.k8s, k8s_image=args.k8s_image, k8s_volume=args.k8s_volume, gpus_per_pod=args.gpus_per_pod,
         dry_run=args.dry_run, script_command=tuple(script_command(args)), samples=args.samples, profile=args.profile,
         finetune=finetune_from_args(args), merge=args.merge,
+        report_to=tuple(args.report_to or ()), report_dir=args.report_dir,
     )
 
 
@@ -102,11 +105,19 @@ def run_launch(args) -> int:
         print(execute.describe_command(plan, args.resume))
         print(f"# ds_config ({plan.cfg_path}):")
         print(json.dumps(plan.ds_config, indent=2))
+        if args.k8s:
+            from zerokit.launch import k8s
+
+            print(f"# {args.k8s} (not written):")
+            print(k8s.job(plan).manifest, end="")
         print("# dry run: nothing was written or started")
         return EXIT_OK
     execute.write_run_directory(plan)
     if args.sbatch:
         print(execute.write_sbatch(plan))
+        return EXIT_OK
+    if args.k8s:
+        print(execute.write_k8s(plan))
         return EXIT_OK
     sys.stderr.flush()
     return execute.run(plan, report=not args.no_report)

@@ -302,6 +302,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", ("launch",), "", type=nonneg_int, default=1234, group=_RUN, rank=True),
     Option("master-port", ("launch",), "rendezvous port (default: a free one)", type=port, group=_RUN),
     Option("no-report", ("launch",), "skip the predicted-vs-measured report", type=None, group=_RUN),
+    Option("report-to", ("launch",), "also write the curves (loss, learning rate, step time, tokens/s, peak memory) "
+           "and the final predicted-vs-measured figures to this tracker, through DeepSpeed's own monitor (the "
+           "ds_config's tensorboard / wandb / csv_monitor blocks); repeatable; default none. Your own HF Trainer "
+           "script gets --report_to (one tracker)", choices=("tensorboard", "wandb", "csv", "none"), repeat=True,
+           group=_RUN),
+    Option("report-dir", ("launch",), "where the trackers write: DIR/tensorboard/RUN, DIR/csv/RUN, DIR/wandb "
+           "(default: the run's --output-dir)", metavar="DIR", group=_RUN),
     Option("merge", ("launch",), "--finetune lora/qlora: also write final/merged, the base with the adapter merged in "
            "(peft merge_and_unload; QLoRA into the dequantized 4-bit base), loadable by "
            "AutoModelForCausalLM.from_pretrained. final/ itself holds the adapter", type=None, group=_RUN, rank=True),
@@ -310,10 +317,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("master-addr", ("launch",), "rendezvous address (default: DeepSpeed asks the first host)", metavar="HOST",
            group=_MULTI),
     Option("sbatch", ("launch",), "prepare the run directory and write a Slurm batch script for this job instead of "
-           "running it (submit with: sbatch FILE)", metavar="FILE", group=_MULTI),
+           "running it (submit with: sbatch FILE)", metavar="FILE", group=_MULTI, exclusive="job-file"),
     Option("time-limit", ("launch",), "--sbatch: Slurm time limit (default 04:00:00)", default="04:00:00",
            group=_MULTI),
     Option("partition", ("launch",), "--sbatch: Slurm partition", group=_MULTI),
+    Option("k8s", ("launch",), "prepare the run directory and write a Kubernetes PyTorchJob (Kubeflow training "
+           "operator) that runs this job instead of running it (submit with: kubectl apply -f FILE)", metavar="FILE",
+           group=_MULTI, exclusive="job-file"),
+    Option("k8s-image", ("launch",), "--k8s: the container image every pod runs (zerokit, DeepSpeed and torch "
+           "installed)", metavar="IMAGE", group=_MULTI),
+    Option("k8s-volume", ("launch",), "--k8s: the PersistentVolumeClaim every pod mounts, and where; the run directory "
+           "(--output-dir) must be under PATH, mounted at the same path where zerokit runs", metavar="CLAIM:PATH",
+           group=_MULTI),
+    Option("gpus-per-pod", ("launch",), "--k8s: GPUs (ranks) per pod (default --gpus-per-node: one pod per node); a "
+           "divisor of --gpus-per-node", type=gpus_per_node, metavar="N", group=_MULTI),
     # -- calibrate
     Option("quick", ("calibrate",), "fewer and smaller points, no engine costs (~2 min on 2 cores)", type=None),
     Option("if-missing", ("calibrate",), "do nothing when the output already holds a profile measured on this machine "

@@ -1,6 +1,7 @@
 """The `deepspeed` launcher command for a run: a pure function from a LaunchSpec to (argv, env).
 
-Nothing here starts a process or touches the file system (render_sbatch reads its template).
+Nothing here starts a process or touches the file system (render_sbatch and render_pytorchjob read
+their templates).
 The argv is what DeepSpeed's own runner (deepspeed/launcher/runner.py, 0.19) parses:
 
   local    deepspeed --num_gpus G --master_port P --module zerokit.launch.train ARGS...
@@ -43,6 +44,7 @@ if __name__ == "__main__":  # launcher slurm's entry script: make `zerokit` impo
     sys.path.append(str(Path(__file__).resolve().parents[2]))  # a checkout that is not pip-installed
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import flag
 from zerokit.spec.hostfile import ENV_KEY
 
 LAUNCHERS = ("local", "pdsh", "openmpi", "mpich", "slurm")
@@ -295,6 +297,119 @@ def render_sbatch(
         master_port=spec.master_port,
         exports=[(k, shlex.quote(v)) for k, v in spec.env.items()],
         command=" \\\n    ".join(lines),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Kubernetes: a PyTorchJob for the Kubeflow training operator
+
+
+# Kubernetes names as the API server checks them: a PersistentVolumeClaim is a DNS-1123 subdomain; a PyTorchJob a
+# DNS-1035 label (the operator's webhook, pkg/webhooks/pytorch/pytorchjob_webhook.go validatePyTorchJob), and its pods
+# and their services are named <job>-master-0 / <job>-worker-<i> (envvar.go replicaName), labels of at most 63.
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+K8S_JOB_NAME_MAX = 40  # leaves room for -worker-<index> within 63
+PYTORCHJOB_PORT = 23456  # the operator's default (PyTorchJobDefaultPort, pkg/apis/kubeflow.org/v1/pytorch_types.go)
+
+
+def k8s_job_name(run_name: str) -> str:
+    """A PyTorchJob name from the run directory's: zerokit-<name>, lowercase, other characters as '-', cut to fit."""
+    name = "zerokit-" + re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-")
+    return name[:K8S_JOB_NAME_MAX].rstrip("-")
+
+
+def pytorchjob_pod_command(spec: LaunchSpec, pods: int, ranks_per_pod: int) -> list[str]:
+    """What every pod runs: torchrun starting `ranks_per_pod` ranks of spec.module (zerokit.launch.train
+    RUN/rank_options.json, or a user's script through launch.user_script), as the deepspeed launcher does here.
+
+    torchrun, not DeepSpeed's runner, because the operator's rendezvous is torchrun's: it sets PET_NNODES,
+    PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and PET_MASTER_PORT in every pod (training-operator
+    pkg/controller.v1/pytorch/envvar.go setPodEnv, master.go), which torch.distributed.run reads as its own options
+    (torch/distributed/argparse_util.py `env`: PET_<OPTION>), so one command serves every pod; the Kubeflow SDK's own
+    PyTorchJobs run torchrun too (kubeflow.training constants.ENTRYPOINT_TORCH). DeepSpeed's runner with --no_ssh
+    would need a hostfile naming every pod in each of them (deepspeed/launcher/runner.py main: the world comes from
+    fetch_hostfile, and --node_rank must index it) and the pod's index spliced into its arguments. The ranks are the
+    same either way: zerokit.launch.train reads LOCAL_RANK, and deepspeed.init_distributed RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT, which torchrun sets for every rank as deepspeed/launcher/launch.py does;
+    pytorchjob_env adds the one variable of launch.py's that DeepSpeed reads and torchrun does not set. Restarts
+    are the operator's (restartPolicy), so torchrun keeps its default --max-restarts 0."""
+    return ["torchrun", f"--nnodes={pods}", f"--nproc-per-node={ranks_per_pod}", "--module", spec.module,
+            *spec.script_args]
+
+
+def pytorchjob_env(spec: LaunchSpec, ranks_per_pod: int) -> dict[str, str]:
+    """The pod's own environment: the spec's, and LOCAL_SIZE, which deepspeed/launcher/launch.py sets for every rank
+    (torchrun names it LOCAL_WORLD_SIZE): DeepSpeed's CPU accelerator counts its devices from it, else by running
+    numactl on every device_count() call (deepspeed/accelerator/cpu_accelerator.py)."""
+    return {**spec.env, "LOCAL_SIZE": str(ranks_per_pod)}
+
+
+def _k8s_literal(text: str) -> str:
+    """Kubernetes expands $(VAR) in a container's command, args and env values and reduces $$ to $ (the Container
+    API reference, `args`): every $ doubled, a value reaches the pod as written."""
+    return text.replace("$", "$$")
+
+
+def render_pytorchjob(
+    spec: LaunchSpec,
+    job_name: str,
+    pods: int,
+    ranks_per_pod: int,
+    image: str,
+    claim: str,
+    mount_path: str,
+    run_dir: str,
+    max_restarts: int = 0,
+    gpu_resource: str | None = "nvidia.com/gpu",
+) -> str:
+    """A PyTorchJob manifest (kubeflow.org/v1, the Kubeflow training operator) that runs `spec`'s module and
+    arguments on `pods` pods of `ranks_per_pod` ranks: one Master and pods - 1 Workers, each asking for
+    `ranks_per_pod` of `gpu_resource` (None: CPU ranks, no accelerator), all mounting the PersistentVolumeClaim
+    `claim` at `mount_path`, where run_dir (the ranks' options, config and data) lies. The rendezvous port is
+    spec.master_port (the operator reads it from the port named pytorchjob-port). Pure: reads the template."""
+    for name, value in (("pods", pods), ("ranks_per_pod", ranks_per_pod), ("max_restarts", max_restarts)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "max_restarts" else 1):
+            raise ZerokitError(f"PyTorchJob {name} must be a whole number ({'0' if name == 'max_restarts' else '1'} "
+                               f"or more), got {value!r}")
+    if not isinstance(job_name, str) or len(job_name) > K8S_JOB_NAME_MAX or not _DNS1035_LABEL.match(job_name):
+        raise ZerokitError(f"PyTorchJob name {job_name!r} is not a Kubernetes DNS-1035 label of at most "
+                           f"{K8S_JOB_NAME_MAX} characters: use lowercase letters, digits and '-', starting with a letter")
+    if not isinstance(image, str) or not image or any(c.isspace() for c in image):
+        raise ZerokitError(f"container image {image!r} is not an image reference: give one such as "
+                           "registry.example.com/team/zerokit:1.0 (with zerokit, DeepSpeed and torch installed)")
+    if not isinstance(claim, str) or len(claim) > 253 or not DNS1123_SUBDOMAIN.match(claim):
+        raise ZerokitError(f"volume claim {claim!r} is not a PersistentVolumeClaim name: lowercase letters, digits, "
+                           "'-' and '.', e.g. shared-runs")
+    if not isinstance(mount_path, str) or not mount_path.startswith("/") or any(c == ":" or ord(c) < 32
+                                                                                 for c in mount_path):
+        raise ZerokitError(f"mount path {mount_path!r} is not an absolute path without ':': give one such as /mnt/shared")
+    restart_note = (
+        f"no restarts ({flag('max-restarts')} 0): a rank that fails fails the job" if not max_restarts else
+        # the operator fails the job once the pods' container restarts, summed, reach backoffLimit (pkg/core/job.go
+        # PastBackoffLimit, counted for restartPolicy OnFailure); a dying rank takes every pod's ranks down (their
+        # collectives break), so R restarts of the job are R x pods container restarts: the limit is one more
+        f"up to {max_restarts} restart{'s' * (max_restarts > 1)} of the pods ({flag('max-restarts')}): container "
+        f"restarts summed over the {pods} pod{'s' * (pods > 1)}; the ranks resume from checkpoints/latest")
+    from zerokit.core.resources import template_environment
+
+    env = template_environment(keep_trailing_newline=True)
+    return env.get_template("pytorchjob.yaml.j2").render(
+        name=job_name,
+        pods=pods,
+        ranks_per_pod=ranks_per_pod,
+        roles=[("Master", 1)] + ([("Worker", pods - 1)] if pods > 1 else []),
+        restart_policy="OnFailure" if max_restarts else "Never",
+        backoff_limit=max_restarts * pods + 1 if max_restarts else 0,
+        restart_note=restart_note,
+        image=image,
+        command=[_k8s_literal(w) for w in pytorchjob_pod_command(spec, pods, ranks_per_pod)],
+        env=[(k, _k8s_literal(v)) for k, v in pytorchjob_env(spec, ranks_per_pod).items()],
+        master_port=spec.master_port,
+        gpu_resource=gpu_resource,
+        claim=claim,
+        mount_path=mount_path,
+        run_dir=run_dir,
     )
 
 

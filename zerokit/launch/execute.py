@@ -29,7 +29,13 @@ def describe_command(plan: LaunchPlan, resume: bool) -> str:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += ["# command:", shlex.join(argv)]
     if plan.uses_own_loop:
-        lines += [f"# rank options ({plan.rank_options_path}):", json.dumps(plan.rank_options(resume).to_dict())]
+        if plan.request.k8s:  # what the pods' ranks are told (launch/k8s.py)
+            from zerokit.launch import k8s
+
+            opts = k8s.rank_options(plan)
+        else:
+            opts = plan.rank_options(resume)
+        lines += [f"# rank options ({plan.rank_options_path}):", json.dumps(opts.to_dict())]
     return "\n".join(lines)
 
 
@@ -66,7 +72,12 @@ def write_run_directory(plan: LaunchPlan) -> None:
     write_json_atomic(plan.cfg_path, plan.ds_config)
     if plan.uses_own_loop:  # a user's script brings its own data and reads its own options
         zdata.write_data(plan.data, plan.files, plan.tokenizer, plan.tokens_path.parent)  # tokens (labels, mask)
-        plan.rank_options(plan.request.resume).save(plan.rank_options_path)
+        if plan.request.k8s:  # the pods' ranks: bundled names, resume on a restarted pod (launch/k8s.py)
+            from zerokit.launch import k8s
+
+            k8s.rank_options(plan).save(plan.rank_options_path)
+        else:
+            plan.rank_options(plan.request.resume).save(plan.rank_options_path)
     if plan.multi_node and not plan.request.sbatch:  # the sbatch script exports the same variables itself
         from zerokit.spec.hostfile import write_deepspeed_env
 
@@ -81,6 +92,18 @@ def write_sbatch(plan: LaunchPlan) -> str:
     atomic_write_text(req.sbatch, script, mode=0o755)
     return (f"wrote {req.sbatch} for {plan.setup.label} on {plan.cluster.nodes} node(s); submit with: "
             f"sbatch {shlex.quote(req.sbatch)}")
+
+
+def write_k8s(plan: LaunchPlan) -> str:
+    """The PyTorchJob manifest (launch/k8s.py) at --k8s FILE; the one line saying what it runs and how to submit it."""
+    from zerokit.launch import k8s
+
+    req = plan.request
+    job = k8s.job(plan)
+    atomic_write_text(req.k8s, job.manifest)
+    return (f"wrote {req.k8s}: PyTorchJob {job.name} for {plan.setup.label}, {job.pods} pod{'s' * (job.pods > 1)} x "
+            f"{job.ranks_per_pod} rank{'s' * (job.ranks_per_pod > 1)}, run directory {plan.out_abs} on claim {job.claim}; "
+            f"submit with: kubectl apply -f {shlex.quote(req.k8s)}")
 
 
 def run(plan: LaunchPlan, report: bool = True) -> int:
@@ -115,12 +138,15 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
         from zerokit.report.run_report import build_report, format_report, read_metrics, summarize_metrics, write_report
 
         measured = summarize_metrics(read_metrics(out))
-        rep = build_report(plan.prediction, measured, result.to_dict())
+        rep = build_report(plan.prediction, measured, result.to_dict(), trackers=plan.tracker_locations)
         write_report(out, rep)
         print(format_report(rep))
         if not plan.uses_own_loop and not measured.get("ranks"):
             print(f"note: no metrics in {plan.out / 'metrics'}: add zerokit.integrations.hf.ZerokitCallback to your "
                   "Trainer's callbacks to measure what was predicted", file=sys.stderr)
+    if not report:  # the report names them otherwise
+        for tracker, where in plan.tracker_locations.items():
+            print(f"curves ({tracker}): {where}")
     if result.interrupted:
         print("interrupted: every rank was stopped", file=sys.stderr)
         return result.returncode

@@ -19,6 +19,7 @@ from typing import Any
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
 from zerokit.core.options import flag
 from zerokit.core.quiet import verbose
+from zerokit.config import trackers as trackers_mod
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
 from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
@@ -29,7 +30,7 @@ from zerokit.launch.checkpoints import (
     read_latest,
 )
 from zerokit.launch.command import LaunchSpec, validate
-from zerokit.launch import user_script
+from zerokit.launch import k8s, user_script
 from zerokit.launch.rank_options import RANK_OPTIONS_FILE, RankOptions
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
@@ -73,6 +74,10 @@ class LaunchRequest:
     sbatch: str | None = None  # write a Slurm batch script here instead of running
     time_limit: str = "04:00:00"
     partition: str | None = None
+    k8s: str | None = None  # write a Kubeflow PyTorchJob manifest here instead of running (launch/k8s.py)
+    k8s_image: str | None = None  # --k8s: the pods' container image
+    k8s_volume: str | None = None  # --k8s: CLAIM:PATH, the PersistentVolumeClaim holding the run directory
+    gpus_per_pod: int | None = None  # --k8s: ranks per pod; None: --gpus-per-node (a pod per node)
     dry_run: bool = False  # print the command, start nothing
     # the user's own script (`zerokit launch ... -- python train.py ARGS`); empty: zerokit's own loop
     script_command: tuple[str, ...] = ()
@@ -82,6 +87,8 @@ class LaunchRequest:
     # loop applies it in the ranks; a user's script applies it itself (it only sizes the plan then)
     finetune: Finetune = Finetune()
     merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base weights)
+    report_to: tuple[str, ...] = ()  # --report-to: tensorboard, wandb, csv (config/trackers.py); () or none: none
+    report_dir: str | None = None  # where the trackers write; None: the run directory
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +120,14 @@ class LaunchPlan:
     script: Any = None  # launch.user_script.UserCommand: the user's own script instead of zerokit's loop
     data: Any = None  # launch.data.TokenizedData: tokens and, where masked or padded, labels and attention mask
     resize: Resize | None = None  # --resume of a checkpoint written by another number of ranks (held_global_batch)
+    trackers: tuple[str, ...] = ()  # --report-to, checked (config/trackers.py); their blocks are in ds_config
+    report_dir: Path | None = None  # where they write (absolute); None without trackers
+    report_args: tuple[str, ...] = ()  # a user's HF Trainer script: its --report_to (config/trackers.trainer_report_to)
+
+    @property
+    def tracker_locations(self) -> dict:
+        """tracker -> where its curves are (the run report names them)."""
+        return trackers_mod.locations(self.trackers, self.report_dir, trackers_mod.job_name(self.out_abs))
 
     @property
     def uses_own_loop(self) -> bool:
@@ -153,7 +168,7 @@ class LaunchPlan:
         """The rank entrypoint's one argument, its options file (a restart resumes by itself: RankOptions.load), or
         the user's script and its arguments (the same on a restart: the script resumes from its own checkpoints)."""
         if self.script is not None:
-            return self.script.runner_args(self.placeholder_values())
+            return self.script.runner_args(self.placeholder_values()) + list(self.report_args)
         return [str(self.rank_options_path)]
 
     def placeholder_values(self) -> dict:
@@ -199,7 +214,7 @@ def resolve_cluster(req: LaunchRequest) -> tuple[Cluster, dict, bool]:
     cluster = replace(hw, gpu=gpu, gpu_memory=gpu_memory, gpus_per_node=gpus_per_node).build()
     hosts = dict(cluster.hosts) if cluster.hosts else {}
     multi_node = bool(hosts) and not (len(hosts) == 1 and is_local(next(iter(hosts))))
-    if cluster.nodes > 1 and not hosts and not (req.sbatch or req.launcher == "slurm"):
+    if cluster.nodes > 1 and not hosts and not (req.sbatch or req.k8s or req.launcher == "slurm"):
         raise ZerokitError(f"{flag('nodes')} {cluster.nodes} needs {flag('hostfile')} naming the nodes: give one")
     return cluster, hosts, multi_node
 
@@ -359,10 +374,10 @@ def deepspeed_check_in_ranks(req: LaunchRequest, multi_node: bool) -> bool:
     Why: they need DeepSpeed imported, which imports torch (2 s here on 2 cores, a cold launch's largest cost);
     the ranks import it anyway and check before anything else (launch/train.py config_accepted). Only where a
     refusal can end as cleanly as a refusal here: a fresh local run, whose new run directory execute.run removes
-    again with the one-line reason. A dry run, an sbatch script, a resume, a multi-node launch or an existing
-    --output-dir are checked here first, as is a verdict already cached (config/check.py)."""
-    return bool(req.config) and not req.script_command and not (req.dry_run or req.sbatch or req.resume or multi_node
-                                     or req.launcher not in (None, "local")
+    again with the one-line reason. A dry run, an sbatch script, a k8s manifest, a resume, a multi-node launch or an
+    existing --output-dir are checked here first, as is a verdict already cached (config/check.py)."""
+    return bool(req.config) and not req.script_command and not (req.dry_run or req.sbatch or req.k8s or req.resume
+                                     or multi_node or req.launcher not in (None, "local")
                                      or (req.output_dir is not None and Path(req.output_dir).exists()))
 
 
@@ -585,16 +600,21 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     from zerokit.report.run_report import prediction_from_evaluation
     from zerokit.spec.model import load_model_spec
 
+    k8s.check_request(req)  # --k8s and its options, before anything slow
     model = resolve_model(req.model)
     config = model.read_config()
     cluster, hosts, multi_node = resolve_cluster(req)
-    check_dist_backend_installed(req, cluster, ranks_here=not (multi_node or req.sbatch))
-    check_cuda_arch_list(cluster, ranks_here=not (multi_node or req.sbatch))
+    check_dist_backend_installed(req, cluster, ranks_here=not (multi_node or req.sbatch or req.k8s))
+    check_cuda_arch_list(cluster, ranks_here=not (multi_node or req.sbatch or req.k8s))
     spec = load_model_spec(model)
     seq_len = choose_seq_len(req, spec)
     script = check_user_script(req) if req.script_command else None
     spec = check_finetune(req, model, spec)
     check_resume_finetune(req)
+    trackers = trackers_mod.trackers_from(req.report_to)
+    trackers_mod.check_installed(trackers)
+    report_args = tuple(trackers_mod.trainer_report_to(trackers, script.args)) if (
+        script is not None and script.uses_hf_trainer) else ()
     if script is None:
         files, tokenizer, data = tokenize_data(req, model, config, spec, seq_len)
         tokens, total_tokens = data.tokens, data.total_tokens
@@ -611,17 +631,26 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     save_every = 0 if script is not None else req.save_every if req.save_every is not None else (
         max(1, steps // 10) if req.max_restarts else 0)
     out = output_dir(req, data)
+    report_dir = trackers_mod.report_dir_for(req.report_dir, out, trackers)
+    if trackers:
+        name = trackers_mod.job_name(out)
+        if not report_args:  # zerokit's loop, or a deepspeed.initialize script: DeepSpeed's own monitor writes
+            ds_config = trackers_mod.with_monitor(ds_config, trackers, report_dir, name)
     launcher, multi_node = choose_launcher(req, hosts, multi_node)
     env = rank_environment(cluster, multi_node)
     if script is not None:
         env["ZEROKIT_OUTPUT_DIR"] = str(out.resolve())  # where ZerokitCallback writes the metrics
+    if trackers:
+        env.update(trackers_mod.rank_env(trackers, report_dir, name, trainer=bool(report_args)))
     plan = LaunchPlan(
         request=req, model=model, cluster=cluster, spec=spec, files=files, tokenizer=tokenizer, tokens=tokens,
         total_tokens=total_tokens, seq_len=seq_len, ds_config=ds_config, evaluation=evaluation, steps=steps,
         save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
         port=req.master_port or free_port(), env=env, deepspeed_bin=deepspeed_bin(),
         prediction=prediction_from_evaluation(evaluation, steps, cluster.time_source), deepspeed_checked=deepspeed_checked, script=script,
-        data=data, resize=resize,
+        data=data, resize=resize, trackers=trackers, report_dir=report_dir, report_args=report_args,
     )
     validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time
+    if req.k8s:
+        k8s.job(plan)  # the pods' paths, the GPUs per pod and the manifest's own checks, before anything is written
     return plan

@@ -24,6 +24,10 @@ Outputs under --output-dir:
   base/                   LoRA/QLoRA of a random-init (config-only) model: the base weights the adapter
                           belongs to (its adapter_config.json names this directory)
 
+With the ds_config's tensorboard / wandb / csv_monitor blocks (`zerokit launch --report-to`, config/trackers.py),
+rank 0 also writes every step's figures and, at the end, the predicted-vs-measured ones through DeepSpeed's monitor
+(write_step_events, close_trackers).
+
 Fine-tuning (RankOptions.finetune, spec.finetune.Finetune): --freeze patterns set requires_grad False; LoRA wraps
 the model in peft's get_peft_model; QLoRA loads the base 4-bit NF4 through transformers' BitsAndBytesConfig
 first. DeepSpeed's optimizer then holds state for the trainable parameters only.
@@ -842,6 +846,8 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
         rec.update(phases.step_fields())  # this step's peak per phase (forward, backward, step), the run's so far
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)
+        if engine.monitor.enabled:  # --report-to: the ds_config's tensorboard / wandb / csv_monitor blocks
+            write_step_events(run, rec)
         steps_run += 1
         if args.memory_steps and not run.on_cuda and phases.active and steps_run >= args.memory_steps:
             phases.stop()
@@ -860,6 +866,66 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
     if last_saved != step:
         save_checkpoint(run, data, step, e_cur, b_cur)
     return Trained(step, train_time, peak_alloc, (it, batch, loss_, out_) if steps_run else (it,))
+
+
+def write_step_events(run: Run, rec: dict) -> None:
+    """A step's figures through DeepSpeed's own monitor (engine.monitor.write_events, which writes on rank 0 only), as
+    the engine logs its learning rate at every optimizer step: tagged Train/Samples/* at engine.global_samples
+    (DeepSpeedEngine.step writes "Train/Samples/lr" there), so every curve shares DeepSpeed's x-axis and W&B's step
+    only grows. Loss and tokens/s are the job's (reduced in train_loop); peak memory the largest rank's running peak
+    (a MAX all-reduce: every rank takes part, the monitor's blocks are the same config on every rank)."""
+    import torch
+
+    from deepspeed import comm as dist
+
+    engine = run.engine
+    peak = torch.tensor([float(rec.get("peak_allocated_bytes") or 0)], dtype=torch.float64, device=engine.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    at = engine.global_samples
+    events = [("Train/Samples/loss", rec["loss"], at), ("Train/Samples/step_time_s", rec["step_time"], at),
+              ("Train/Samples/tokens_per_s", rec["global_tokens_per_s"], at)]
+    if float(peak[0]) > 0:  # no meter (--no-memory-meter), or the CPU meter stopped before any step: no curve
+        events.append(("Train/Samples/peak_memory_MiB", float(peak[0]) / 2**20, at))
+    engine.monitor.write_events(events)
+
+
+def close_trackers(run: Run) -> None:
+    """--report-to, at the end: the run's predicted-vs-measured figures (report.run_report.report_scalars of the
+    metrics every rank has closed, against the prediction `zerokit launch` wrote to launch.json) through the monitor at
+    the last step, then the trackers closed on rank 0. Closed here because the rank leaves by os._exit
+    (core/process.finish_rank), which runs no atexit hook: wandb's run would stay unfinished (wandb.finish writes
+    its exit record), and DeepSpeed never closes its SummaryWriter."""
+    monitor = run.engine.monitor
+    if not monitor.enabled:
+        return
+    from deepspeed import comm as dist
+
+    dist.barrier()  # every rank's end record is written (finish): the figures read them all
+    if run.rank != 0:
+        return
+    at = run.engine.global_samples
+    monitor.write_events([(tag, value, at) for tag, value in final_figures(run.out)])
+    tb = monitor.tb_monitor
+    if tb is not None and tb.summary_writer is not None:
+        tb.summary_writer.close()
+    if monitor.wandb_monitor is not None:
+        import wandb
+
+        wandb.finish()
+
+
+def final_figures(out: Path) -> list[tuple[str, float]]:
+    """(tag, value) of the run report's predicted, measured and ratio figures; measured only when no launch.json holds
+    a prediction (ranks started without `zerokit launch`, or from an --sbatch script, which writes none)."""
+    import json
+
+    from zerokit.report.run_report import build_report, read_metrics, report_scalars, summarize_metrics
+
+    try:
+        prediction = json.loads((out / "launch.json").read_text(encoding="utf-8")).get("prediction")
+    except (OSError, ValueError):
+        prediction = None
+    return report_scalars(build_report(prediction, summarize_metrics(read_metrics(out))))
 
 
 def export(run: Run, step: int) -> None:
@@ -913,6 +979,7 @@ def main(args: RankOptions) -> int:
     trained = train_loop(run, data, pos, metrics)
     export(run, trained.step)
     finish(run, metrics, trained)
+    close_trackers(run)
     return 0
 
 

@@ -161,9 +161,10 @@ def _ratio(measured, predicted):
     return measured / predicted
 
 
-def build_report(prediction: dict | None, measured: dict, run: dict | None = None) -> dict:
+def build_report(prediction: dict | None, measured: dict, run: dict | None = None,
+                 trackers: dict | None = None) -> dict:
     """Rows of (quantity, predicted, measured, measured/predicted), plus per-rank memory and the run's
-    restart accounting."""
+    restart accounting; `trackers`: tracker -> where its curves are (launch --report-to)."""
     p = prediction or {}
     run = run or {}
     # the allocated peak: per_rank_memory_bytes less the CUDA-context allowance (reports written before it existed: the
@@ -223,7 +224,36 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
         "returncode": run.get("returncode"),
         "prediction": prediction,
         "measured": measured,
+        "trackers": dict(trackers or {}),
     }
+
+
+# the report's rows as tracker scalars: (row name, tag, unit suffix, scale to that unit). Peak memory in MiB: a tracker
+# stores scalars as float32 (TensorBoard's simple_value), exact to the byte only below 16 MiB
+REPORT_SCALARS = (
+    ("peak memory per rank (max over ranks)", "peak_memory", "_MiB", 1 / 2**20),
+    ("step time (median, steady state)", "step_time", "_s", 1.0),
+    ("throughput (all ranks)", "throughput", "_tokens_per_s", 1.0),
+    ("training loop (steps + checkpoints)", "train_loop", "_s", 1.0),
+)
+
+
+def report_scalars(report: dict) -> list[tuple[str, float]]:
+    """The predicted-vs-measured figures as (tag, value) for a tracker (launch/train.py writes them through DeepSpeed's
+    monitor at the run's end): Report/predicted_X, Report/measured_X and Report/ratio_X (measured / predicted) for
+    each row that has the figure."""
+    rows = {r["name"]: r for r in report.get("rows", ())}
+    out = []
+    for name, tag, unit, scale in REPORT_SCALARS:
+        r = rows.get(name)
+        if r is None:
+            continue
+        for kind in ("predicted", "measured"):
+            if r.get(kind) is not None:
+                out.append((f"Report/{kind}_{tag}{unit}", float(r[kind]) * scale))
+        if r.get("ratio") is not None:
+            out.append((f"Report/ratio_{tag}", float(r["ratio"])))
+    return out
 
 
 def _fmt(value, unit: str) -> str:
@@ -263,6 +293,8 @@ def format_report(report: dict) -> str:
         out.append(f"  efficiency: predicted with {report['efficiency']:.3g}; {report['efficiency_to_match']:.3g} would have "
                    "matched the measured step time (or run `zerokit calibrate` once: plans on this machine then use it)")
     out.append(f"  restarts: {report.get('restarts', 0)}, steps redone: {report.get('redone_steps', 0)}")
+    for tracker, where in (report.get("trackers") or {}).items():
+        out.append(f"  curves ({tracker}): {where}")
     if report.get("memory_method") == "live_tensor_bytes" and not (report.get("measured") or {}).get("timed_without_meter"):
         out.append("  note: CPU memory is counted per op by a dispatch-mode meter; measured step times include "
                    "its overhead (about +30% on the tiny model)")
