@@ -25,9 +25,12 @@ demo: setup
 	zerokit launch --model tiny-llama --config $(DEMO)/ds_config.json --gpu cpu --gpus-per-node 2 --seq-len 64 \
 		--steps 20 --save-every 10 --output-dir $(DEMO)/run
 
+# The fast tests two at a time (pytest-xdist), then the real multi-rank jobs and calibrations (-m slow) one at a
+# time: each of those fills both cores, and the calibrations refuse a busy machine.
 test: setup
 	ruff check .
-	python -m pytest -q -p no:cacheprovider
+	python -m pytest -q -p no:cacheprovider -m "not slow" -n 2
+	python -m pytest -q -p no:cacheprovider -m slow
 
 bench: setup
 	python bench/plan_latency.py
