@@ -63,6 +63,9 @@ ROWS = [
     ("params-bad-suffix", ["plan", "--params", "7Q"], {}, 2, "cannot read"),
     ("params-empty", ["plan", "--params", ""], {}, 2, "empty"),
     ("params-too-many", ["plan", "--params", "1e16"], {}, 2, "16 PB"),
+    # below a Llama-like model's own embeddings and one layer (4,161,728 at the default 32,000-token vocabulary)
+    ("params-one", ["plan", "--params", "1"], {}, 2, "give at least 4,161,728"),
+    ("params-below-its-hidden-size", ["plan", "--params", "1e8", "--hidden-size", "8192"], {}, 2, "--hidden-size"),
     ("params-and-model", ["plan", "tiny-llama", *P], {}, 2, "not both"),
     ("no-model", ["plan"], {}, 2, "no model"),
     ("hidden-size-3", ["plan", *P, "--hidden-size", "3"], {}, 2, "--hidden-size"),
@@ -79,7 +82,17 @@ ROWS = [
     ("seq-len-zero", ["plan", *P, "--seq-len", "0"], {}, 2, "--seq-len"),
     ("seq-len-float", ["plan", *P, "--seq-len", "2.5"], {}, 2, "--seq-len"),
     ("seq-len-beyond-2-53", ["plan", *P, "--seq-len", "99999999999999999999"], {}, 2, "--seq-len"),
-    ("seq-len-past-positions", ["plan", "tiny-llama", "--seq-len", "100000"], {}, 2, "maximum of 512"),
+    # a learned position table (GPT-2's wpe): a longer sequence is an index error; rotary models only warn (issue 28)
+    ("seq-len-past-positions", ["plan", "tiny-gpt2", "--seq-len", "100000"], {}, 2, "maximum of 512"),
+    ("seq-len-max-nothing-fits", ["plan", "llama-3-70b", "--gpu", "t4", "--seq-len", "max", "--stage", "0"], {},
+     1, "nothing fits even at 1 token"),
+    ("seq-len-neither-number-nor-max", ["plan", *P, "--seq-len", "most"], {}, 2, "--seq-len"),
+    ("seq-len-max-with-compare-gpus", ["plan", *P, "--seq-len", "max", "--compare-gpus", "h100-80gb,a100-80gb"], {},
+     2, "--seq-len max"),
+    ("check-seq-len-max-without-model", ["check", "c.json", "--gpus-per-node", "2", "--seq-len", "max"],
+     {"c.json": ds()}, 2, "--model"),
+    ("launch-seq-len-max", ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len",
+                            "max", "--plan", "--output-dir", "run"], {}, 2, "answered by plan and check"),
     ("global-batch-zero", ["plan", *P, "--global-batch", "0"], {}, 2, "--global-batch"),
     ("samples-negative", ["plan", *P, "--samples=-3"], {}, 2, "--samples"),
     ("global-batch-indivisible", ["plan", *P, "--gpus-per-node", "8", "--global-batch", "12"], {}, 2, "divisible"),
@@ -148,6 +161,9 @@ ROWS = [
     ("model-nested-text-layers", ["plan", "./m"], {"m/config.json": json.dumps(
         {"model_type": "gemma3", "text_config": {"num_hidden_layers": 10**9, "vocab_size": 262208}})}, 2,
      "(text_config): num_hidden_layers"),
+    ("model-heads-not-dividing", ["plan", "./m"], {"m/config.json": model_config(num_attention_heads=3,
+                                                                               num_key_value_heads=3)}, 2,
+     "not divisible by num_attention_heads 3"),
     ("model-no-type", ["plan", "./m"], {"m/config.json": json.dumps({"hidden_size": 64})}, 2, "model_type"),
     ("model-list-type", ["plan", "./m"], {"m/config.json": model_config(model_type=[])}, 2, "model_type"),
     ("model-unknown-type", ["plan", "./m"], {"m/config.json": model_config(model_type="made-up")}, 2, "made-up"),
@@ -159,17 +175,20 @@ ROWS = [
     # ---- plan --plot (refused before planning)
     ("plot-pdf", ["plan", *P, "--plot", "m.pdf"], {}, 2, ".svg or .png"),
     ("plot-no-extension", ["plan", *P, "--plot", "m"], {}, 2, ".svg or .png"),
-    ("plot-missing-dir", ["plan", *P, "--plot", "nope/m.svg"], {}, 2, "nope"),
+    # a folder that does not exist is created (mkdir -p: test_every_writer_creates_missing_folders); under a file, none can
+    ("plot-under-a-file", ["plan", *P, "--plot", "f/nope/m.svg"], {"f": "x"}, 2, "cannot create"),
     ("plot-is-dir", ["plan", *P, "--plot", "d.svg"], {"d.svg/x": ""}, 2, "folder"),
     ("plot-empty", ["plan", *P, "--plot", ""], {}, 2, "empty"),
     # ---- render
     ("render-output-empty", ["render", *P, "-o", ""], {}, 2, "empty"),
-    ("render-output-missing-dir", ["render", *P, "-o", "nope/ds.json"], {}, 2, "nope"),
+    ("render-output-under-a-file", ["render", *P, "-o", "f/nope/ds.json"], {"f": "x"}, 2, "cannot create"),
+    ("render-accelerate-under-a-file", ["render", *P, "--profile", "accelerate", "-o", "f/ds.json"], {"f": "x"}, 2,
+     "cannot create"),
     ("render-output-is-dir", ["render", *P, "-o", "d"], {"d/x": ""}, 2, "d"),
     ("render-profile-bogus", ["render", *P, "--profile", "bogus"], {}, 2, "--profile"),
     ("render-accelerate-to-a-dir", ["render", *P, "--profile", "accelerate", "-o", "d"], {"d/x": ""}, 2, "d"),
     ("render-accelerate-to-stdout", ["render", *P, "--profile", "accelerate", "-o", "-"], {}, 2, "-o FILE"),
-    ("render-seq-past-positions", ["render", "tiny-llama", "--seq-len", "4096"], {}, 2, "maximum"),
+    ("render-seq-past-positions", ["render", "tiny-gpt2", "--seq-len", "4096"], {}, 2, "maximum"),
     # ---- check: the file
     ("check-missing", ["check", "nope.json", *CHECK], {}, 2, "does not exist"),
     ("check-empty-name", ["check", "", *CHECK], {}, 2, "empty"),
@@ -208,13 +227,19 @@ ROWS = [
     ("check-aio-in-zero", ["check", "c.json", *CHECK], {"c.json": zero(aio={})}, 2, "aio"),
     ("check-fp16-key-in-bf16", ["check", "c.json", *CHECK], {"c.json": ds(bf16={"enabled": True, "loss_scale": 0})}, 2,
      "loss_scale"),
+    ("check-fp16-key-in-legacy-bfloat16", ["check", "c.json", *CHECK],
+     {"c.json": ds(bfloat16={"enabled": True, "loss_scale": 0})}, 2, "loss_scale"),
+    ("check-legacy-bfloat16-on-v100", ["check", "c.json", *P, "--gpus-per-node", "2", "--gpu", "v100-32gb"],
+     {"c.json": ds(bfloat16={"enabled": True})}, 2, "does not support bf16"),
+    ("check-legacy-bfloat16-and-fp16", ["check", "c.json", *CHECK],
+     {"c.json": ds(bfloat16={"enabled": True}, fp16={"enabled": True})}, 2, "both enabled"),
     ("check-micro-batch-zero", ["check", "c.json", *CHECK, "--micro-batch", "0"], {"c.json": ds()}, 2, "--micro-batch"),
     ("check-precision-fp8", ["check", "c.json", *CHECK, "--precision", "fp8"], {"c.json": ds()}, 2, "--precision"),
     ("check-precision-unsupported", ["check", "c.json", *P, "--gpu", "v100-32gb", "--precision", "bf16"],
      {"c.json": ds(bf16={"enabled": "auto"})}, 2, "does not support bf16"),
     ("check-precision-disagrees", ["check", "c.json", *CHECK, "--precision", "fp16"], {"c.json": ds()}, 2,
      "disagrees"),
-    ("check-model-seq-past-positions", ["check", "c.json", "--model", "tiny-llama", "--seq-len", "100000"],
+    ("check-model-seq-past-positions", ["check", "c.json", "--model", "tiny-gpt2", "--seq-len", "100000"],
      {"c.json": ds()}, 2, "maximum"),
     ("check-model-and-params", ["check", "c.json", "--model", "tiny-llama", *P], {"c.json": ds()}, 2, "not both"),
     # ---- launch (all refused before anything is written or started)
@@ -241,7 +266,7 @@ ROWS = [
     ("launch-packing-unknown", [*LAUNCH, "--plan", "--packing", "maybe"], {}, 2, "invalid choice"),
     ("launch-data-split-on-files", [*LAUNCH, "--plan", "--data", "d.txt", "--data-split", "test", "--output-dir", "run"],
      {"d.txt": "plain text " * 20}, 2, "--data-split"),
-    ("launch-seq-past-positions", ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2",
+    ("launch-seq-past-positions", ["launch", "--model", "tiny-gpt2", "--gpu", "cpu", "--gpus-per-node", "2",
                                    "--seq-len", "100000", "--plan", "--output-dir", "run"], {}, 2, "maximum"),
     ("launch-output-is-file", [*LAUNCH, "--plan", "--output-dir", "f"], {"f": "x"}, 2, "is a file"),
     ("launch-resume-nothing", [*LAUNCH, "--plan", "--resume", "--output-dir", "run"], {}, 2, "--resume"),
@@ -267,8 +292,10 @@ ROWS = [
     ("launch-slurm-without-addr", [*LAUNCH, "--plan", "--launcher", "slurm", "--output-dir", "run"], {}, 2,
      "--master-addr"),
     ("launch-sbatch-empty", [*LAUNCH, "--plan", "--sbatch", ""], {}, 2, "empty"),
-    ("launch-sbatch-missing-dir", [*LAUNCH, "--plan", "--sbatch", "nope/job.sbatch", "--output-dir", "run"], {}, 2,
-     "--sbatch"),
+    ("launch-sbatch-under-a-file", [*LAUNCH, "--plan", "--sbatch", "f/nope/job.sbatch", "--output-dir", "run"],
+     {"f": "x"}, 2, "--sbatch"),
+    ("launch-k8s-under-a-file", [*LAUNCH, "--plan", "--k8s", "f/job.yaml", "--k8s-image", "img", "--k8s-volume",
+                                 "pvc:/tmp", "--output-dir", "run"], {"f": "x"}, 2, "--k8s"),
     ("launch-weights-without-tokenizer", [*LAUNCH, "--model", "./m", "--plan", "--output-dir", "run"],
      {"m/config.json": json.dumps(TINY), "m/model.safetensors": b""}, 2, "tokenizer"),
     # a backend this torch lacks (PyPI's CPU torch; tests/test_dist_backend.py asserts the build): before any rank
@@ -357,6 +384,139 @@ def test_bad_input(argv, files, code, needle, tmp_path, monkeypatch, capsys):
     assert needle.lower() in lines[0].lower(), lines[0]
     assert out == "", out
     assert _tree(tmp_path) == before, "left on disk: " + ", ".join(sorted(set(_tree(tmp_path)) - set(before)))
+
+
+# The library's boundary: zerokit's functions called from Python with what the CLI never passes them. (id, module,
+# function, arguments, text the ZerokitError contains); each used to raise ZeroDivisionError, AttributeError or
+# TypeError from inside.
+NOT_AN_OBJECT = {**GOOD_DS, "zero_optimization": "auto"}
+LIBRARY_ROWS = [
+    ("derive-batch-world-0", "zerokit.config.read", "derive_batch", (8, 2, None, 0), "world size"),
+    ("batch-world-size-none", "zerokit.config.read", "batch_world_size", (GOOD_DS, None), "world size"),
+    ("fill-auto-world-0", "zerokit.config.auto", "fill_auto", ({**GOOD_DS, "train_batch_size": "auto"}, None, 0),
+     "world size"),
+    ("lint-world-float", "zerokit.config.lint", "lint_config", (GOOD_DS, 2.5), "world size"),
+    ("setup-world-0", "zerokit.config.setup", "setup_from_config", (GOOD_DS, 0), "world size"),
+    ("verdict-world-0", "zerokit.config.check", "deepspeed_verdict", (GOOD_DS, 0, None, None, None), "world size"),
+    ("validate-world-0", "zerokit.config.validate", "validate_with_deepspeed", (GOOD_DS, 0), "world size"),
+    ("setup-zero-string", "zerokit.config.setup", "setup_from_config", (NOT_AN_OBJECT, 2), "zero_optimization"),
+    ("setup-zero-integer", "zerokit.config.setup", "setup_from_config", ({**GOOD_DS, "zero_optimization": 3}, 2),
+     "zero_optimization"),
+    ("setup-config-list", "zerokit.config.setup", "setup_from_config", ([], 2), "not an object"),
+    ("lint-config-none", "zerokit.config.lint", "lint_config", (None, 2), "not an object"),
+    ("fill-auto-config-string", "zerokit.config.auto", "fill_auto", ("{}", None, 2), "not an object"),
+    ("auto-keys-config-list", "zerokit.config.auto", "auto_keys", ([1],), "not an object"),
+    ("optimizer-of-config-int", "zerokit.config.setup", "optimizer_of", (3,), "not an object"),
+    ("parallelism-config-none", "zerokit.config.read", "parallelism_from_config", (None,), "not an object"),
+    ("cluster-gpus-float", "zerokit.spec.hardware", "Cluster", (None, 2.5), "whole numbers"),
+    ("cluster-nodes-none", "zerokit.spec.hardware", "Cluster", (None, 1, None), "whole numbers"),
+    ("spec-from-params-one", "zerokit.spec.model", "spec_from_params", (1,), "at least 4,161,728"),
+]
+
+
+@pytest.mark.parametrize("module,name,args,needle", [r[1:] for r in LIBRARY_ROWS], ids=[r[0] for r in LIBRARY_ROWS])
+def test_library_bad_input(module, name, args, needle, tmp_path, monkeypatch):
+    import importlib
+
+    from zerokit.core.errors import ZerokitError
+
+    monkeypatch.setenv("ZEROKIT_CACHE_DIR", str(tmp_path))
+    if name == "Cluster":  # an accelerator first: the Cluster's own argument
+        from zerokit.spec.hardware import accelerator
+
+        args = (accelerator("a100-80gb"), *args[1:])
+    with pytest.raises(ZerokitError) as refused:
+        getattr(importlib.import_module(module), name)(*args)
+    message = str(refused.value)
+    assert "\n" not in message and needle in message and not EXCEPTION_NAME.search(message), message
+
+
+# transformers' own tests/deepspeed/ds_config_zero3_bf16.json (the Trainer's "auto" pattern, the old block name)
+TRANSFORMERS_ZERO3_BF16 = {
+    "bfloat16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                          "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_fp16_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+
+
+@pytest.mark.parametrize("block,precision", [({"enabled": "auto"}, "bf16"), ({"enabled": True}, "bf16"),
+                                             ({"enabled": False}, "fp32")])
+def test_legacy_bfloat16_block_is_read_as_deepspeed_reads_it(block, precision, tmp_path, monkeypatch, capsys):
+    """Not bad input: DeepSpeed reads "bfloat16" as the bf16 block where "bf16" is absent (get_bfloat16_config,
+    BFLOAT16_OLD). `check` accepts it (exit 0) in the precision DeepSpeed would run, and warns of the newer name."""
+    pytest.importorskip("deepspeed")
+    monkeypatch.chdir(tmp_path)
+    config = {**TRANSFORMERS_ZERO3_BF16, "bfloat16": block}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    pin = [] if block["enabled"] == "auto" else ["--precision", precision]
+    rc = main(["check", "c.json", *CHECK, *pin])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert "bfloat16: the old name of the bf16 block" in out and f" {precision} mb=" in out, out
+    from zerokit.config.setup import setup_from_config
+
+    concrete = {"train_micro_batch_size_per_gpu": 1, "bfloat16": block, "zero_optimization": {"stage": 2}}
+    if block["enabled"] != "auto":
+        assert setup_from_config(concrete, 2)[0].precision == precision
+
+
+WRITERS = [  # (id, argv, the files it writes): every option naming a file zerokit writes (core/options.py)
+    ("render", ["render", *P, "-o", "a/b/ds.json"], ["a/b/ds.json"]),
+    ("render-accelerate", ["render", *P, "--profile", "accelerate", "-o", "a/b/ds.json"],
+     ["a/b/ds.json", "a/b/accelerate_config.yaml"]),
+    ("plot", ["plan", *P, "--plot", "a/b/m.svg"], ["a/b/m.svg"]),
+    ("sbatch", [*LAUNCH, "--plan", "--sbatch", "a/b/job.sbatch", "--output-dir", "run"], ["a/b/job.sbatch"]),
+    ("k8s", [*LAUNCH, "--plan", "--k8s", "a/b/job.yaml", "--k8s-image", "img", "--k8s-volume", "pvc:{cwd}",
+             "--output-dir", "run"], ["a/b/job.yaml"]),
+]
+
+
+@pytest.mark.parametrize("argv,written", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_every_writer_creates_missing_folders(argv, written, tmp_path, monkeypatch, capsys):
+    """-o / --plot / --sbatch / --k8s into folders that do not exist: created as `mkdir -p` does, the same for every
+    writer (calibrate -o: tests/test_calibrate.py and test_atomic_write_makes_folders_and_removes_them_on_failure)."""
+    if "--plot" in argv:
+        pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    rc = main([str(a).format(cwd=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert all((tmp_path / w).is_file() for w in written), sorted(_tree(tmp_path))
+
+
+def test_atomic_write_makes_folders_and_removes_them_on_failure(tmp_path, monkeypatch):
+    """The one writer below every file zerokit writes: folders made as mkdir -p, and gone again if the write fails
+    (nothing half-written); check_writable_file refuses beforehand what cannot be made, and makes nothing."""
+    import os
+
+    from zerokit.core import fsutil
+    from zerokit.core.errors import ZerokitError
+
+    assert fsutil.check_writable_file(tmp_path / "x" / "y" / "p.json", "-o p.json") and not (tmp_path / "x").exists()
+    fsutil.atomic_write_text(tmp_path / "x" / "y" / "p.json", "{}")
+    assert (tmp_path / "x" / "y" / "p.json").read_text() == "{}"
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError):
+        fsutil.atomic_write_text(tmp_path / "u" / "v" / "p.json", "{}")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+    (tmp_path / "f").write_text("")
+    for bad, needle in ((tmp_path / "f" / "g" / "p.json", "cannot create"), (tmp_path / "x", "is a folder")):
+        with pytest.raises(ZerokitError, match=needle):
+            fsutil.check_writable_file(bad, "-o")
 
 
 def _zk(*args, cache: Path, extra_env: dict | None = None):

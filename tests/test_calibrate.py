@@ -224,6 +224,7 @@ def test_compute_benchmark_on_one_rank():
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_quick_calibration_end_to_end(tmp_path):
     pytest.importorskip("torch")
     from zerokit.measure.calibrate import run_calibration

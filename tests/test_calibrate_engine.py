@@ -56,6 +56,7 @@ def test_engine_seconds_picks_the_precision_and_stage():
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     pytest.importorskip("deepspeed")
     from zerokit.spec.profile import load_profile
@@ -153,6 +154,7 @@ def test_peft_modules_priced_at_the_fitted_costs_else_the_older_rules():
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_real_lora_engines_fit_a_cost_per_peft_module(tmp_path):
     """measure_peft_module_costs on real DeepSpeed engines with peft LoRA on every Linear, ZeRO-0 to 3 over gloo on 2
     ranks: each run priced without peft's module costs; the fit is the plain runs' slope per module, then the
@@ -249,6 +251,7 @@ def test_model_parallel_calls_priced_at_the_fitted_cost_else_the_latencies(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_real_tp_and_sp_engines_fit_a_cost_per_call(tmp_path):
     """measure_model_parallel_calls on real DeepSpeed engines: AutoTP 2 and Ulysses SP 2 over gloo on 2 ranks, at 1 and
     8 layers. Each run is priced without its TP / SP calls and carries their count (model_parallel_calls, as counted on
@@ -336,6 +339,7 @@ def test_zero3_calls_over_a_wider_ring_priced_at_the_fitted_latency_else_back_to
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_real_zero3_engines_on_4_ranks_fit_a_ring_latency(tmp_path):
     """measure_zero_ring_calls on real DeepSpeed engines: ZeRO-3 over gloo on 4 ranks at 1 and 8 layers. Each run is
     priced without ZeRO's call latencies and carries its calls x ring steps x oversubscription (4 ranks on the profile's

@@ -206,6 +206,7 @@ def test_planner_ranks_a_slow_precision_last(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_slow_precision_is_recorded_as_measured(tmp_path, monkeypatch):
     """The real quick calibration with bf16's matmul made 0.3 GFLOP/s (consistent): the probe finds it slow, so its
     matmul is timed at the probe's size only, the profile is written with it, and bf16's models are timed on the

@@ -141,11 +141,13 @@ def fp16_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_calibrate_under_the_harness_measures_fp16(fp16_runs):
     assert fp16_runs["profile"]["matmul_tflops"]["fp16"] > 0
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_fp16_runs_train_in_fp16_with_decreasing_loss(fp16_runs):
     for stage, r in fp16_runs["runs"].items():
         assert r["config"]["fp16"]["enabled"] is True
@@ -156,6 +158,7 @@ def test_fp16_runs_train_in_fp16_with_decreasing_loss(fp16_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_fp16_peak_memory_within_the_grid_targets(fp16_runs):
     errors = [rel_err(r["pred"]["per_rank_bytes"], m["peak_bytes"])
               for r in fp16_runs["runs"].values() for m in r["measured"].values()]

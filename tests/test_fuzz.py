@@ -1,9 +1,10 @@
 """Property tests on every reader of user input: whatever it is given, it returns or raises ZerokitError (one
 line), never another exception. Hypothesis generates the input, derandomized so CI sees the same examples every
-run; 10,900 examples in all (EXAMPLES), ~1 min on 2 cores.
+run; 12,700 examples in all (EXAMPLES), ~1.5 min on 2 cores.
 
 Targets: hostfile parser and --include/--exclude filters, .deepspeed_env formatting, size and parameter-count
-parsers, the strict JSON reader, model config bounds and the torch-free counter on mutated real configs, and on
+parsers, the strict JSON reader, model config bounds and the torch-free counter on mutated real configs and on every
+architecture's config (a ModelSpec or one line), zerokit.config's public functions called with any value, and on
 ds_configs mutated from real ones (zerokit's render, the HF Trainer's "auto" pattern, the benchmark's): lint, fill
 "auto", setup extraction, DeepSpeed's own validation and the whole `check`.
 """
@@ -23,7 +24,7 @@ from zerokit.core.errors import ZerokitError
 REPO = Path(__file__).resolve().parents[1]
 
 EXAMPLES = {"hostfile": 2000, "filters": 1500, "env": 500, "sizes": 1500, "counts": 1000, "json": 1000,
-            "model_config": 1400, "ds_config": 1000, "check": 1000}
+            "model_config": 1400, "architecture": 1200, "ds_config": 1000, "check": 1000, "library": 600}
 
 
 def fuzz(name):
@@ -181,6 +182,52 @@ def test_model_config_bounds_and_count(config):
         assert counted is None or counted["params"] > 0
 
 
+def _architecture_seeds() -> list[dict]:
+    """A config.json of every architecture the torch-free reader counts (arch_params.SUPPORTED_MODEL_TYPES, so one
+    added there is fuzzed too): its config class's defaults (arch_params._DEFAULTS, the sizes transformers' class
+    gives a config that omits them), shrunk to a few layers; the multimodal gemma3 nests its text model's."""
+    from zerokit.spec.arch_params import _DEFAULTS, SUPPORTED_MODEL_TYPES
+
+    def one(model_type):
+        values = json.loads(json.dumps(_DEFAULTS[model_type]))  # JSON, as read from a file
+        for layers in ("num_hidden_layers", "n_layer", "num_layers"):
+            if layers in values:
+                values[layers] = 2
+        return {"model_type": model_type, **values}
+
+    return [{"model_type": "gemma3", "text_config": one("gemma3_text")} if t == "gemma3" else one(t)
+            for t in SUPPORTED_MODEL_TYPES if t in _DEFAULTS or t == "gemma3"]
+
+
+ARCH_CONFIGS = _architecture_seeds()
+ARCH_KEYS = sorted({k for c in ARCH_CONFIGS for k in c} | {"head_dim", "text_config", "num_experts", "tie_word_embeddings"})
+
+
+def test_every_architecture_has_a_seed():
+    """Each seed is itself read: the mutations start from a config the reader counts."""
+    from zerokit.spec.arch_params import SUPPORTED_MODEL_TYPES, count_params_from_config
+
+    assert {c["model_type"] for c in ARCH_CONFIGS} == set(SUPPORTED_MODEL_TYPES)
+    assert all(count_params_from_config(c) is not None for c in ARCH_CONFIGS)
+
+
+@fuzz("architecture")
+@given(mutated(ARCH_CONFIGS, ARCH_KEYS))
+def test_every_architecture_config_gives_a_spec_or_one_line(config):
+    """Every architecture's config reader, on mutated config.json values: a ModelSpec (what load_model_spec builds
+    from the torch-free count) or a one-line ZerokitError, never another exception; None from the counter hands the
+    config to the meta device, whose errors spec/model.py _count_on_meta words."""
+    from zerokit.spec.arch_params import count_params_from_config
+    from zerokit.spec.model import ModelSpec, check_config_bounds
+
+    event(str(config.get("model_type"))[:20])
+    if only_zerokit_errors(check_config_bounds, config, "config.json") is None and _bounds_ok(config):
+        counted = count_params_from_config(config)
+        if counted is not None:
+            spec = only_zerokit_errors(lambda: ModelSpec(name="fuzzed", **counted))
+            assert spec is None or spec.params > 0
+
+
 def _bounds_ok(config) -> bool:
     from zerokit.spec.model import check_config_bounds
 
@@ -223,6 +270,11 @@ DS_CONFIGS = [
                                                         "contiguous_gradients": True, "round_robin_gradients": True}},
     {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
      "communication_data_type": "fp32", "activation_checkpointing": {"partition_activations": True}},
+    # transformers' own tests/deepspeed/ds_config_zero3_bf16.json: the old name of the bf16 block, which DeepSpeed reads
+    {"bfloat16": {"enabled": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                           "reduce_bucket_size": "auto", "stage3_gather_fp16_weights_on_model_save": True},
+     "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"},
 ]
 
 
@@ -281,6 +333,26 @@ def test_check_on_mutated_configs(deepspeed, check_inputs, config):
     if result is not None:
         assert result.exit_code in (0, 1, 2)
         event(f"check exit {result.exit_code}")
+
+
+LIBRARY_CONFIGS = st.sampled_from(DS_CONFIGS) | mutated(DS_CONFIGS, _ds_keys()) | JSON_VALUES
+WORLD_SIZES = st.sampled_from([0, -1, 1, 2, 3, 2.5, True, None, "2", 2**70]) | st.integers(-5, 9)
+
+
+@fuzz("library")
+@given(LIBRARY_CONFIGS, WORLD_SIZES)
+def test_library_entry_points(config, world):
+    """zerokit.config's public functions called from Python with any value (a config that is not an object, a world
+    size of 0, a float, None): an answer or a one-line ZerokitError at the boundary, never ZeroDivisionError,
+    AttributeError or TypeError from inside (DeepSpeed itself is not called: test_ds_config_rules does that)."""
+    from zerokit.config import auto, lint, read, setup
+
+    for fn, args in ((lint.lint_config, (config, world)), (auto.fill_auto, (config, None, world)),
+                     (auto.auto_keys, (config,)), (setup.setup_from_config, (config, world)),
+                     (setup.optimizer_of, (config,)), (read.batch_world_size, (config, world)),
+                     (read.batch_fix, (config, world)), (read.parallelism_from_config, (config,)),
+                     (read.with_bf16_name, (config,)), (read.derive_batch, (8, 2, None, world))):
+        only_zerokit_errors(fn, *args)
 
 
 def test_the_suite_runs_ten_thousand_examples():

@@ -389,7 +389,9 @@ def test_slurm_launcher_without_allocation_is_a_clear_error(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_sbatch_into_a_missing_directory_writes_nothing(tmp_path):
+def test_sbatch_under_a_file_writes_nothing(tmp_path):
+    """A missing folder is created (mkdir -p, tests/test_bad_input.py); one under a file cannot be."""
     out = tmp_path / "run"
-    assert_one_line_error(zk(*BASE, "--plan", "--output-dir", out, "--sbatch", tmp_path / "no" / "job.sh"), 2, "--sbatch")
+    (tmp_path / "f").write_text("x")
+    assert_one_line_error(zk(*BASE, "--plan", "--output-dir", out, "--sbatch", tmp_path / "f" / "job.sh"), 2, "--sbatch")
     assert not out.exists()

@@ -131,12 +131,13 @@ def test_nothing_fits_still_draws_the_least_memory_setup(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name,needle", [("m.pdf", ".svg or .png"), ("m.txt", ".svg or .png"),
-                                         ("m", "without an extension"), ("nope/m.svg", "folder nope")])
+                                         ("m", "without an extension"), ("f/nope/m.svg", "cannot create")])
 def test_bad_plot_paths_are_one_line_and_write_nothing(name, needle, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("x")  # a file: nothing can be created under it
     rc, out, err = run([*PLAN_7B, "--plot", name], capsys)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
 
 
 def test_plot_path_is_refused_before_planning(tmp_path, monkeypatch, capsys):

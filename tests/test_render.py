@@ -254,9 +254,13 @@ def test_write_json_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["ds_config.json"]
 
 
-def test_write_json_atomic_into_a_missing_folder_is_one_line_error(tmp_path):
+def test_write_json_atomic_creates_missing_folders_or_is_one_line_error(tmp_path):
+    write_json_atomic(tmp_path / "a" / "b" / "ds.json", {})  # mkdir -p, as every writer
+    assert json.loads((tmp_path / "a" / "b" / "ds.json").read_text()) == {}
+    (tmp_path / "f").write_text("x")
     with pytest.raises(ZerokitError, match="cannot write"):
-        write_json_atomic(tmp_path / "nope" / "ds.json", {})
+        write_json_atomic(tmp_path / "f" / "nope" / "ds.json", {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "f"]
 
 
 # ---------------------------------------------------------------------------------------------- templates

@@ -53,6 +53,9 @@ MODELS = {
     # the one-GPU rows (ONE_GPU): models whose terms dwarf CUDA's fixed costs (cuBLAS workspaces, allocator rounding)
     "gpu-llama": str(HERE / "models" / "gpu-llama"),  # h 1024, 16 layers, GQA 16/4, vocab 32000: 245.9M params
     "gpt2": "gpt2",  # bundled: GPT-2 small, 124.4M params (tied head, vocab 50257)
+    # the lend rows (LEND): sizes people fine-tune, big enough that the GPU, not the host, sets the step time
+    "gpu-1b": str(HERE / "models" / "gpu-1b"),  # Llama shape h 2048, 22 layers, GQA 16/4, vocab 32000: ~1.1B params
+    "gpu-3b": str(HERE / "models" / "gpu-3b"),  # Llama shape h 3072, 28 layers, GQA 24/8, vocab 32000: ~3.0B params
 }
 
 
@@ -243,6 +246,18 @@ ONE_GPU = [
     J("gpu-llama", 3, "bf16", 4, 2048, ckpt=True, ft="qlora", ranks=1),
     J("gpt2", 2, "bf16", 8, 1024, ranks=1),
     J("gpt2", 3, "fp32", 4, 1024, ckpt=True, ranks=1),
+]
+# bench/gpu_lend.sh's rows, one GPU: 1B-3B at seq 2048-4096, ZeRO-0..3, bf16, checkpointing on and off (issue 27:
+# tiny models measure the host, not the GPU). In the order the script runs them: a lend that runs out keeps the first.
+LEND = [
+    J("gpu-1b", 0, "bf16", 4, 2048, ranks=1),
+    J("gpu-1b", 2, "bf16", 4, 2048, ckpt=True, ranks=1),
+    J("gpu-1b", 3, "bf16", 2, 4096, ranks=1),
+    J("gpu-3b", 2, "bf16", 2, 2048, ckpt=True, ranks=1),
+    J("gpu-3b", 3, "bf16", 1, 4096, ckpt=True, ranks=1),
+    J("gpu-1b", 1, "bf16", 8, 2048, ckpt=True, ranks=1),
+    J("gpu-3b", 0, "bf16", 1, 2048, ranks=1),
+    J("gpu-3b", 3, "bf16", 2, 2048, ranks=1),
 ]
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
 
@@ -486,6 +501,7 @@ def main(argv=None) -> int:
     g.add_argument("--quick", action="store_true", help="the representative subset (default)")
     g.add_argument("--full", action="store_true", help="the whole grid")
     g.add_argument("--one-gpu", action="store_true", help="the rows sized for one CUDA device (ONE_GPU)")
+    g.add_argument("--lend", action="store_true", help="bench/gpu_lend.sh's 1B-3B rows for one GPU (LEND)")
     ap.add_argument("--only", help="regex on job names")
     ap.add_argument("--limit", type=int, help="at most this many jobs")
     ap.add_argument("--steps", type=int, default=12, help="optimizer steps per job (the first metered, then warm-up, then timed)")
@@ -505,12 +521,12 @@ def main(argv=None) -> int:
                          "(a shared machine's interference only adds time); the spread is reported")
     args = ap.parse_args(argv)
 
-    jobs = full_grid() if args.full else list(ONE_GPU) if args.one_gpu else list(QUICK)
+    jobs = full_grid() if args.full else list(ONE_GPU) if args.one_gpu else list(LEND) if args.lend else list(QUICK)
     if args.only:
         jobs = [j for j in jobs if re.search(args.only, j.name)]
     if args.limit:
         jobs = jobs[: args.limit]
-    runs = Path(args.runs) / ("full" if args.full else "one-gpu" if args.one_gpu else "quick")
+    runs = Path(args.runs) / ("full" if args.full else "one-gpu" if args.one_gpu else "lend" if args.lend else "quick")
     runs.mkdir(parents=True, exist_ok=True)
     # the device the jobs ran on, so that --reuse re-predicts GPU runs on a machine without one
     device_file = runs / "device.json"

@@ -42,6 +42,11 @@ def cmd_calibrate(args) -> int:
 
     from zerokit.spec.profile import local_profile_path
 
+    if args.from_run:  # learn from a run instead of measuring (launch/learn.py)
+        from zerokit.launch import learn
+
+        print(learn.describe(*learn.learn(args.from_run, args.output)))
+        return EXIT_OK
     if args.output is None:
         args.output = local_profile_path() or "hardware_profile.json"
     if args.if_missing:

@@ -12,6 +12,8 @@ from zerokit.cli.common import (
     load_cluster,
     load_model,
     load_workload,
+    seq_len_is_max,
+    warn_seq_len,
 )
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.core.options import flag
@@ -30,7 +32,20 @@ def cmd_check(args) -> int:
 
     if not args.config:
         raise ZerokitError("no ds_config given: zerokit check DS_CONFIG (or `config:` in the -c run file)")
-    config = load_config_file(args.config)
+    from zerokit.config.accelerate_yaml import is_accelerate_config, read_accelerate_config
+
+    if is_accelerate_config(args.config):
+        # an accelerate config (HF Trainer / TRL ALST): its ds_config, with the Ulysses degree of its
+        # parallelism_config; its ranks unless the hardware flags give them
+        acc = read_accelerate_config(args.config)
+        config = acc.ds_config
+        if acc.processes is not None and not (args.gpus_per_node or args.nodes or args.hostfile):
+            if acc.processes % acc.machines:
+                raise ZerokitError(f"{args.config}: num_processes {acc.processes} does not split over num_machines "
+                                   f"{acc.machines}: give {flag('gpus-per-node')} and {flag('nodes')}")
+            args.gpus_per_node, args.nodes = acc.processes // acc.machines, acc.machines
+    else:
+        config = load_config_file(args.config)
     has_model = bool(getattr(args, "model", None) or getattr(args, "params", None))
     model = load_model(args) if has_model else None
     finetune = finetune_from_args(args)
@@ -45,12 +60,28 @@ def cmd_check(args) -> int:
         trainer_values["train_micro_batch_size_per_gpu"] = args.micro_batch_size
     if args.gradient_accumulation_steps:
         trainer_values["gradient_accumulation_steps"] = args.gradient_accumulation_steps
-    ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
+    ckpt = None if args.activation_checkpointing is None else args.activation_checkpointing in ("on", "offload")
+    longest = seq_len_is_max(args)
+    if longest and model is None:
+        raise ZerokitError(f"{flag('seq-len')} max searches the memory model: give {flag('model')}")
     result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
                           trainer_values=trainer_values or None, precision=args.precision, answer_auto=True,
                           client_optimizer=args.client_optimizer,
-                          tiled={"tiled_loss": args.tiled_loss == "on", "tiled_mlp": args.tiled_mlp == "on"})
+                          tiled={"tiled_loss": args.tiled_loss == "on", "tiled_mlp": args.tiled_mlp == "on"},
+                          checkpoint_offload=args.activation_checkpointing == "offload", longest_seq=longest)
     result.finetune, result.model = finetune, model
+    if is_accelerate_config(args.config) and acc.sequence_parallel > 1:
+        # accelerate registers Ulysses itself (accelerator.py: UlyssesSPAttentionHF.register_with_transformers, its mpu
+        # to deepspeed.initialize): lint's warning that the key alone splits nothing is not this launch's
+        result.findings = [f for f in result.findings if f.key != "sequence_parallel_size"]
+        result.assumed.append({"key": "sequence_parallel_size", "value": acc.sequence_parallel, "why": (
+            f"parallelism_config_sp_size of {args.config}: accelerate registers Ulysses with this degree (ds_config "
+            f"from {acc.source})")})
+    if model is not None and result.workload is not None:
+        if longest:
+            warn_seq_len(model, result.workload.seq_len)  # the answer, past the rotary positions: said once
+        warning = model.check_seq_len(result.workload.seq_len)
+        result.warnings += [warning] if warning else []
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return result.exit_code

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
-from zerokit.core.options import Option, flag, for_command, read_run_file
+from zerokit.core.options import SEQ_LEN_MAX, Option, flag, for_command, read_run_file
 
 DEFAULT_PLAN_SEQ_LEN = 2048  # plan, render, check: tokens per sample unless --seq-len (capped at the model's maximum)
 
@@ -141,12 +141,28 @@ def load_workload(args, model=None):
     from zerokit.spec.setup import Workload
 
     seq_len = args.seq_len
-    if seq_len is None:
+    if seq_len == SEQ_LEN_MAX:
+        seq_len = 1  # a placeholder: the caller searches (plan/search.py)
+    elif seq_len is None:
         seq_len = min(DEFAULT_PLAN_SEQ_LEN, (model.max_positions if model is not None else None) or DEFAULT_PLAN_SEQ_LEN)
     elif model is not None:
-        model.check_seq_len(seq_len)
+        warn_seq_len(model, seq_len)
     return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs or 1.0,
                     attention=args.attention)
+
+
+def warn_seq_len(model, seq_len: int) -> str | None:
+    """ModelSpec.check_seq_len: refused past a learned position table; past rotary positions one warning line on
+    stderr (also in --json's `warnings`, from the same rule). Returns the warning."""
+    warning = model.check_seq_len(seq_len)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    return warning
+
+
+def seq_len_is_max(args) -> bool:
+    """--seq-len max: the longest sequence that fits (plan/search.py)."""
+    return getattr(args, "seq_len", None) == SEQ_LEN_MAX
 
 
 def finetune_from_args(args):
@@ -185,7 +201,9 @@ def pins_from_args(args) -> dict:
     for key in ("activation_checkpointing", "tiled_loss", "tiled_mlp"):
         v = getattr(args, key, None)
         if v is not None:
-            pins[key] = v == "on"
+            pins[key] = v in ("on", "offload")
+    if getattr(args, "activation_checkpointing", None) is not None:  # on: without offload (the planner's own reach)
+        pins["checkpoint_offload"] = args.activation_checkpointing == "offload"
     return {k: v for k, v in pins.items() if v is not None}
 
 

@@ -15,6 +15,8 @@ from zerokit.cli.common import (
     load_workload,
     memory_fraction_from_args,
     pins_from_args,
+    seq_len_is_max,
+    warn_seq_len,
 )
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, EXIT_OK, ZerokitError
 from zerokit.core.options import flag, option
@@ -32,18 +34,37 @@ def add_render_parser(sub) -> None:
     p.set_defaults(func=cmd_render)
 
 
-def build_plan(args):
-    from zerokit.plan.planner import make_plan
-
+def planned_model(args):
+    """The ModelSpec as the fine-tune trains it (LoRA/QLoRA/--freeze counted from the model's modules)."""
     model = load_model(args)
     finetune = finetune_from_args(args)
     if not finetune.is_full:
         model = apply_finetune(args, model, finetune)
+    return model
+
+
+def build_plan(args, model=None):
+    """The plan `zerokit plan` prints; `model`: planned_model(args), when the caller has it already."""
+    from zerokit.plan.planner import make_plan
+
+    model = model if model is not None else planned_model(args)
+    finetune = finetune_from_args(args)
     cluster = load_cluster(args)
     workload = load_workload(args, model)
     fraction = memory_fraction_from_args(args)
     pins = pins_from_args(args)
-    plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
+    if seq_len_is_max(args):  # the longest sequence that fits, by search over the memory model
+        from zerokit.plan.search import longest_plan
+
+        plan, search = longest_plan(model, cluster, workload, pins, fraction)
+        workload = plan.workload
+        plan.seq_len_search = search
+        plan.notes.append(search.note)
+        warn_seq_len(model, workload.seq_len)
+    else:
+        plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
+    warning = model.check_seq_len(workload.seq_len)  # printed by load_workload / warn_seq_len: once
+    plan.warnings += [warning] if warning else []
     plan.finetune = finetune
     if not plan.fits and finetune.is_full and args.model:  # would LoRA or QLoRA fit where the full fine-tune does not?
         from zerokit.plan.planner import finetune_suggestions
@@ -97,6 +118,11 @@ def build_plan(args):
 
 
 def cmd_plan(args) -> int:
+    if args.compare_gpus or args.deadline:
+        if seq_len_is_max(args):  # each answers for one sequence length
+            raise ZerokitError(f"{flag('seq-len')} max searches the length for one setup: give a length with "
+                               f"{flag('deadline' if args.deadline else 'compare-gpus')}, or drop it")
+        return cmd_scale(args)
     if args.plot:  # a picture that cannot be written is refused before the planning
         from zerokit.report.plot import check_plot_path
 
@@ -118,9 +144,54 @@ def cmd_plan(args) -> int:
     return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
 
 
+def cmd_scale(args) -> int:
+    """--deadline (the fewest GPUs that finish in time; the plan is then made for that count) and --compare-gpus
+    (one row per GPU kind), in text or JSON (plan.scale)."""
+    from zerokit.plan import scale
+    from zerokit.report.plan_text import format_deadline, format_scale_rows
+
+    model = planned_model(args)
+    workload = load_workload(args, model)
+    hw, pins, fraction = hardware_from_args(args), pins_from_args(args), memory_fraction_from_args(args)
+    if args.compare_gpus:
+        for name in ("plot", "trace"):
+            if getattr(args, name):
+                raise ZerokitError(f"{flag('compare-gpus')} prints one row per GPU: drop {flag(name)}")
+        rows = scale.compare_gpus(model, hw, args.compare_gpus, workload, pins, fraction, args.deadline)
+        if args.json:
+            print(json.dumps({"model": model.to_dict(), "workload": vars(workload).copy(),
+                              "deadline_seconds": args.deadline, "compare": [r.to_dict() for r in rows]}, indent=2))
+        else:
+            print(format_scale_rows(rows, workload, args.deadline))
+        return EXIT_OK if any(r.fits and r.meets_deadline is not False for r in rows) else EXIT_DOES_NOT_FIT
+    gpu = hw.build().accelerator.name  # an unknown --gpu: its one line before the search
+    answer = scale.for_deadline(model, hw, workload, pins, args.deadline, fraction)
+    if not answer.met:
+        raise scale.deadline_missed(answer, gpu, workload)
+    args.gpus_per_node, args.nodes = answer.row.gpus_per_node, answer.row.nodes
+    plan = build_plan(args, model)
+    if args.plot:
+        from zerokit.report.plot import check_plot_path, plot_memory
+
+        check_plot_path(args.plot)
+        plot_memory(plan, args.plot)
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "deadline": answer.to_dict()}, indent=2))
+    else:
+        from zerokit.report.plan_text import format_plan
+
+        print(format_deadline(answer, workload))
+        print(format_plan(plan))
+    return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+
+
 def cmd_render(args) -> int:
     args.output = args.output or "ds_config.json"
     args.profile = args.profile or "deepspeed"
+    if args.output != "-":  # a file that could not be written is refused before the planning
+        from zerokit.core.fsutil import check_writable_file
+
+        check_writable_file(args.output, f"{option('output').short} {args.output}")
     plan = build_plan(args)
     if plan.ds_config is None or not plan.fits:
         from zerokit.report.plan_text import format_plan
@@ -135,14 +206,17 @@ def cmd_render(args) -> int:
         sys.stdout.write(text)
         return EXIT_OK
     from zerokit.config.render import write_json_atomic
+    from zerokit.core.fsutil import missing_folders, remove_folders
 
     written = [args.output]
+    created = missing_folders(args.output)  # -o into folders that do not exist: made as mkdir -p, by the first write
     yaml_path = write_accelerate_config(plan, args.output) if args.profile == "accelerate" else None
     try:
         write_json_atomic(args.output, plan.ds_config)
     except ZerokitError:
         if yaml_path is not None:
             yaml_path.unlink(missing_ok=True)  # nothing half-written: the pair or neither
+            remove_folders(created)
         raise
     if yaml_path is not None:
         written.append(str(yaml_path))

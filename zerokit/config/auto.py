@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from zerokit.config.read import batch_world_size, is_int, lookup
+from zerokit.config.read import batch_world_size, checked_config, checked_world_size, is_int, lookup
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
@@ -57,6 +57,8 @@ TRAINER_DEFAULTS = {
 
 def auto_keys(config: Mapping, prefix: str = "") -> list[str]:
     """Dotted paths of every "auto" value in config."""
+    if not prefix:
+        checked_config(config)
     out = []
     for k, v in config.items():
         path = f"{prefix}{k}"
@@ -86,7 +88,8 @@ def fill_auto(config: dict, setup_or_values=None, world_size: int = 1, hidden_si
     without a hidden size, DeepSpeed's defaults (what DeepSpeed uses for a key whose value is "auto").
     "auto" on keys the Trainer does not fill is left alone, as the Trainer leaves it.
     """
-    out = copy.deepcopy(config)
+    checked_world_size(world_size)
+    out = copy.deepcopy(checked_config(config))
     values = dict(TRAINER_DEFAULTS)
     if isinstance(setup_or_values, ZeroSetup):
         s = setup_or_values

@@ -85,6 +85,9 @@ class CheckResult:
     finetune: object | None = None  # spec.finetune.Finetune the model was counted for (`check --finetune ...`)
     model: object | None = None  # spec.model.ModelSpec judged (its trainable count), None without --model
     parallelism: object | None = None  # spec.setup.Parallelism the config asks for (TP, SP, hpZ), once DeepSpeed reads it
+    workload: object | None = None  # spec.setup.Workload judged (with --seq-len max: at the longest that fits)
+    seq_len_search: object | None = None  # --seq-len max: plan/search.py SeqLenSearch
+    warnings: list = field(default_factory=list)  # e.g. a sequence past the model's rotary positions
 
     @property
     def valid(self) -> bool:
@@ -117,13 +120,19 @@ class CheckResult:
             "micro_batch_search": None if self.search is None else self.search.to_dict(),
             "finetune": None if self.finetune is None else self.finetune.to_dict(),
             "parallelism": None if self.parallelism is None else self.parallelism.to_dict(self.world_size),
+            "workload": None if self.workload is None else {
+                **vars(self.workload),
+                **({} if self.seq_len_search is None else {"max_seq_len": self.seq_len_search.longest,
+                                                           "max_seq_len_search": self.seq_len_search.to_dict()})},
+            "warnings": list(self.warnings),
         }
 
 
 def check_config(config: dict, config_path: str, model, cluster, workload, activation_checkpointing: bool | None = None,
                  memory_fraction: float | None = None, trainer_values: dict | None = None,
                  deepspeed_now: bool = True, precision: str | None = None, answer_auto: bool = False,
-                 client_optimizer: str | None = None, tiled: dict | None = None) -> CheckResult:
+                 client_optimizer: str | None = None, tiled: dict | None = None,
+                 checkpoint_offload: bool | None = None, longest_seq: bool = False) -> CheckResult:
     """trainer_values: for an HF-profile config with "auto", what the Trainer will fill (dotted keys, e.g.
     {"train_micro_batch_size_per_gpu": 4}); the rest takes TrainingArguments' defaults, as the Trainer would.
     precision: what the Trainer's --bf16/--fp16 make of "auto" precision; a concrete precision must agree with it.
@@ -132,6 +141,10 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     (micro batch 8, fp32) as the Trainer would fill them unasked.
     activation_checkpointing: None = what the config says (its activation_checkpointing block).
     tiled: {"tiled_loss": bool, "tiled_mlp": bool}, what the training script tiles (no ds_config key says it).
+    checkpoint_offload: None = what the config says (activation_checkpointing.cpu_checkpointing); with
+    activation_checkpointing given, False unless given.
+    longest_seq (--seq-len max): the longest sequence the config fits at this world size, searched over the memory
+    model (plan/search.py); result.seq_len_search says it and what binds, result.evaluation is at that length.
     deepspeed_now=False leaves DeepSpeed's config classes to whoever imports DeepSpeed next (a launch's ranks) when
     the verdict is not cached; a config zerokit cannot read a setup from is still put to DeepSpeed now."""
 
@@ -142,11 +155,17 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
     from zerokit.plan.planner import evaluate
 
+    from zerokit.config.read import checked_config
+
+    checked_config(config)
     acc = cluster.accelerator
     if precision is not None and not acc.supports(precision):
         raise ZerokitError(f"{flag('precision')} {precision}: {acc.name} does not support {precision}: use "
                            f"{' or '.join(acc.precisions)}")
-    values, autos = dict(trainer_values or {}), set(auto_keys(config))
+    from zerokit.config.read import with_bf16_name
+
+    # an old "bfloat16" block is DeepSpeed's bf16 (get_bfloat16_config): its "auto" is the precision's
+    values, autos = dict(trainer_values or {}), set(auto_keys(with_bf16_name(config)))
     chosen = precision or (acc.precisions[0] if answer_auto else None)
     precision_keys = {"fp16.enabled", "bf16.enabled"}
     precision_auto = bool(autos & precision_keys) and not values.keys() & precision_keys
@@ -163,7 +182,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     if search:
         values["train_micro_batch_size_per_gpu"] = 1  # DeepSpeed's checks at 1; the memory model searches
 
-    result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster)
+    result = CheckResult(config_path=config_path, world_size=cluster.world_size, cluster=cluster, workload=workload)
     hidden = model.hidden_size if model is not None else None
     verdict = deepspeed_verdict(config, cluster.world_size, acc, values or None, hidden, run_deepspeed=deepspeed_now)
     result.findings = [Finding(**f) for f in verdict["findings"]]
@@ -174,7 +193,9 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     concrete = verdict["concrete"]
     result.parallelism = parallelism_from_config(concrete)
     if model is not None:
-        result.findings += sequence_parallel_findings(result.parallelism.sequence_parallel, model, workload.seq_len)
+        sp = result.parallelism.sequence_parallel
+        # --seq-len max searches multiples of the SP degree: the sequence is not the config's to be wrong about
+        result.findings += sequence_parallel_findings(sp, model, sp if longest_seq else workload.seq_len)
         if not result.valid:
             return result
     result.assumed = _assumed(config, concrete, values, trainer_values or {}, searched=search,
@@ -203,13 +224,15 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             # a value of a type DeepSpeed would refuse: its own words, now
             return check_config(config, config_path, model, cluster, workload, activation_checkpointing,
                                 memory_fraction, trainer_values, deepspeed_now=True, precision=precision,
-                                answer_auto=answer_auto, client_optimizer=client_optimizer, tiled=tiled)
+                                answer_auto=answer_auto, client_optimizer=client_optimizer, tiled=tiled,
+                                checkpoint_offload=checkpoint_offload, longest_seq=longest_seq)
         if precision is not None and setup.precision != precision:
             raise ZerokitError(f"{flag('precision')} {precision} disagrees with {config_path}, which trains in "
                                f"{setup.precision}: the HF Trainer refuses the mismatch; drop {flag('precision')} or "
                                "make the config's precision \"auto\"")
         if activation_checkpointing is not None:
-            setup = replace(setup, activation_checkpointing=activation_checkpointing)
+            setup = replace(setup, activation_checkpointing=activation_checkpointing,
+                            checkpoint_offload=bool(checkpoint_offload) and activation_checkpointing)
         setup = replace(with_parallelism(setup, result.parallelism), **(tiled or {}))
         threshold = knobs.stage3_param_persistence_threshold
         if model is not None and model.trained.finetune_mode == "qlora" and setup.zero_stage == 3 and threshold > 0:
@@ -219,6 +242,18 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                 f"{threshold:,} with QLoRA: packed 4-bit weights under {threshold:,} stored elements stay whole on every "
                 "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
         fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
+        if longest_seq:
+            from zerokit.plan.search import SeqLenSearch, binding, longest_fitting, seq_len_limit
+
+            granule, limit = setup.sequence_parallel, seq_len_limit(model)
+            longest, at, beyond = longest_fitting(
+                lambda s: evaluate(model, cluster, replace(workload, seq_len=s), setup, knobs, fraction), granule, limit)
+            if longest == 0:
+                raise ZerokitError(f"{flag('seq-len')} max: {config_path} fits nothing even at {granule} token"
+                                   f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
+            result.seq_len_search = SeqLenSearch(longest, granule, limit, binding(beyond))
+            workload = replace(workload, seq_len=longest)
+            result.workload = workload
         if search:
             largest, result.evaluation, too_big = largest_fitting_micro_batch(
                 lambda m: evaluate(model, cluster, workload, replace(setup, micro_batch_size=m), knobs, fraction))
@@ -308,7 +343,7 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
 
 
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 5  # 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
+_VERDICT_SCHEMA = 6  # 6: the old "bfloat16" block read as bf16; 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,
@@ -324,7 +359,11 @@ def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values
     from zerokit import __version__
     from zerokit.config.auto import auto_keys, fill_auto
     from zerokit.config.lint import lint_config
+    from zerokit.config.read import checked_config, checked_world_size
     from zerokit.config.validate import validate_with_deepspeed
+
+    checked_config(config)
+    checked_world_size(world_size)
 
     material = json.dumps({"schema": _VERDICT_SCHEMA, "zerokit": __version__, "deepspeed": package_version("deepspeed"),
                            "config": config, "world_size": world_size, "trainer_values": trainer_values,
@@ -340,7 +379,9 @@ def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values
     findings = lint_config(config, world_size, accelerator)
     verdict["findings"] = [{"level": f.level, "key": f.key, "message": f.message} for f in findings]
     if not any(f.level == "error" for f in findings):
-        concrete = config
+        from zerokit.config.read import with_bf16_name
+
+        concrete = config = with_bf16_name(config)  # linted as written (its name noted); read as DeepSpeed reads it
         if auto_keys(config):
             # "auto" is filled by the HF Trainer at run time: validate what it will fill in.
             concrete = fill_auto(config, trainer_values, world_size, hidden_size)

@@ -13,7 +13,19 @@ from dataclasses import asdict, dataclass
 
 from zerokit.config.auto import AUTO, TRAINER_FILLED_KEYS, auto_keys
 from zerokit.config.keys import FP16_ONLY_KEYS, ZERO_DEPRECATED, deepspeed_keys, did_you_mean
-from zerokit.config.read import batch_fix, batch_world_size, derive_batch, is_int, lookup, parallelism_from_config
+from zerokit.config.read import (
+    BF16_OLD_NAME,
+    batch_fix,
+    batch_world_size,
+    bf16_block,
+    checked_config,
+    checked_world_size,
+    derive_batch,
+    is_int,
+    lookup,
+    parallelism_from_config,
+    with_bf16_name,
+)
 from zerokit.spec.optimizer import OPTIMIZERS
 
 # Optimizers DeepSpeed has a CPU implementation of, used when the optimizer is offloaded
@@ -126,7 +138,8 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
     accelerator: a zerokit.spec.hardware.Accelerator, to check the precision against; None skips that rule.
     A block of a type DeepSpeed cannot read is reported alone: the other rules read the blocks as DeepSpeed would.
     """
-    type_errors = _type_findings(config)
+    checked_world_size(world_size)
+    type_errors = _type_findings(checked_config(config))
     if type_errors:
         return type_errors
     schema = deepspeed_keys()
@@ -182,7 +195,12 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
     out.extend(batch_findings(config, world_size))
 
     fp16_on = lookup(config, "fp16.enabled") is True
-    bf16_on = (lookup(config, "bf16.enabled") if "bf16" in config else lookup(config, "bfloat16.enabled")) is True
+    bf16 = bf16_block(config)
+    bf16_on = isinstance(bf16, Mapping) and bf16.get("enabled") is True
+    if BF16_OLD_NAME in config:  # DeepSpeed reads it only where "bf16" is absent or null (get_bfloat16_config)
+        ignored = config.get("bf16") is not None
+        out.append(Finding("warning", BF16_OLD_NAME, "DeepSpeed ignores it beside the bf16 block: remove it" if ignored
+                           else "the old name of the bf16 block, which DeepSpeed still reads: rename it bf16"))
     if fp16_on and bf16_on:
         out.append(Finding("error", "fp16.enabled", "fp16 and bf16 are both enabled: DeepSpeed allows one; disable one"))
     if accelerator is not None:
@@ -270,7 +288,9 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
                                "NVMe offload needs nvme_path, a folder on the NVMe drive: add it"))
 
     out.extend(_parallelism_findings(config, zero, stage, world_size, accelerator))
-    for key in auto_keys(config):
+    # an "auto" in the old bfloat16 block acts as the Trainer's bf16.enabled: accelerate adds {"bf16": {"enabled":
+    # true}} for --bf16 (DeepSpeedPlugin.set_mixed_precision), which DeepSpeed reads first; else DeepSpeed drops "auto"
+    for key in auto_keys(with_bf16_name(config)):
         if key not in TRAINER_FILLED_KEYS:
             out.append(Finding("warning", key,
                                "\"auto\" here is not filled by the HF Trainer: DeepSpeed drops it and uses its default; "

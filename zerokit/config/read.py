@@ -34,6 +34,42 @@ def load_config_file(path) -> dict:
     return obj
 
 
+# The library's boundary: the public functions of zerokit.config take a ds_config and a world size from any caller,
+# not only from the CLI (which has checked both); a value they cannot work with is refused here as the CLI refuses
+# it (ZerokitError, one line), not by a ZeroDivisionError or AttributeError from deep inside.
+def checked_config(config, what: str = "the ds_config") -> Mapping:
+    """config, when it is a JSON object (a Mapping); ZerokitError otherwise."""
+    if not isinstance(config, Mapping):
+        raise ZerokitError(f"{what} is {_json_kind(config)}, not an object: a ds_config is {{...}}, as json.load "
+                           "reads the file")
+    return config
+
+
+def checked_world_size(world_size) -> int:
+    """world_size, when it is a whole number of at least 1 (DeepSpeed's world: dist.get_world_size()); ZerokitError
+    otherwise (0 would divide by zero in the batch DeepSpeed derives, derive_batch)."""
+    if not is_int(world_size) or world_size < 1:
+        raise ZerokitError(f"world size must be a whole number of at least 1 (the ranks: GPUs per node x nodes), got "
+                           f"{world_size!r}")
+    return world_size
+
+
+def checked_block(config: Mapping, key: str) -> Mapping:
+    """The block config[key] as an object ({} where it is absent or null); ZerokitError when it is another type,
+    which DeepSpeed's config classes reject (its pydantic models take keyword arguments: DeepSpeedZeroConfig(**block))."""
+    block = config.get(key)
+    if block is None:
+        return {}
+    if not isinstance(block, Mapping):
+        raise ZerokitError(f"{key} is {_json_kind(block)}, DeepSpeed reads an object here: write {key}: {{...}}")
+    return block
+
+
+def _json_kind(value) -> str:
+    kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"), (list, "an array"))
+    return next((kind for t, kind in kinds if isinstance(value, t)), "null" if value is None else type(value).__name__)
+
+
 def lookup(config: Mapping, dotted: str, default=None):
     """The value at a dotted key ("zero_optimization.offload_param.device"); default where a step is missing."""
     node = config
@@ -44,6 +80,32 @@ def lookup(config: Mapping, dotted: str, default=None):
     return node
 
 
+# DeepSpeed's old name of the bf16 block, which it still reads (deepspeed/runtime/precision_config.py BFLOAT16_OLD,
+# get_bfloat16_config): transformers' own tests/deepspeed/ds_config_zero3_bf16.json is written with it.
+BF16_OLD_NAME = "bfloat16"
+
+
+def bf16_block(config: Mapping):
+    """The bf16 block as DeepSpeed picks it (get_bfloat16_config): "bf16", else, where that is absent or null, the
+    old "bfloat16"; None when neither is there."""
+    checked_config(config)
+    block = config.get("bf16")
+    return config.get(BF16_OLD_NAME) if block is None else block
+
+
+def with_bf16_name(config: dict) -> dict:
+    """config with an old "bfloat16" block that DeepSpeed reads under its current name "bf16" (a copy; config itself
+    when there is none), so that every reader of the precision and the "auto" the Trainer fills sees one name (the
+    Trainer fills only "bf16.enabled": HfTrainerDeepSpeedConfig.trainer_config_process; accelerate adds a "bf16" block
+    beside an old one for --bf16, DeepSpeedPlugin.set_mixed_precision, which DeepSpeed then reads first).
+    A "bfloat16" beside a "bf16" that DeepSpeed reads is dropped: DeepSpeed ignores it (lint_config warns)."""
+    if BF16_OLD_NAME not in checked_config(config):
+        return config
+    block = bf16_block(config)
+    return {("bf16" if k == BF16_OLD_NAME else k): (block if k == BF16_OLD_NAME else v)
+            for k, v in config.items() if k != "bf16"}
+
+
 def is_int(v) -> bool:
     """An integer as DeepSpeed counts one: JSON true and false are not."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -52,6 +114,7 @@ def is_int(v) -> bool:
 def derive_batch(tb, micro, accum, world_size: int):
     """The batch triple DeepSpeed ends up with: DeepSpeedConfig._set_batch_related_parameters, floor division
     included. None when neither train_batch_size nor the micro batch is given (DeepSpeed asserts)."""
+    checked_world_size(world_size)
     if tb is not None and micro is not None and accum is not None:
         return tb, micro, accum
     if tb is not None and micro is not None:
@@ -72,6 +135,8 @@ def batch_world_size(config: Mapping, world_size: int) -> int:
     DeepSpeedConfig.__init__: `dist.get_world_size() / config["sequence_parallel_size"]` without an mpu, and the
     SP mpu's data-parallel world with one); AutoTP's groups do not exist yet when the config is built, so its full
     world. A degree that does not divide the world is lint_config's error (config/lint.py): the full world here."""
+    checked_config(config)
+    checked_world_size(world_size)
     sp = config.get("sequence_parallel_size")
     if is_int(sp) and sp > 1 and world_size % sp == 0:
         return world_size // sp
@@ -79,6 +144,8 @@ def batch_world_size(config: Mapping, world_size: int) -> int:
 
 
 def batch_fix(config: Mapping, world_size: int) -> str:
+    checked_config(config)
+    checked_world_size(world_size)
     micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps", 1)
     if is_int(micro) and is_int(accum) and micro > 0 and accum > 0:
@@ -91,6 +158,7 @@ def parallelism_from_config(config: Mapping) -> Parallelism:
     """The TP, SP and hpZ degrees a config asks for (1 where unset or off: DeepSpeed acts on autotp_size and
     zero_hpz_partition_size only above 1). Values of a type DeepSpeed cannot read count as 1 here; lint_config
     reports them."""
+    checked_config(config)
     zero = config.get("zero_optimization")
     zero = zero if isinstance(zero, Mapping) else {}
 

@@ -120,9 +120,17 @@ def render_ds_config(
     }
     text = template_environment().get_template(TEMPLATE_NAMES[profile]).render(**context)
     try:
-        return json.loads(text)
+        rendered = json.loads(text)
     except json.JSONDecodeError as e:  # a template bug, not a user error
         raise RuntimeError(f"template {TEMPLATE_NAMES[profile]} rendered invalid JSON ({e}):\n{text}") from e
+    if setup.checkpoint_offload:
+        # where DeepSpeed reads it: activation_checkpointing.cpu_checkpointing (runtime/activation_checkpointing/
+        # config.py), applied by deepspeed.checkpointing.checkpoint, which a script calls after
+        # deepspeed.checkpointing.configure(deepspeed_config=...). HF models checkpoint through torch.utils.checkpoint
+        # instead: zerokit's loop reads this key and offloads their layer inputs with DeepSpeed's
+        # CheckpointHiddenStatesOffload (launch/ckpt_offload.py); `check` reads it as checkpointing with offload.
+        rendered["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": True}
+    return rendered
 
 
 ACCELERATE_TEMPLATE = "accelerate_config.yaml.j2"

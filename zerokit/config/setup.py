@@ -11,7 +11,7 @@ from dataclasses import replace
 from zerokit.config.auto import AUTO, auto_keys, fill_auto
 from zerokit.config.keys import ZERO_FIELD_TO_ALIAS
 from zerokit.config.lint import batch_findings
-from zerokit.config.read import batch_world_size, derive_batch, is_int
+from zerokit.config.read import batch_world_size, bf16_block, checked_block, checked_config, checked_world_size, derive_batch, is_int
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.optimizer import ADAMW, ADAMW_TORCH, deepspeed_optimizer
 from zerokit.spec.optimizer import client_optimizer as client_optimizer_named
@@ -19,7 +19,7 @@ from zerokit.spec.setup import ZeroKnobs, ZeroSetup
 
 
 def _precision(config: Mapping) -> str:
-    bf16 = config.get("bf16", config.get("bfloat16")) or {}
+    bf16 = bf16_block(config) or {}  # the old name "bfloat16" too, as DeepSpeed reads it
     fp16 = config.get("fp16") or {}
     for name, block in (("bf16", bf16), ("fp16", fp16)):
         enabled = block.get("enabled", False) if isinstance(block, Mapping) else False
@@ -51,6 +51,7 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
     Missing batch keys are derived as DeepSpeed derives them. overlap_comm defaults to True at stage 3 only
     (DeepSpeedZeroConfig.overlap_comm_valid); the other knobs to DeepSpeedZeroConfig's defaults.
     """
+    checked_world_size(world_size)
     if auto_keys(config):
         config = fill_auto(config, auto_values, world_size, hidden_size)
     for f in batch_findings(config, world_size):
@@ -61,7 +62,9 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
     zero = config.get("zero_optimization", {})
     if isinstance(zero, bool):  # DeepSpeed's deprecated boolean form: true = stage 1
         zero = {"stage": 1 if zero else 0}
-    zero = {ZERO_FIELD_TO_ALIAS.get(k, k): v for k, v in (zero or {}).items()}
+    else:
+        zero = checked_block(config, "zero_optimization")
+    zero = {ZERO_FIELD_TO_ALIAS.get(k, k): v for k, v in zero.items()}
     stage = zero.get("stage", 0)
     if stage == AUTO:
         stage = 0  # DeepSpeed drops "auto" and uses its default
@@ -75,6 +78,10 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
         micro_batch_size=int(micro),
         gradient_accumulation_steps=int(accum),
         activation_checkpointing="activation_checkpointing" in config,
+        # DeepSpeed's activation_checkpointing.cpu_checkpointing: the checkpoints in host memory (render writes it for
+        # --activation-checkpointing offload)
+        checkpoint_offload=(isinstance(config.get("activation_checkpointing"), dict)
+                            and config["activation_checkpointing"].get("cpu_checkpointing") is True),
     )
     knobs = ZeroKnobs.from_zero_config(zero)
     if zero.get("overlap_comm") in (None, AUTO):
@@ -92,7 +99,7 @@ def optimizer_of(config: dict, client_optimizer: str = "adamw_torch") -> str:
     (client_optimizer, its HF Trainer --optim name); with params.torch_adam true, torch.optim.AdamW unfused
     (engine._configure_basic_optimizer builds it); else the declaration of the block's "type" (DeepSpeed lowers it,
     runtime/config.py get_optimizer_name), a type zerokit has none of priced as DeepSpeed's AdamW."""
-    opt = config.get("optimizer")
+    opt = checked_config(config).get("optimizer")
     if not isinstance(opt, dict):
         return client_optimizer_named(client_optimizer).name
     params = opt.get("params") if isinstance(opt.get("params"), dict) else {}

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from zerokit.config.auto import TRAINER_FILLED_KEYS, auto_keys
 from zerokit.config.keys import DeepSpeedWorld, FP16_ONLY_KEYS, deepspeed_keys, did_you_mean, import_deepspeed_config
-from zerokit.config.read import batch_fix, batch_world_size, is_int, lookup
+from zerokit.config.read import batch_fix, batch_world_size, checked_config, checked_world_size, lookup
 from zerokit.core.errors import ZerokitError
 
 
@@ -55,8 +55,8 @@ def validate_with_deepspeed(config: dict, world_size: int) -> None:
     "auto" on the keys the HF Trainer fills must be filled first (fill_auto): DeepSpeed would compare the
     string "auto" in its batch assertion.
     """
-    if not is_int(world_size) or world_size < 1:
-        raise ZerokitError(f"world size must be a positive integer, got {world_size}")
+    checked_world_size(world_size)
+    checked_config(config)
     unfilled = [k for k in auto_keys(config) if k in TRAINER_FILLED_KEYS]
     if unfilled:
         raise ZerokitError(

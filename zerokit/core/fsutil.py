@@ -12,14 +12,59 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
     return atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
+def missing_folders(path: str | os.PathLike) -> list[Path]:
+    """The folders above path that do not exist yet, outermost first (what `mkdir -p` of its folder would create)."""
+    missing = []
+    folder = Path(path).expanduser().absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
+
+
+def remove_folders(folders: list[Path]) -> None:
+    """Undo missing_folders' creation: remove those that are still empty, innermost first."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def check_writable_file(path: str | os.PathLike, what: str) -> Path:
+    """Refuse, before any work, an output file that could not be written; `what` names it in the message (the
+    option, e.g. "--plot m.svg"). Folders that do not exist yet are fine: every writer creates them as `mkdir -p`
+    does (atomic_write_bytes), so the nearest existing folder above path must be a writable folder."""
+    from zerokit.core.errors import ZerokitError
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ZerokitError(f"{what} is a folder: give a file name in it")
+    missing = missing_folders(p)
+    existing = (missing[0] if missing else p.absolute()).parent
+    if not existing.is_dir():
+        raise ZerokitError(f"{what}: cannot create anything under {existing}, which is a file: choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ZerokitError(f"{what}: cannot write in {existing}: choose a writable folder")
+    return p
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
     """Write data to a temporary file in the same folder, fsync, then os.replace onto path.
 
+    Missing folders above path are created first, as `mkdir -p` (the same for every file zerokit writes: render -o,
+    plan --plot, calibrate -o, launch --sbatch / --k8s), and removed again if the write fails.
     mode: the file's permissions; default: the old file's, else what a plain open() would give
     (mkstemp alone would leave 0600). Raises OSError; nothing is left behind on failure.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
+    created = missing_folders(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        remove_folders(created)
+        raise
     if mode is None:
         try:
             mode = path.stat().st_mode & 0o777
@@ -27,7 +72,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = 
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except BaseException:
+        remove_folders(created)
+        raise
     try:
         os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
@@ -40,6 +89,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = 
             os.unlink(tmp)
         except OSError:
             pass
+        remove_folders(created)
         raise
     return path
 

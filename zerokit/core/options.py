@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -43,6 +44,17 @@ def nonneg_int(text) -> int:
 def positive_int(text) -> int:
     return _number(text, int, lambda v: 1 <= v <= MAX_COUNT, "a positive integer",
                    f"a positive integer up to {MAX_COUNT:,}")
+
+
+SEQ_LEN_MAX = "max"  # --seq-len max: the longest sequence that fits (plan/search.py)
+
+
+def seq_len(text) -> int | str:
+    """--seq-len: a positive integer, or "max" for the longest that fits."""
+    if str(text).strip().lower() == SEQ_LEN_MAX:
+        return SEQ_LEN_MAX
+    return _number(text, int, lambda v: 1 <= v <= MAX_COUNT, f"a positive integer or {SEQ_LEN_MAX}",
+                   f"a positive integer up to {MAX_COUNT:,}, or {SEQ_LEN_MAX}")
 
 
 def gpus_per_node(text) -> int:
@@ -78,11 +90,43 @@ def integer(text) -> int:
     return _number(text, int, lambda v: True, "a whole number", "a whole number")
 
 
+_DURATION_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "mins": 60, "minutes": 60, "h": 3600, "hr": 3600,
+                   "hrs": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400, "w": 7 * 86400,
+                   "week": 7 * 86400, "weeks": 7 * 86400}
+MAX_DURATION_S = 10 * 365 * 86400  # ten years: past any training run's deadline
+
+
+def duration(text) -> float:
+    """Seconds from 36h, 90min, 2d, 1d12h, 45m30s or a bare number of hours (how people say a deadline)."""
+    s = str(text).strip().lower().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d+)?)([a-z]*)", s)
+    if not s or "".join(n + u for n, u in parts) != s:
+        raise ValueError(f"expected a duration such as 36h, 90min, 2d or 1d12h, got {text!r}")
+    total = 0.0
+    for number, unit in parts:
+        if unit not in _DURATION_UNITS and not (unit == "" and len(parts) == 1):
+            raise ValueError(f"unknown unit {unit!r} in {text!r}: use s, min, h, d or w (e.g. 36h)")
+        total += float(number) * _DURATION_UNITS.get(unit, 3600)
+    if not 0 < total <= MAX_DURATION_S:
+        raise ValueError(f"expected a duration above 0 and at most ten years, got {text!r}")
+    return total
+
+
+def name_list(text) -> tuple[str, ...]:
+    """a,b,c: the names, each non-empty."""
+    names = tuple(n.strip() for n in str(text).split(","))
+    if not names or any(not n for n in names):
+        raise ValueError(f"expected names separated by commas, e.g. a100-80gb,h100-80gb, got {text!r}")
+    return names
+
+
 def number(text) -> float:
     return _number(text, float, lambda v: math.isfinite(v), "a number", "a finite number")
 
 
 ON_OFF = ("on", "off")
+# --activation-checkpointing: offload is on, with the checkpointed layer inputs in host memory
+CHECKPOINTING = ("on", "off", "offload")
 
 # the torch.distributed backends DeepSpeed can be told to use (deepspeed.comm.init_distributed(dist_backend=...));
 # spec/hardware.py says which device family each carries and prices them
@@ -144,7 +188,7 @@ class Option:
         return self._one(value)
 
     def _one(self, value):
-        if isinstance(value, bool) and self.choices == ON_OFF:  # YAML 1.1 reads on/off as booleans
+        if isinstance(value, bool) and self.choices is not None and {"on", "off"} <= set(self.choices):  # YAML 1.1 reads on/off as booleans
             value = "on" if value else "off"
         v = self.type(value)
         if self.choices is not None and v not in self.choices:
@@ -197,7 +241,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("vocab-size", PLANNING, "", type=positive_int, group=_MODEL),
     # -- workload
     Option("seq-len", RUNS, "tokens per sample (default: plan/render/check 2048, launch 512, or the model's maximum "
-           "when smaller)", type=positive_int, group=_WL, rank=True),
+           "when smaller); plan/render/check: max, the longest that fits the pinned (or chosen) setup",
+           type=seq_len, group=_WL, rank=True),
     Option("global-batch", RUNS, "samples per optimizer step = micro x accumulation x GPUs per node x nodes",
            type=positive_int, metavar="N", group=_WL),
     Option("samples", RUNS, "training samples per epoch, for the total time (launch: in your own script's data)",
@@ -218,8 +263,9 @@ OPTIONS: tuple[Option, ...] = (
            dest="micro_batch_size", group=_PIN),
     Option("grad-accum", RUNS, "gradient accumulation steps (check: for \"auto\" configs, what the HF Trainer will "
            "fill in; default 1)", type=positive_int, dest="gradient_accumulation_steps", group=_PIN),
-    Option("activation-checkpointing", RUNS, "recompute each layer's activations in backward (check: overrides the "
-           "config's activation_checkpointing block)", choices=ON_OFF, group=_PIN),
+    Option("activation-checkpointing", RUNS, "recompute each layer's activations in backward; offload: and keep the "
+           "checkpointed layer inputs in host memory (ALST) (check: overrides the config's activation_checkpointing "
+           "block)", choices=CHECKPOINTING, group=_PIN),
     Option("tensor-parallel", ("plan", "render", "launch"), "AutoTP ranks per model replica (1: none; ZeRO-0/1/2, full "
            "fine-tune)", type=positive_int, metavar="N", group=_PIN),
     Option("sequence-parallel", ("plan", "render", "launch"), "Ulysses sequence-parallel ranks per sequence (1: none)",
@@ -240,7 +286,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("lora-alpha", RUNS, "LoRA alpha (default 8, peft's)", type=number, group=_FT, rank=True),
     Option("lora-dropout", RUNS, "LoRA dropout (default 0)", type=number, group=_FT, rank=True),
     Option("lora-targets", RUNS, "modules that get adapters: all-linear (peft's meaning: every Linear but the LM head; "
-           "default) or module names such as q_proj,v_proj", metavar="all-linear|NAME,NAME", group=_FT, rank=True),
+           "default) or module names such as q_proj,v_proj; a name of fused MoE expert parameters (gate_up_proj, down_proj) "
+           "adapts them through peft's target_parameters", metavar="all-linear|NAME,NAME", group=_FT, rank=True),
     Option("bnb-4bit-quant-storage", RUNS, "qlora: the dtype the packed 4-bit weights are stored in "
            "(BitsAndBytesConfig; default uint8)", choices=("uint8", "bf16", "fp16", "fp32"), group=_FT, rank=True),
     Option("bnb-4bit-use-double-quant", RUNS, "qlora: quantize the quantization constants too (default on, as the "
@@ -249,6 +296,11 @@ OPTIONS: tuple[Option, ...] = (
            "glob over the whole name when it has *?[ (repeatable; e.g. embed_tokens, layers.0., '*layers.[0-9].*')",
            metavar="PATTERN", repeat=True, group=_FT, rank=True),
     # -- plan / render / check outputs
+    Option("deadline", ("plan",), "the fewest GPUs (nodes) of --gpu that fit and finish --samples x --epochs within "
+           "this time: 36h, 90min, 2d, 1d12h (the plan is then made for that count; with --compare-gpus, for each GPU)",
+           type=duration, metavar="DURATION"),
+    Option("compare-gpus", ("plan",), "one row per GPU type: the chosen setup, step time, total time and GPU-hours on "
+           "--gpus-per-node x --nodes of each (e.g. a100-80gb,h100-80gb,l40s)", type=name_list, metavar="GPU,GPU"),
     Option("json", PLANNING, "print one JSON object", type=None),
     Option("trace", ("plan",), "measure activations by tracing the model under FakeTensorMode (slower)", type=None),
     Option("plot", ("plan",), "also draw the per-GPU memory of the chosen setup beside the others and the budget "
@@ -332,6 +384,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpus-per-pod", ("launch",), "--k8s: GPUs (ranks) per pod (default --gpus-per-node: one pod per node); a "
            "divisor of --gpus-per-node", type=gpus_per_node, metavar="N", group=_MULTI),
     # -- calibrate
+    Option("from-run", ("calibrate",), "instead of measuring: learn from a finished `zerokit launch` run directory "
+           "(its measured step time beside the prediction) into the profile it was planned on, or -o PROFILE; the "
+           "next plans near it on that hardware use it (launch does this itself at the end of a run planned on a "
+           "profile)", metavar="RUN_DIR"),
     Option("quick", ("calibrate",), "fewer and smaller points, no engine costs (~2 min on 2 cores)", type=None),
     Option("if-missing", ("calibrate",), "do nothing when the output already holds a profile measured on this machine "
            "(a full one, unless --quick)", type=None),

@@ -457,6 +457,14 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
             if model.trained.grad_start_partial and start < model.num_layers:
                 all_layers += tokens * finetune_partial_layer_delta(model, setup.precision, attention, on_cpu,
                                                                     unmasked_layer // tokens)
+    merged = model.trained.merged_params_per_layer * e
+    if merged:
+        # LoRA on fused MoE experts: each layer's forward makes W + scaling B A of the adapted expert stacks in the
+        # training dtype (peft lora/layer.py ParamWrapper._activate_lora), which the experts' matmuls save for backward:
+        # kept by every layer a gradient reaches, or by the one recomputed layer under checkpointing
+        one_layer += merged
+        if not setup.activation_checkpointing:
+            all_layers += (model.num_layers - min(model.trained.grad_start_layer, model.num_layers)) * merged
     if setup.tiled_mlp:
         # TiledMLP (ulysses_sp.py) runs the MLP under no_grad one slice at a time and saves only its input (the second
         # norm's output, which the norm's bytes count as the next Linear's): the MLP's intermediates are not kept
@@ -473,6 +481,11 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         # model whose main input is input_ids): the embedding output needs a gradient, so every layer is checkpointed
         # and recomputed whole even when the embeddings and first layers are frozen (use_reentrant=False by default).
         terms["activations_checkpoints"] = model.num_layers * tokens * model.hidden_size * e
+        if setup.checkpoint_offload and not on_cpu:
+            # the offloaded inputs live in host memory (estimate_memory: activation_checkpoints_offloaded); the GPU
+            # keeps CHECKPOINT_OFFLOAD_GPU_LAYERS of them. On a CPU rank host memory is its memory: the bytes stay.
+            kept = min(model.num_layers, CHECKPOINT_OFFLOAD_GPU_LAYERS)
+            terms["activations_checkpoints"] = kept * tokens * model.hidden_size * e
         terms["activations_recompute"] = one_layer + final_norm
     else:
         terms["activations"] = all_layers + final_norm
@@ -512,6 +525,15 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
                         + (v * h * e if model.tied_embeddings else 0))
         terms["attention_backward"] = max(0, at_attention - terms["logits_grad"])
     return terms
+
+
+# Activation-checkpoint offload (ZeroSetup.checkpoint_offload), as DeepSpeed 0.19.8's CheckpointHiddenStatesOffload
+# (runtime/activation_checkpointing/offload_activations.py) runs it with its defaults: keep_last_count=1 keeps the
+# newest layer input on the GPU ("the first backward needs them before a D2H would finish"), and backward restores one
+# input at a time for its layer's recompute (_restore_tensor, freed once the layer's backward is done). So the GPU holds
+# two layer inputs at the start of the recompute, the host the other num_layers - 1, in pinned buffers
+# (_empty_cpu_like: pin_memory) reused from step to step (the buffer pool, up to 64).
+CHECKPOINT_OFFLOAD_GPU_LAYERS = 2
 
 
 # zerokit's tiled loss slices the logits so that one slice's fp32 logits take at most this many bytes (the shards
@@ -825,7 +847,8 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if setup.activation_checkpointing:
         one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
-                                        "activations_recompute": one_layer, **held_logits, **bufs}
+                                        "activations_recompute": one_layer, **held_logits, **bufs,
+                                        **recompute_backward_terms(model, setup, workload, acts, on_cpu)}
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
     if setup.zero_stage == 3 and setup.offload_param == "none":
         # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
@@ -933,6 +956,49 @@ def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, opti
     return out
 
 
+def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, acts: dict[str, int],
+                             on_cpu: bool) -> dict[str, int]:
+    """What the recomputed layer's own backward holds beside its saved activations (issue 28: without it the longest
+    sequence of ALST's setups came out 1.5x what ALST measured, bound by this phase). Derived from the source, in the
+    order backward runs one decoder layer; not measured on a GPU (no CPU kernel runs the flash backward below):
+    - hidden_state_grads: the gradient of the layer's output, arriving from the layer above, and the gradient of its
+      input being produced (the residual stream's two tokens x h tensors in the training dtype), throughout.
+    - recompute_layer_backward: the largest of the moments below, over the layer's saved activations at that moment.
+      Non-reentrant checkpointing frees each recomputed tensor once its backward has unpacked it (torch.utils.checkpoint
+      _checkpoint_hook), so after the MLP's backward the second norm's saved tensors are gone.
+      1. The MLP's backward: TiledMLP's slices (tiled_mlp_backward, as activation_terms prices it), every saved
+         tensor still alive.
+      2. Flash attention's backward (the kernel ALST runs: HF flash_attention_2; torch sdpa's flash backend vendors the
+         same code), on a GPU. FlashAttention-2's mha_bwd (csrc/flash_attn/flash_api.cpp) allocates dq and an fp32
+         dq_accum of every query head, dk and dv expanded to every query head when there are fewer KV heads (summed
+         per group after), and an fp32 softmax_d per head, and the output's gradient (its input) is alive. Per local
+         token (Ulysses: the full sequence over a / sp heads, the same bytes): E a d + E a d + 2 E a d (2 E k d without
+         grouping) + 4 a d + 4 a, less the second norm's saved bytes.
+      3. Ulysses' backward all-to-all of the q/k/v gradients (sp_all_to_all_buffers), beside those gradients, less the
+         second norm's saved bytes.
+      On CPU torch's flash kernel differs and the measured CPU runs are the oracle there: moment 2 is not added."""
+    e = dtype_bytes(setup.precision)
+    sp = setup.sequence_parallel
+    tokens = setup.micro_batch_size * workload.seq_len // sp
+    view = sequence_parallel_view(model, sp) if sp > 1 else model
+    a, k, d = view.num_attention_heads, view.num_kv_heads, view.head_dim
+    # the second norm's saved bytes (a parallel attention + MLP block has one norm: nothing freed before attention)
+    norm2 = tokens * _norm_bytes_per_token(model, setup.precision) if model.norms_per_layer > 1 else 0
+    moments = [acts.get("tiled_mlp_backward", 0)]
+    attention = workload.attention if model.supports_sdpa else "eager"
+    masked = _masked_layers(model, workload.seq_len) > 0
+    if not on_cpu and attention in ("sdpa", "flash") and not sdpa_runs_math_kernel(model, setup.precision, on_cpu,
+                                                                                   masked):
+        kv = a if k < a else k
+        moments.append(tokens * (2 * e * a * d + 2 * e * kv * d + 4 * a * d + 4 * a) - norm2)
+    if acts.get("sp_all_to_all_buffers"):
+        moments.append(acts["sp_all_to_all_buffers"] + tokens * e * (a + 2 * k) * d - norm2)
+    terms = {"hidden_state_grads": 2 * tokens * model.hidden_size * e}
+    if max(moments) > 0:
+        terms["recompute_layer_backward"] = max(moments)
+    return terms
+
+
 def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
                     knobs: ZeroKnobs | None = None) -> MemoryEstimate:
     """Everything a training step needs, by term: the terms live at the peak phase (phase_terms)."""
@@ -944,6 +1010,14 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est.peak_phase = max(est.phases, key=lambda k: (est.phases[k], k == "backward"))
     est.per_gpu.update(phases[est.peak_phase])
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup, optimizer_named(knobs.optimizer))
+    if setup.checkpoint_offload and not cluster.accelerator.is_cpu:
+        from zerokit.estimate.timing import checkpoint_offload_bytes  # timing does not import us
+
+        # every rank of the node keeps its offloaded layer inputs in pinned host memory during forward and backward,
+        # beside the offloaded optimizer states (CHECKPOINT_OFFLOAD_GPU_LAYERS)
+        shard = model.tensor_parallel_shard(setup.tensor_parallel)
+        est.per_node_cpu["activation_checkpoints_offloaded"] = (cluster.gpus_per_node
+                                                                * checkpoint_offload_bytes(shard, setup, workload))
     # weights: the trainable ones are held in the training dtype (adapters, or what --freeze leaves), the rest as
     # weight_bytes holds them (4-bit for QLoRA); the weight-shaped terms split in that proportion
     held = weight_bytes(model, dtype_bytes(setup.precision)) + model.trained.quant_state_bytes

@@ -36,7 +36,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
-from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES
+from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES, learned_runs, nearest_learned_run
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
 
 # DeepSpeedCPUAdam throughput per node when no calibration is given. ZeRO-Offload paper
@@ -76,6 +76,9 @@ class TimeEstimate:
     engine_seconds: float = 0.0  # the DeepSpeed engine's own cost, measured by `zerokit calibrate` (calibrated only)
     calibrated: bool = False
     link_gbps: float = 0.0  # the bus bandwidth communication was priced at (link_bandwidth: the backend's)
+    # measured / predicted of the run learned on this hardware that scaled every term (1.0: none), and which run
+    learned_factor: float = 1.0
+    learned_from: str | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -537,6 +540,29 @@ def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, 
     return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES + ADAPTER_FEATURES)
 
 
+def checkpoint_offload_bytes(model: ModelSpec, setup: ZeroSetup, workload: Workload) -> int:
+    """Bytes of layer inputs one rank moves to host memory per micro batch (and back): every checkpointed layer's input
+    (hidden states of seq / sp tokens, the training dtype) but the one kept on the GPU (memory.CHECKPOINT_OFFLOAD_GPU_LAYERS keeps two at the recompute: the newest never
+    leaves, one restored comes back). model: what one rank holds."""
+    if not setup.checkpoint_offload:
+        return 0
+    tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
+    return max(0, model.num_layers - 1) * tokens * model.hidden_size * bytes_per_element(setup.precision)
+
+
+def checkpoint_offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload) -> float:
+    """Activation-checkpoint offload's PCIe time per step: every offloaded layer input goes to the host in forward and
+    back in backward, each micro step (checkpoint_offload_bytes), at the accelerator's PCIe bandwidth. Counted
+    in full, not hidden behind compute: DeepSpeed copies on a side stream, but ALST's authors found the offload
+    blocking ("isn't yet efficient (blocking)", ArcticTraining's notes), and the recompute waits for its input. A CPU
+    rank copies within its own memory (pcie_bw None: no time)."""
+    pcie = cluster.accelerator.pcie_bw
+    if not setup.checkpoint_offload or not pcie:
+        return 0.0
+    moved = checkpoint_offload_bytes(model, setup, workload)
+    return setup.gradient_accumulation_steps * 2 * moved / (pcie * 1e9)
+
+
 def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload, knobs=None) -> TimeEstimate:
     acc = cluster.accelerator
     # a TP or SP group trains on one batch together: the global batch counts data-parallel replicas
@@ -558,6 +584,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         cpu_adam = terms.cpu_adam_params_per_s
     optimizer_spec = optimizer_named(knobs.optimizer if knobs is not None else DEFAULT_OPTIMIZER)
     offload = offload_seconds(model, cluster, setup, cpu_adam, optimizer_spec)
+    offload += checkpoint_offload_seconds(model, cluster, setup, workload)
     optimizer = engine = 0.0
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
@@ -584,6 +611,10 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         # ranks on 2 cores, bench/results/accuracy_cpu_parallel.txt)
         share = cluster.profile.cpu_oversubscription(cluster.gpus_per_node)
         compute, comm, optimizer, engine = (share * x for x in (compute, comm, optimizer, engine))
+    learned = learned_run(cluster, full_model, setup, workload)
+    if learned is not None:  # a run measured on this hardware near this plan: its measured / predicted, on every term
+        compute, comm, offload, optimizer, engine = (learned.ratio * x for x in (compute, comm, offload, optimizer,
+                                                                                 engine))
     step = compute + comm + offload + optimizer + engine
     spe = steps_per_epoch(workload.samples, global_batch) if workload.samples else None
     steps = math.ceil(workload.epochs * spe) if spe else None
@@ -604,7 +635,18 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         engine_seconds=engine,
         calibrated=bool(coef),
         link_gbps=link / 1e9,
+        learned_factor=learned.ratio if learned is not None else 1.0,
+        learned_from=f"{learned.run_dir} ({learned.setup}, {learned.recorded})" if learned is not None else None,
     )
+
+
+def learned_run(cluster: Cluster, model: ModelSpec, setup: ZeroSetup, workload: Workload):
+    """The run measured on this hardware that corrects this plan (spec.profile.nearest_learned_run), or None."""
+    if cluster.profile is None:
+        return None
+    return nearest_learned_run(learned_runs(cluster.profile.data), cluster.accelerator.name, setup.precision,
+                               setup.zero_stage, model.params, cluster.world_size,
+                               setup.micro_batch_size * workload.seq_len)
 
 
 

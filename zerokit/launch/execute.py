@@ -106,6 +106,19 @@ def write_k8s(plan: LaunchPlan) -> str:
             f"submit with: kubectl apply -f {shlex.quote(req.k8s)}")
 
 
+def learn_from(plan: LaunchPlan, result, measured: dict) -> None:
+    """A run planned on a hardware profile that finished and measured its steps: its step time goes into that
+    profile (launch/learn.py), so the next plan near it on this hardware is priced on what it measured."""
+    if not (plan.prediction.get("profile_path") and result.ok and measured.get("step_seconds")):
+        return
+    from zerokit.launch import learn
+
+    try:
+        print(learn.describe(*learn.learn(plan.out_abs)))
+    except ZerokitError as e:  # the run's own outcome stands; learning from it is a bonus
+        print(f"note: not learned from this run: {e}", file=sys.stderr)
+
+
 def run(plan: LaunchPlan, report: bool = True) -> int:
     """Train: launch.json, the launcher under the restart supervisor, the report. Returns the exit code."""
     from zerokit.config.render import write_json_atomic
@@ -141,6 +154,7 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
         rep = build_report(plan.prediction, measured, result.to_dict(), trackers=plan.tracker_locations)
         write_report(out, rep)
         print(format_report(rep))
+        learn_from(plan, result, measured)
         if not plan.uses_own_loop and not measured.get("ranks"):
             print(f"note: no metrics in {plan.out / 'metrics'}: add zerokit.integrations.hf.ZerokitCallback to your "
                   "Trainer's callbacks to measure what was predicted", file=sys.stderr)

@@ -74,9 +74,9 @@ def check_request(req: Any) -> None:
         raise ZerokitError(f"{flag('k8s')} needs {flag('k8s-image')} IMAGE: the container image every pod runs, with "
                            "zerokit, DeepSpeed and torch installed (e.g. pip install 'zerokit[train]' on a CUDA torch image)")
     parse_volume(req.k8s_volume)
-    k8s_dir = Path(req.k8s).expanduser().resolve().parent
-    if not k8s_dir.is_dir() or not os.access(k8s_dir, os.W_OK):
-        raise ZerokitError(f"cannot write {flag('k8s')} {req.k8s}: {k8s_dir} is not a writable directory")
+    from zerokit.core.fsutil import check_writable_file
+
+    check_writable_file(req.k8s, f"{flag('k8s')} {req.k8s}")  # missing folders: created (mkdir -p)
 
 
 def ranks_per_pod(req: Any, cluster: Any) -> int:

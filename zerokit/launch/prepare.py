@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
-from zerokit.core.options import flag
+from zerokit.core.options import SEQ_LEN_MAX, flag
 from zerokit.core.quiet import verbose
 from zerokit.config import trackers as trackers_mod
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
@@ -30,7 +30,7 @@ from zerokit.launch.checkpoints import (
     read_latest,
 )
 from zerokit.launch.command import LaunchSpec, validate
-from zerokit.launch import k8s, user_script
+from zerokit.launch import k8s, learn, user_script
 from zerokit.launch.rank_options import RANK_OPTIONS_FILE, RankOptions
 from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
@@ -158,7 +158,8 @@ class LaunchPlan:
         return RankOptions(
             model=self.model.source, tokens=str(self.tokens_path), tokenizer=self.tokenizer, ds_config=str(self.cfg_path),
             output_dir=str(self.out_abs), steps=self.steps, save_every=self.save_every, seed=self.request.seed,
-            gradient_checkpointing=self.setup.activation_checkpointing, tiled_loss=self.setup.tiled_loss,
+            gradient_checkpointing=self.setup.activation_checkpointing,
+            checkpoint_offload=self.setup.checkpoint_offload, tiled_loss=self.setup.tiled_loss,
             tiled_mlp=self.setup.tiled_mlp, check_config=not self.deepspeed_checked,
             dist_backend=self.cluster.dist_backend,  # deepspeed.init_distributed(dist_backend=...) in the ranks
             finetune=self.request.finetune,  # the ranks freeze / wrap in peft / quantize (train.py apply_finetune)
@@ -347,9 +348,15 @@ def check_quant_storage(finetune: Finetune, precision: str) -> None:
 
 
 def choose_seq_len(req: LaunchRequest, spec) -> int:
-    """--seq-len, or DEFAULT_SEQ_LEN capped at the model's positions; refused past them (ModelSpec.check_seq_len)."""
+    """--seq-len, or DEFAULT_SEQ_LEN capped at the model's positions; past a learned position table refused, past
+    rotary positions one warning line (ModelSpec.check_seq_len)."""
+    if req.seq_len == SEQ_LEN_MAX:
+        raise ZerokitError(f"{flag('seq-len')} {SEQ_LEN_MAX} is answered by plan and check: run `zerokit plan ... "
+                           f"{flag('seq-len')} {SEQ_LEN_MAX}`, then launch with the length it gives")
     seq_len = req.seq_len or min(DEFAULT_SEQ_LEN, spec.max_positions or DEFAULT_SEQ_LEN)
-    spec.check_seq_len(seq_len)
+    warning = spec.check_seq_len(seq_len)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return seq_len
 
 
@@ -434,7 +441,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     held = held_global_batch(req, resize)
     if req.config:
         # what the script does beyond the config may be pinned with --config: checkpointing and ALST's tiling
-        if pins.keys() - {"activation_checkpointing", "tiled_loss", "tiled_mlp"}:
+        if pins.keys() - {"activation_checkpointing", "checkpoint_offload", "tiled_loss", "tiled_mlp"}:
             raise ZerokitError(f"{flag('stage')}/--offload-*/{flag('precision')}/{flag('micro-batch')}/"
                                f"{flag('grad-accum')}/{flag('tensor-parallel')}/{flag('sequence-parallel')}/"
                                f"{flag('hpz')} choose a setup for {flag('plan')}; with {flag('config')} the config "
@@ -448,6 +455,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
             ds_config = _with_universal_load(_hold_in_config(ds_config, held, resize, world), resize)
         result = check_config(ds_config, req.config, spec, cluster, Workload(seq_len=seq_len, samples=samples),
                               activation_checkpointing=bool(pins.get("activation_checkpointing")),
+                              checkpoint_offload=bool(pins.get("checkpoint_offload")),
                               memory_fraction=req.memory_fraction,
                               # the ranks read the file itself: with "auto" in it, what was filled is checked here
                               deepspeed_now=not deepspeed_in_ranks or bool(auto_keys(ds_config)),
@@ -565,9 +573,9 @@ def choose_launcher(req: LaunchRequest, hosts: dict, multi_node: bool) -> tuple[
     """(launcher, multi_node): local, DeepSpeed's pdsh / openmpi / mpich runners, or slurm (--sbatch)."""
     launcher = req.launcher or ("pdsh" if multi_node else "local")
     if req.sbatch:
-        sb_dir = Path(req.sbatch).expanduser().resolve().parent
-        if not sb_dir.is_dir() or not os.access(sb_dir, os.W_OK):
-            raise ZerokitError(f"cannot write {flag('sbatch')} {req.sbatch}: {sb_dir} is not a writable directory")
+        from zerokit.core.fsutil import check_writable_file
+
+        check_writable_file(req.sbatch, f"{flag('sbatch')} {req.sbatch}")  # missing folders: created (mkdir -p)
         launcher = "slurm"  # the script runs DeepSpeed's slurm launcher inside the allocation
     elif launcher == "slurm" and not req.master_addr:
         raise ZerokitError(f"{flag('launcher')} slurm runs inside a Slurm allocation and needs {flag('master-addr')}: "
@@ -647,7 +655,8 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
         total_tokens=total_tokens, seq_len=seq_len, ds_config=ds_config, evaluation=evaluation, steps=steps,
         save_every=save_every, out=out, out_abs=out.resolve(), launcher=launcher, multi_node=multi_node,
         port=req.master_port or free_port(), env=env, deepspeed_bin=deepspeed_bin(),
-        prediction=prediction_from_evaluation(evaluation, steps, cluster.time_source), deepspeed_checked=deepspeed_checked, script=script,
+        prediction={**prediction_from_evaluation(evaluation, steps, cluster.time_source),
+                    **learn.prediction_keys(cluster, spec, seq_len)}, deepspeed_checked=deepspeed_checked, script=script,
         data=data, resize=resize, trackers=trackers, report_dir=report_dir, report_args=report_args,
     )
     validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time

@@ -40,6 +40,9 @@ class RankOptions:
     resume: bool = False  # continue from checkpoints/latest if there is one (also on every restart: attempt > 0)
     seed: int = 1234
     gradient_checkpointing: bool = False  # model.gradient_checkpointing_enable()
+    # with it: the checkpointed layer inputs offloaded to host memory in forward and back for the recompute
+    # (launch/ckpt_offload.py, around each step's forward and backward)
+    checkpoint_offload: bool = False
     lr: float = 1e-3  # only when the config has no optimizer block
     no_export: bool = False  # skip writing final/ weights
     no_memory_meter: bool = False  # CPU: skip the live-tensor-byte meter
@@ -57,6 +60,8 @@ class RankOptions:
             object.__setattr__(self, "data", "")  # the bundled corpus
         if self.steps is not None and self.epochs is not None:
             raise ZerokitError("rank options: steps and epochs exclude each other")
+        if self.checkpoint_offload and not self.gradient_checkpointing:
+            raise ZerokitError("rank options: checkpoint_offload needs gradient_checkpointing")
         if self.merge and not self.finetune.uses_lora:
             raise ZerokitError("rank options: merge needs a LoRA or QLoRA finetune")
 

@@ -66,7 +66,7 @@ from zerokit.launch.checkpoints import (
 )
 from zerokit.launch.rank_options import RankOptions, options_file_from_argv
 from zerokit.measure.step_phases import StepPhaseMeter
-from zerokit.spec.finetune import Finetune, is_frozen
+from zerokit.spec.finetune import Finetune, is_frozen, lora_config
 from zerokit.spec.setup import optimizer_steps
 
 BASE_SUBDIR = "base"  # LoRA/QLoRA of a random-init model: the base weights its adapter belongs to
@@ -245,11 +245,9 @@ def apply_finetune(model, finetune: Finetune, seed: int):
         return model
     import warnings
 
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    names = finetune.target_names
-    cfg = LoraConfig(r=finetune.lora_r, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
-                     target_modules=list(names) if names else finetune.lora_targets)
+    cfg = lora_config(model, finetune)  # the config the plan counted with (fused MoE parameters included)
     # lora_A is drawn from torch's global generator (peft LoraLayer.reset_lora_parameters: kaiming_uniform_): seed it
     # the same on every rank and whatever the ZeRO stage consumed before (ZeRO-3 would otherwise partition different
     # adapters per rank), and leave the training stream (dropout) as it was
@@ -476,7 +474,7 @@ def configure(args: RankOptions, t_start: float) -> Run | None:
 
     import deepspeed  # noqa: F401 - imported before anything else, as the ranks always have
 
-    from zerokit.config.read import load_config_file
+    from zerokit.config.read import bf16_block, load_config_file
 
     out = Path(args.output_dir)
     ds_config = load_config_file(args.ds_config)
@@ -484,7 +482,7 @@ def configure(args: RankOptions, t_start: float) -> Run | None:
         return None
     zero = ds_config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0) or 0)
-    bf16 = bool((ds_config.get("bf16") or {}).get("enabled"))
+    bf16 = bool((bf16_block(ds_config) or {}).get("enabled"))  # the old name "bfloat16" too, as DeepSpeed reads it
     fp16 = bool((ds_config.get("fp16") or {}).get("enabled"))
     if fp16 and not torch.cuda.is_available():
         # a profile may say fp16 where this CPU's DeepSpeed does not (measured elsewhere, or under
@@ -796,9 +794,13 @@ def forward_loss(run: Run, batch: dict):
 def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trained:
     """The optimizer steps from the position to data.total_steps: a step record each, the CPU meter stopped after
     memory_steps, progress on rank 0, the crash hook, a checkpoint every save_every; then the final checkpoint."""
+    import contextlib
+
     import torch
 
     from deepspeed import comm as dist
+
+    from zerokit.launch import ckpt_offload
 
     args, engine, layout, phases = run.args, run.engine, run.layout, run.phases
     ga, total_steps, world = data.ga, data.total_steps, run.world
@@ -815,14 +817,21 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
         phases.new_step()
         t0 = time.perf_counter()
         loss_sum, tokens = 0.0, 0
+        offloaded: dict = {}
         for _ in range(ga):
             e_cur, b_cur, batch = next(it)
             batch = {k: v.to(engine.device) for k, v in batch.items()}
-            # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a loop
-            # that keeps `outputs = model(**batch)`: the memory model counts those logits (memory.phase_terms
-            # logits_output)
-            loss_, out_ = phases.run("forward", lambda: forward_loss(run, batch))
-            phases.run("backward", lambda: engine.backward(loss_))
+            # checkpoint offload: the checkpointed layer inputs go to host memory in forward and come back for the
+            # recompute; the context spans forward and backward (launch/ckpt_offload.py)
+            offload = ckpt_offload.offload_context(run.on_cuda) if args.checkpoint_offload else contextlib.nullcontext()
+            with offload:
+                # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a
+                # loop that keeps `outputs = model(**batch)`: the memory model counts those logits
+                # (memory.phase_terms logits_output)
+                loss_, out_ = phases.run("forward", lambda: forward_loss(run, batch))
+                phases.run("backward", lambda: engine.backward(loss_))
+            if args.checkpoint_offload:
+                ckpt_offload.add_stats(offloaded, offload)
             phases.run("step", engine.step)
             loss_sum += float(loss_.detach().float())
             # real tokens only: padding (attention mask 0) is computed but is no data; prompt tokens count
@@ -843,6 +852,8 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
             "lr": engine.get_lr()[0] if engine.get_lr() else None,
             "memory_method": run.mem_method, "time": time.time(), "metered": metered,
         }
+        if args.checkpoint_offload:  # what went through the offload path this step, and came back
+            rec["checkpoint_offload"] = offloaded
         rec.update(phases.step_fields())  # this step's peak per phase (forward, backward, step), the run's so far
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)

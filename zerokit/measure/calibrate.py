@@ -485,22 +485,21 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
 
     say = log or (lambda msg: None)
     if output_path:  # before minutes of measuring, not after
-        folder = os.path.dirname(os.path.abspath(os.fspath(output_path)))
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as e:
-            raise ZerokitError(f"cannot create {folder} for the profile ({e.strerror}): pick another "
-                               f"{flag('output')}") from None
-        try:
-            if os.path.isdir(os.fspath(output_path)):
-                raise IsADirectoryError(21, "a directory")
-            import tempfile
+        from zerokit.core.fsutil import check_writable_file, missing_folders
 
-            with tempfile.TemporaryFile(dir=folder):  # a real write: permission bits do not tell for root or sysfs
-                pass
-        except OSError as e:
-            raise ZerokitError(f"cannot write the profile to {os.fspath(output_path)} ({e.strerror}): "
-                               f"pick a writable file path for {flag('output')}") from None
+        # missing folders are made when the profile is written (atomic_write_text, as mkdir -p): a calibration that
+        # fails leaves none behind
+        check_writable_file(output_path, f"{flag('output')} {os.fspath(output_path)}")
+        folder = os.path.dirname(os.path.abspath(os.fspath(output_path)))
+        if not missing_folders(output_path):
+            try:
+                import tempfile
+
+                with tempfile.TemporaryFile(dir=folder):  # a real write: permission bits do not tell for root or sysfs
+                    pass
+            except OSError as e:
+                raise ZerokitError(f"cannot write the profile to {os.fspath(output_path)} ({e.strerror}): "
+                                   f"pick a writable file path for {flag('output')}") from None
     t0 = time.perf_counter()
     device = device_of(device)
     world_size = world_size or benchmark_world_size(device)

@@ -30,7 +30,7 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
 # Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
-            "gradient_accumulation_steps", "activation_checkpointing") + PARALLEL_KEYS
+            "gradient_accumulation_steps", "activation_checkpointing", "checkpoint_offload") + PARALLEL_KEYS
 # the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
 SCRIPT_LEVEL_KEYS = ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp")
 
@@ -77,7 +77,7 @@ def simplicity(setup: ZeroSetup) -> tuple:
     offloads = (setup.offload_optimizer != "none") + (setup.offload_param != "none")
     # bf16 before fp16: same speed, no loss scaling to diverge
     precision = ("bf16", "fp16", "fp32").index(setup.precision)
-    return (offloads, setup.activation_checkpointing, setup.tensor_parallel * setup.sequence_parallel,
+    return (setup.checkpoint_offload, offloads, setup.activation_checkpointing, setup.tensor_parallel * setup.sequence_parallel,
             setup.tiled_loss + setup.tiled_mlp, precision, setup.zero_stage, setup.hpz_partition_size,
             setup.gradient_accumulation_steps)
 
@@ -162,6 +162,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     memory_fraction: float = DEFAULT_MEMORY_FRACTION  # the share of device memory every fit was judged on
     finetune: Finetune = field(default_factory=Finetune)  # what model.trained.trainable_params came from
+    warnings: list[str] = field(default_factory=list)  # e.g. a sequence past the model's rotary positions
+    seq_len_search: object | None = None  # --seq-len max: plan/search.py SeqLenSearch
 
     @property
     def budget(self) -> Budget:
@@ -185,9 +187,14 @@ class Plan:
             "rejected": self.rejected,
             "suggestions": self.suggestions,
             "notes": self.notes,
+            "warnings": self.warnings,
             "budget": {"per_gpu_bytes": budget.gpu_bytes, "per_node_cpu_bytes": budget.cpu_bytes,
                        "nvme_per_node_bytes": budget.nvme_bytes},
         }
+        if self.seq_len_search is not None:  # --seq-len max: the answer, and what binds one step longer
+            search = self.seq_len_search.to_dict()
+            out["workload"]["max_seq_len"] = search.pop("max_seq_len")
+            out["workload"]["max_seq_len_search"] = search
         if self.best:
             out["choice"] = {**self.best.setup.to_dict(), "label": self.best.setup.label,
                              "global_batch": self.best.time.global_batch, "finetune": self.finetune.to_dict()}
@@ -227,6 +234,11 @@ def _micro_batches(cluster: Cluster, workload: Workload, pins: dict, model_paral
     return pairs
 
 
+# (activation_checkpointing, checkpoint_offload) of the families; offload last: make_plan searches it only when
+# nothing else fits (it moves every layer's checkpoint over PCIe twice a step), or when it is pinned
+CHECKPOINTING_CHOICES = ((False, False), (True, False), (True, True))
+
+
 def _families(cluster: Cluster, pins: dict) -> list[dict]:
     acc = cluster.accelerator
     if "precision" in pins and not acc.supports(pins["precision"]):
@@ -243,15 +255,15 @@ def _families(cluster: Cluster, pins: dict) -> list[dict]:
             if opt == "nvme" and stage != 3 and pins.get("offload_optimizer") != "nvme":
                 continue  # DeepSpeed silently treats it as CPU offload below stage 3
             for precision in (pins["precision"],) if "precision" in pins else acc.plannable_precisions:
-                for ckpt in (False, True):
+                for ckpt, ckpt_offload in CHECKPOINTING_CHOICES:
                     fam = dict(zero_stage=stage, offload_optimizer=opt, offload_param=param,
-                               precision=precision, activation_checkpointing=ckpt)
+                               precision=precision, activation_checkpointing=ckpt, checkpoint_offload=ckpt_offload)
                     if all(fam[k] == v for k, v in pins.items() if k in fam):
                         fams.append(fam)
     # A pinned combination outside the enumerated ones (e.g. param offload without optimizer offload).
     if not fams:
         fam = {"zero_stage": 2, "offload_optimizer": "none", "offload_param": "none",
-               "precision": acc.precisions[0], "activation_checkpointing": False}
+               "precision": acc.precisions[0], "activation_checkpointing": False, "checkpoint_offload": False}
         fam.update({k: v for k, v in pins.items() if k in fam})
         fams.append(fam)
     return fams
@@ -270,6 +282,11 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
     plain = [o for o in options if not needs_script(o)]
     pinned = any(k in pins for k in SCRIPT_LEVEL_KEYS)
     stages = [options] if pinned or not plain else [plain, [o for o in options if needs_script(o)]]
+    # checkpoint offload (ALST) is reached for after everything else, over every option, unless pinned either way
+    offload_last = "checkpoint_offload" not in pins
+    if offload_last:
+        stages = [[{**o, "checkpoint_offload": False} for o in st] for st in stages]
+        stages.append([{**o, "checkpoint_offload": True} for o in options])
     pairs_for: dict[int, list[tuple[int, int]]] = {}
     best_per_family: list[Evaluation] = []
     smallest: Evaluation | None = None  # the least-memory evaluation seen
@@ -279,7 +296,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
         if best_per_family:
             break
         families = [{**fam, **par} for par in stage_options for fam in _families(cluster, pins)
-                    if (fam["zero_stage"] == 3 or par["hpz_partition_size"] == 1)
+                    if fam["checkpoint_offload"] == par.get("checkpoint_offload", fam["checkpoint_offload"])
+                    and (fam["zero_stage"] == 3 or par["hpz_partition_size"] == 1)
                     and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
         searched = searched or bool(families)
         smallest = _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for,

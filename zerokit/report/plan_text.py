@@ -34,6 +34,7 @@ TERM_LABELS = {
     "qgz_reduce_buffers": "qgZ int4 gradient buffers",
     "parameters_frozen_int8": "frozen parameters (int8, qwZ)",
     "optimizer_states_offloaded": "optimizer states (offloaded)",
+    "activation_checkpoints_offloaded": "activation checkpoints (offloaded)",
     "parameters_offloaded": "parameters (offloaded)",
     "model_loading": "model loading (peak at start)",
     "pinned_staging_buffers": "pinned staging buffers (x1.5)",
@@ -156,13 +157,18 @@ def format_plan(plan) -> str:
     out.append(("FITS: " if plan.fits else "DOES NOT FIT. Least-memory setup: ") + s.label)
     out.append(f"  ZeRO stage {s.zero_stage}, offload optimizer {s.offload_optimizer}, offload params {s.offload_param}, "
                f"{s.precision}, micro batch {s.micro_batch_size} x accumulation {s.gradient_accumulation_steps}, "
-               f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}")
+               f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}"
+               f"{' (layer inputs offloaded to host memory)' if s.checkpoint_offload else ''}")
     out += parallel_lines(s, c.world_size)
     for r in plan.best.reasons:
         out.append(f"  - {r}")
     out += format_memory(plan.best.memory, plan.budget, c)
     out += format_time(plan.best.time, c.world_size)
     out.append(f"    step time priced on {c.time_source}")
+    t = plan.best.time
+    if t.learned_from:
+        out.append(f"    then x{t.learned_factor:.3g}: measured / predicted of the run learned here nearest this plan, "
+                   f"{t.learned_from}")
     for note in plan.notes:
         out.append(f"  note: {note}")
     if plan.suggestions:
@@ -210,8 +216,50 @@ def format_check(result) -> str:
         why = ("the search stops there" if search.too_big is None else
                f"{search.largest + 1} does not: {'; '.join(search.too_big.reasons)}")
         out.append(f"FITS up to micro batch {search.largest} per GPU ({why}): {ev.setup.label}")
+    if getattr(result, "seq_len_search", None) is not None:
+        out.append(f"  {result.seq_len_search.note}")
     for r in ev.reasons:
         out.append(f"  - {r}")
     cluster = result.cluster
     out += format_memory(ev.memory, ev.budget, cluster) + format_time(ev.time, cluster.world_size)
     return "\n".join(out)
+
+
+def _length(workload) -> str:
+    return f"{workload.samples:,} samples x {workload.epochs:g} epoch(s)" if workload.samples else f"(no {flag('samples')})"
+
+
+def format_deadline(answer, workload) -> str:
+    """The --deadline answer above the plan made for it: the count chosen and every count it searched."""
+    r = answer.row
+    head = (f"deadline  {fmt_seconds(answer.deadline_seconds)} for {_length(workload)}: {r.gpus:,} x {r.gpu} "
+            f"({r.nodes} node(s) x {r.gpus_per_node}) finish in {fmt_seconds(r.total_seconds)}, the fewest GPUs that "
+            "do; the plan below is for them")
+    fitting = [x for x in answer.rows if x.fits]
+    shown = ", ".join(f"{x.gpus:,}: {fmt_seconds(x.total_seconds)}" for x in fitting[-8:])
+    unfit = len(answer.rows) - len(fitting)
+    return (f"{head}\n          searched {len(answer.rows)} GPU counts from 1 to {r.gpus:,}"
+            + (f" ({unfit} do not fit or do not divide the global batch)" if unfit else "")
+            + (f"; total time at the last {min(8, len(fitting))} that fit: {shown}" if fitting else "") + "\n")
+
+
+def format_scale_rows(rows, workload, deadline_s: float | None) -> str:
+    """--compare-gpus: one row per GPU kind (with --deadline, the fewest of each that meet it)."""
+    title = f"GPUs compared for {_length(workload)}"
+    if deadline_s is not None:
+        title += f", each at the fewest GPUs that finish within {fmt_seconds(deadline_s)}"
+    lines = [title, f"  {'gpu':<14}{'GPUs':>7}  {'nodes x GPUs':<13}{'setup':<46}{'step':>10}{'total':>12}"
+             f"{'GPU-hours':>12}"]
+    for r in rows:
+        shape = f"{r.nodes} x {r.gpus_per_node}"
+        if not r.fits:
+            lines.append(f"  {r.gpu:<14}{r.gpus:>7}  {shape:<13}does not fit: {r.why_not}")
+            continue
+        total = fmt_seconds(r.total_seconds) if r.total_seconds is not None else "-"
+        hours = f"{r.gpu_hours:,.0f}" if r.gpu_hours is not None else "-"
+        miss = "  misses the deadline (the fastest)" if r.meets_deadline is False else ""
+        lines.append(f"  {r.gpu:<14}{r.gpus:>7}  {shape:<13}{r.setup:<46}{fmt_seconds(r.step_seconds):>10}"
+                     f"{total:>12}{hours:>12}{miss}")
+    if workload.samples is None:
+        lines.append(f"  total time and GPU-hours need the run's length: give {flag('samples')} N")
+    return "\n".join(lines)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.fsutil import atomic_write_bytes
+from zerokit.core.fsutil import atomic_write_bytes, check_writable_file
 from zerokit.core.options import flag
 from zerokit.core.units import GiB, fmt_bytes
 from zerokit.plan.planner import Plan, evaluate
@@ -48,14 +48,9 @@ def check_plot_path(path: str) -> Path:
     if p.suffix.lower() not in FORMATS:
         kind = f"a {p.suffix} file" if p.suffix else "a file without an extension"
         raise ZerokitError(f"{flag('plot')} {path}: cannot draw {kind}: end the name in {' or '.join(FORMATS)}")
-    folder = p.parent
-    if not folder.is_dir():
-        raise ZerokitError(f"{flag('plot')} {path}: the folder {folder} does not exist: create it or choose another "
-                           "path")
     if p.is_dir():
         raise ZerokitError(f"{flag('plot')} {path} is a folder: give a file name ending in {' or '.join(FORMATS)}")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ZerokitError(f"{flag('plot')} {path}: cannot write in {folder}: choose a writable folder")
+    check_writable_file(p, f"{flag('plot')} {path}")  # missing folders are created when it is drawn (mkdir -p)
     if importlib.util.find_spec("matplotlib") is None:
         raise ZerokitError(f"{flag('plot')} needs matplotlib, which is not installed: {INSTALL_HINT}")
     return p

@@ -148,6 +148,13 @@ def prediction_from_evaluation(ev, steps: int | None, time_source: str | None = 
         "total_seconds": float(t.step_seconds) * steps if steps else t.total_seconds,
         "efficiency": getattr(t, "efficiency", None),
         "time_source": time_source,
+        # what a learned run (spec.profile.LearnedRun) is keyed on and compared with: the prediction before any
+        # learned correction, so learning the same run twice gives the same ratio
+        "learned_factor": float(getattr(t, "learned_factor", 1.0)),
+        "unlearned_step_seconds": float(t.step_seconds) / float(getattr(t, "learned_factor", 1.0) or 1.0),
+        "precision": ev.setup.precision,
+        "zero_stage": ev.setup.zero_stage,
+        "micro_batch": ev.setup.micro_batch_size,
         # what torch.cuda.max_memory_reserved should show (estimate/reserved.py); None on CPU
         "allocator_reserved_bytes": smi.allocator_reserved() if smi else None,
         "nvidia_smi_bytes": smi.nvidia_smi_bytes if smi else None,

@@ -179,15 +179,56 @@ def config_fields(tc) -> dict:
     return dict(
         hidden_size=hidden, num_layers=layers, num_attention_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
         intermediate_size=int(inter), num_experts=experts, experts_per_token=top_k,
-        # the longest sequence the positions support (learned tables, rope's design length); None: no such limit (ALiBi)
-        max_positions=_positive_or_none(first_attr(tc, ["max_position_embeddings", "n_positions", "max_sequence_length",
-                                                        "seq_length"], None)),
+        # the longest sequence the positions support (learned tables, rope's design length, raised by the config's
+        # rope scaling); None: no such limit (ALiBi)
+        max_positions=_scaled_positions(tc, _positive_or_none(first_attr(tc, ["max_position_embeddings", "n_positions",
+                                                                              "max_sequence_length", "seq_length"], None))),
+        learned_positions=learned_position_table(tc),
         # Falcon names it `activation` (FalconMLP: get_activation(config.activation))
         mlp_activation=str(first_attr(tc, ["hidden_act", "activation_function", "hidden_activation", "activation"],
                                       "silu")),
         attention_dropout=_prob(first_attr(tc, ["attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"], 0.0)),
         hidden_dropout=_prob(first_attr(tc, ["resid_pdrop", "hidden_dropout", "dropout", "hidden_dropout_prob"], 0.0)),
     )
+
+
+# Architectures whose positions are a learned nn.Embedding table indexed by the position ids: a sequence longer than
+# its rows is an IndexError, not a quality question. transformers' modeling code: GPT2Model.wpe
+# (nn.Embedding(config.n_positions, ...)), GPTBigCodeModel.wpe, GPTNeoModel.wpe (max_position_embeddings rows),
+# OPTLearnedPositionalEmbedding (max_position_embeddings + 2 rows), BioGptLearnedPositionalEmbedding. Not here: rotary
+# models (Llama, Mistral, Qwen, Gemma, Phi, GPT-NeoX, Falcon: cos/sin computed from the position ids), ALiBi (BLOOM,
+# Falcon with alibi: a bias computed from the length, no max_positions read) and XGLM's sinusoidal table (rebuilt
+# longer when a sequence needs it: XGLMSinusoidalPositionalEmbedding.forward).
+LEARNED_POSITION_TYPES = frozenset({"gpt2", "gpt_bigcode", "gpt_neo", "opt", "biogpt", "imagegpt"})
+
+
+def learned_position_table(tc) -> bool:
+    """Whether the model looks its positions up in a learned table (LEARNED_POSITION_TYPES)."""
+    return getattr(tc, "model_type", None) in LEARNED_POSITION_TYPES
+
+
+def _scaled_positions(tc, positions: int | None) -> int | None:
+    """The positions a rope-scaled config is meant for: factor x original_max_position_embeddings (transformers'
+    modeling_rope_utils: linear, dynamic, yarn and llama3 scale the rotary frequencies by `factor` relative to the
+    original length), when the config states the original length and the product is more than
+    max_position_embeddings (Qwen2.5's YaRN recipe: factor 4 x 32768).
+    Llama-3.1's own config (llama3, factor 8 x 8192 = 65536 under its 131072) keeps its maximum."""
+    if positions is None:
+        return None
+    rope = first_attr(tc, ["rope_scaling", "rope_parameters"], None)
+    if not isinstance(rope, dict):
+        return positions
+    kind = rope.get("rope_type") or rope.get("type")
+    factor = rope.get("factor")
+    if kind in (None, "default") or isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 1:
+        return positions
+    original = _positive_or_none(rope.get("original_max_position_embeddings")
+                                 or first_attr(tc, ["original_max_position_embeddings"], None))
+    if original is None:
+        # no stated original length: max_position_embeddings may already be the scaled one (Gemma 3's 131072 with a
+        # linear factor 8 over its 32768 pre-training length), so it stays the limit
+        return positions
+    return max(positions, int(factor * original))
 
 
 def _positive_ints(*values) -> bool:

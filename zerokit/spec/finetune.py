@@ -163,14 +163,12 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
     ParamWrapper adapts transformers 5's 3-D expert weights: Mixtral all-linear is 360M trainable, not the
     14M its attention Linears alone would give), so zerokit asks it rather than copying its rules."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:
         raise ZerokitError(f"{flag('finetune')} lora counts the adapters with peft, which is not installed: "
                            "pip install 'zerokit[train]' (or pip install peft)") from None
-    names = finetune.target_names
-    cfg = LoraConfig(r=finetune.lora_r, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
-                     target_modules=list(names) if names else ALL_LINEAR)
+    cfg = lora_config(model, finetune)
     try:
         with warnings.catch_warnings():  # peft's notes on Conv1D fan_in_fan_out and the like: not the user's concern
             warnings.simplefilter("ignore")
@@ -186,6 +184,33 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
     trainable, total = peft_model.get_nb_trainable_parameters()
     adapted = sum(1 for m in peft_model.modules() if isinstance(m, BaseTunerLayer))
     return TrainableSplit(int(total), int(trainable), int(trainable), adapted)
+
+
+def lora_config(model, finetune: Finetune):
+    """peft's LoraConfig for `finetune` on `model`: the one plan counts with (lora_split) and the ranks train with
+    (launch/train.py apply_finetune). --lora-targets names go to target_modules, except a name that matches no module
+    but a fused MoE parameter (transformers 5's experts.gate_up_proj / experts.down_proj, a router's gate.weight): peft
+    adapts those only through target_parameters (its ParamWrapper, lora/layer.py), matching a parameter whose
+    `module.param` name ends with the given one (tuners_utils.py BaseTuner._inject_parameters). all-linear stays
+    peft's: it adapts Mixtral's and Qwen-MoE's experts itself (utils/transformers_weight_conversion.py
+    _convert_peft_config_moe) and leaves other fused experts frozen."""
+    from peft import LoraConfig
+
+    names = finetune.target_names
+    if not names:
+        return LoraConfig(r=finetune.lora_r, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
+                          target_modules=ALL_LINEAR)
+    modules = [n.replace(".base_layer", "") for n, _ in model.named_modules()]
+    fused = [f"{n.replace('.base_layer', '')}.{pname}" for n, m in model.named_modules()
+             for pname, _ in _moe_matmul_params(m)]
+
+    def is_module(t: str) -> bool:  # peft's list matching: the whole name or its dotted suffix (check_target_key)
+        return any(n == t or n.endswith(f".{t}") for n in modules)
+
+    parameters = [t for t in names if not is_module(t) and any(k == t or k.endswith(f".{t}") for k in fused)]
+    return LoraConfig(r=finetune.lora_r, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
+                      target_modules=[t for t in names if t not in parameters],
+                      target_parameters=parameters or None)
 
 
 def measure_split(model, finetune: Finetune, layout: bool = True) -> TrainableSplit:
@@ -264,8 +289,12 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
     quantized = quantized or {}
     storage = QUANT_STORAGE_BYTES[finetune.bnb_4bit_quant_storage]
     named = list(model.named_parameters())  # tied weights once
-    # the decoder layers: the shallowest ModuleList (an MoE layer's expert list sits deeper)
+    # the decoder layers: the shallowest ModuleList (an MoE layer's expert list sits deeper) of the text model's depth
+    # (a vision-language model's vision blocks can sit as shallow: Qwen2-VL's model.visual.blocks)
     lists = [(n.count("."), n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    text = model.config.get_text_config(decoder=True) if hasattr(getattr(model, "config", None), "get_text_config") else None
+    depth = getattr(text, "num_hidden_layers", None)
+    lists = [t for t in lists if len(t[2]) == depth] or lists
     _, layers_name, layers = min(lists, key=lambda t: t[0]) if lists else (0, "", [])
     prefix = layers_name + "."
     num_layers = len(layers)
@@ -278,19 +307,43 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
     # Linear-like modules per layer: (relative name, adapted, base weight trainable)
     linears: dict[int, list[tuple[str, bool, bool]]] = {}
     linear_params: set[int] = set()
+    # the fused-expert parameters peft's ParamWrapper adapts (module, parameter name): their modules' other parameters
+    # are still plain matmul weights
+    wrapped = {(id(m.get_base_layer()), m.parameter_name) for _, m in model.named_modules() if _is_param_wrapper(m)}
+
+    def relative(name: str) -> str:
+        return name[len(prefix):].split(".", 1)[1] if "." in name[len(prefix):] else ""
+
     for name, m in model.named_modules():
         li = layer_of(name)
         base = getattr(m, "base_layer", None)
-        if hasattr(m, "lora_A") and base is not None:  # peft's LoRA wrapper: its lora_A/B are Linears of their own
+        if _is_param_wrapper(m):
+            # peft's ParamWrapper (lora/layer.py): LoRA on one parameter of a module that is not a Linear (transformers
+            # 5's fused experts [E, 2i, h] / [E, h, i], the MoE router's weight). Nested wrappers adapt one parameter
+            # each ("experts" wraps down_proj around "experts.base_layer" wrapping gate_up_proj); get_param() reads the
+            # base module's parameter, which has no `.weight` of its own
             for p in m.parameters():
                 linear_params.add(id(p))
             if li is not None:
-                linears.setdefault(li, []).append((name[len(prefix):].split(".", 1)[1], True, base.weight.requires_grad))
+                rel = ".".join(part for part in relative(name).split(".") if part != "base_layer")
+                linears.setdefault(li, []).append((f"{rel}.{m.parameter_name}", True, m.get_param().requires_grad))
+        elif hasattr(m, "lora_A") and base is not None:  # peft's LoRA wrapper: its lora_A/B are Linears of their own
+            for p in m.parameters():
+                linear_params.add(id(p))
+            if li is not None:
+                linears.setdefault(li, []).append((relative(name), True, base.weight.requires_grad))
         elif type(m).__name__ in _LINEAR_TYPES and ".lora_" not in name and not name.endswith(".base_layer"):
             for p in m.parameters(recurse=False):
                 linear_params.add(id(p))
             if li is not None:
-                linears.setdefault(li, []).append((name[len(prefix):].split(".", 1)[1], False, m.weight.requires_grad))
+                linears.setdefault(li, []).append((relative(name), False, m.weight.requires_grad))
+        elif ".lora_" not in name:
+            # MoE matmul weights outside nn.Linear: fused experts and routers, the ones no ParamWrapper adapts
+            for pname, p in _moe_matmul_params(m):
+                linear_params.add(id(p))
+                if li is not None and (id(m), pname) not in wrapped:
+                    rel = ".".join(part for part in relative(name).split(".") if part != "base_layer")
+                    linears.setdefault(li, []).append((f"{rel}.{pname}", False, p.requires_grad))
 
     def slot(rel: str) -> int:
         parts = rel.split(".")
@@ -385,7 +438,34 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
         "lora_io_per_layer": _lora_io(layers[rep]) if num_layers else 0,
         "trainable_matmul_params": trainable_mm, "backward_matmul_params": backward_mm,
         "no_backward_params": nb_params, "no_backward_quantized_bytes": nb_q,
+        "merged_params_per_layer": sum(m.get_param().numel() for _, m in layers[rep].named_modules()
+                                       if _is_param_wrapper(m)) if num_layers else 0,
     }
+
+
+def _is_param_wrapper(m) -> bool:
+    """peft's lora.ParamWrapper (tuners/lora/layer.py): LoRA on one nn.Parameter (target_parameters, or what peft's
+    transformers-v5 conversion targets for Mixtral/Qwen-MoE experts: utils/transformers_weight_conversion.py
+    _convert_peft_config_moe). It has lora_A/B and a base_layer but adapts `parameter_name`, not `.weight`."""
+    return hasattr(m, "lora_A") and hasattr(m, "parameter_name") and hasattr(m, "get_param")
+
+
+def _moe_matmul_params(m) -> list[tuple[str, object]]:
+    """The direct parameters of a module that are MoE matmul weights without being an nn.Linear: transformers 5's fused
+    experts hold 3-D [experts, out, in] parameters (MixtralExperts gate_up_proj / down_proj; integrations/moe.py runs
+    them as batched or grouped matmuls), and its routers a 2-D weight read by F.linear (MixtralTopKRouter). A Conv1d's
+    3-D kernel (Mamba, ShortConv blocks) is a convolution, not an expert stack."""
+    import torch
+
+    if isinstance(m, (torch.nn.Conv1d, torch.nn.Embedding)):
+        return []
+    router = "router" in type(m).__name__.lower()
+    out = []
+    for n, p in m.named_parameters(recurse=False):
+        dims = len(getattr(p, "ds_shape", p.shape))  # ZeRO-3 partitions a parameter to 1-D; ds_shape keeps its shape
+        if dims == 3 or (router and dims == 2):
+            out.append((n, p))
+    return out
 
 
 def _peft_modules(layer) -> int:
@@ -400,8 +480,10 @@ def _lora_io(layer) -> int:
     Conv1D included): per token, an adapter's forward scales and adds an out-wide product to the base output and its
     backward adds an in-wide gradient to the input's (peft lora.layer.Linear.forward), element-wise work the time
     model prices per element (timing.compute_features "adapter_element")."""
+    # a ParamWrapper adds no per-token work: it folds B @ A into the expert weights once per forward (its
+    # _activate_lora parametrization), and the experts then run on that weight as before
     return sum(m.in_features + m.out_features for _, m in layer.named_modules()
-               if hasattr(m, "lora_A") and getattr(m, "base_layer", None) is not None)
+               if hasattr(m, "lora_A") and getattr(m, "base_layer", None) is not None and not _is_param_wrapper(m))
 
 
 def _before_layers(name: str, named: list, prefix: str) -> bool:
@@ -451,8 +533,19 @@ def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
     transformers.logging.set_verbosity_error()
     try:
         cfg = AutoConfig.from_pretrained(config_source)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg)
+        # the classes spec/model.py counts with, in its order: the causal LM, else the image-text-to-text model
+        # (Qwen2/2.5-VL, Llama-3.2-Vision, Gemma 3: the language model, its vision tower and projector together)
+        autos = [AutoModelForCausalLM, getattr(transformers, "AutoModelForImageTextToText", None)]
+        model, error = None, None
+        for auto in [a for a in autos if a is not None]:
+            try:
+                with torch.device("meta"):
+                    model = auto.from_config(cfg)
+                break
+            except Exception as exc:
+                error = error or exc
+        if model is None:
+            raise error
     except Exception as exc:  # an architecture transformers cannot build as a causal LM
         raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')}: transformers cannot build "
                            f"{config_source} as a causal LM "

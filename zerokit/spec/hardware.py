@@ -246,6 +246,10 @@ class Cluster:
     profile: HardwareProfile | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        # whole numbers, for a library caller as for the CLI: a float world would price fractions of a rank
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (self.gpus_per_node, self.nodes)):
+            raise ZerokitError(f"GPUs per node and nodes must be whole numbers, got {self.gpus_per_node!r} and "
+                               f"{self.nodes!r}")
         if self.gpus_per_node < 1 or self.nodes < 1:
             raise ZerokitError("GPUs per node and nodes must be at least 1")
         at_most(self.gpus_per_node, "MAX_GPUS_PER_NODE", "GPUs per node")

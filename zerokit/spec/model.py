@@ -86,6 +86,10 @@ class ModelSpec:
     attention_output_copy: bool = False  # o_proj reads a copy of the attention output (q reaches the kernel in (b, a, s, d) layout)
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
+    # a learned absolute position table (GPT-2's wpe of n_positions rows, OPT's embed_positions): a longer sequence
+    # indexes past it (an IndexError in the embedding), so max_positions is a hard limit; otherwise (rotary, computed
+    # from the position ids) it is what the model was trained on, and a longer sequence runs (spec/arch_params.py)
+    learned_positions: bool = False
     # what a fine-tune trains (spec/trained.py); the default: every weight, nothing quantized (a full fine-tune).
     # Set by with_finetune (spec/finetune.py)
     trained: Trained = FULL
@@ -108,12 +112,21 @@ class ModelSpec:
         (tests/test_finetune_model.py)."""
         return bytes_per_element * (self.params - self.trained.quantized_params) + self.trained.quantized_bytes
 
-    def check_seq_len(self, seq_len: int) -> None:
-        """Refuse a sequence longer than the model's positions (the same rule for plan, render, check and launch)."""
-        if self.max_positions is not None and seq_len > self.max_positions:
+    def check_seq_len(self, seq_len: int) -> str | None:
+        """The same rule for plan, render, check and launch: past a learned position table, refused (an index error
+        in the embedding); past rotary positions, a warning (the rotary embedding is computed from the position ids,
+        so the step runs; quality past the trained length needs rope scaling). None when within the positions."""
+        if self.max_positions is None or seq_len <= self.max_positions:
+            return None
+        if self.learned_positions:
             raise ZerokitError(f"{flag('seq-len')} {seq_len} exceeds the model's maximum of {self.max_positions} "
-                               "positions (max_position_embeddings): lower it, or raise the config's maximum for a "
-                               "rope-scaled model")
+                               "positions: its learned position table has that many rows (max_position_embeddings / "
+                               f"n_positions), a longer sequence indexes past it: use {flag('seq-len')} "
+                               f"{self.max_positions} or less")
+        factor = -(-seq_len // self.max_positions)
+        return (f"{flag('seq-len')} {seq_len} is past the {self.max_positions} positions the model was trained on: "
+                f"set rope scaling in its config for quality (e.g. rope_scaling YaRN or llama3 with factor {factor} "
+                f"and original_max_position_embeddings {self.max_positions})")
 
     @property
     def active_params(self) -> int:
@@ -179,7 +192,8 @@ class ModelSpec:
 # 5: mlp_activation also reads `activation` (Falcon's gelu was read as the silu default). 6: max_positions.
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
 # extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
-_SCHEMA_VERSION = 9
+# 10: learned_positions; max_positions raised by a config's rope scaling.
+_SCHEMA_VERSION = 10
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,6 +524,19 @@ def _count_on_meta(config: dict, source: str, trust_remote_code: bool, hub_id: s
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
 
+# The keys by which a config names its attention head size itself (Llama-family head_dim, GLM's kv_channels, T5's
+# d_kv, DeepSeek's MLA qk_nope_head_dim / v_head_dim, ...): then the heads need not divide the hidden size.
+_HEAD_DIM_KEYS = ("head_dim", "kv_channels", "attention_head_size", "d_kv", "qk_nope_head_dim", "qk_head_dim",
+                  "v_head_dim", "attention_head_dim", "head_size")
+
+
+def _gives_head_dim(cfg: dict) -> bool:
+    from zerokit.spec.arch_params import _DEFAULTS  # the architectures counted here, with their config classes' defaults
+
+    defaults = _DEFAULTS.get(str(cfg.get("model_type")), {})
+    return any(cfg.get(k) is not None or defaults.get(k) is not None for k in _HEAD_DIM_KEYS)
+
+
 def check_config_bounds(config: dict, source: str) -> None:
     """Refuse a config.json whose sizes are not positive integers within core/limits.py, or whose model would
     exceed MAX_PARAMS, before it is counted or built (10**12 layers hung the meta-device build). Nested text
@@ -528,6 +555,14 @@ def check_config_bounds(config: dict, source: str) -> None:
         except (TypeError, ValueError, OverflowError) as e:
             raise ZerokitError(f"{where}: cannot read the model's sizes ({e}): fix the config") from None
         h, layers = f["hidden_size"], f["num_layers"]
+        heads = f["num_attention_heads"]
+        if heads > 0 and h % heads and not _gives_head_dim(cfg):
+            # transformers splits the hidden size into the heads, hidden_size // num_attention_heads each, unless the
+            # config names the head size (LlamaAttention: getattr(config, "head_dim", hidden_size // heads); GPT-2,
+            # OPT, BLOOM and Falcon raise "must be divisible by num_heads"): without one, heads that do not divide
+            # the hidden size are a typo, not a model (Gemma's head_dim 256 beside hidden 3072 is one, and valid)
+            raise ZerokitError(f"{where}: hidden_size {h} is not divisible by num_attention_heads {heads}, and the "
+                               "config gives no head_dim: fix either, or give head_dim as the model defines it")
         rough = layers * (4 * h * h + 3 * h * f["intermediate_size"] * f["num_experts"]) + 2 * (cfg.get("vocab_size") or 0) * h
         at_most(rough, "MAX_PARAMS", f"{where}: the model's size in parameters (roughly)")
 
@@ -664,6 +699,17 @@ def spec_from_params(
         h = best[1]
         inter, heads, kv = _shape_for_hidden(h)
 
+    # The smallest model of these shapes holds its vocabulary's embeddings (input and untied output) and one layer:
+    # 4,161,728 parameters for the default 32,000-token vocabulary at the narrowest width, 64. A count below that
+    # (--params 1) is no Llama-like model of that vocabulary; planned, its states would be priced for fewer
+    # parameters than its own embeddings, beside activations and logits of the full shapes: refused instead.
+    smallest = 2 * V * h + h + _layer_params(h, inter, heads, kv)
+    if total < smallest:
+        fix = (f"a smaller {flag('hidden-size')} or {flag('vocab-size')}" if hidden_size is not None
+               else f"a smaller {flag('vocab-size')}")
+        raise ZerokitError(f"{flag('params')} {total:,} is below the smallest Llama-like model of a {V:,}-token "
+                           f"vocabulary at hidden size {h:,} ({smallest:,} parameters: its embeddings and one layer): "
+                           f"give at least {smallest:,}, {fix}, or the model's config.json")
     if num_layers is not None:
         L = num_layers
     else:

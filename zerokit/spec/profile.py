@@ -37,6 +37,10 @@ every number measured on the machine named in "device"):
     "ring": {ranks, per_call_s, runs} on a CPU, what a ZeRO-3 call costs per ring step inside real steps on 4 ranks
     (engine_fit.measure_zero_ring_calls, read by estimate.timing.zero_call_seconds)
   notes: [str], quick: bool, created, software: {torch, deepspeed}, wall_s
+  learned_runs: [LearnedRun.to_dict()]: step times measured by finished runs on this hardware (`zerokit launch` adds
+    one at the end of a run, `zerokit calibrate --from-run RUN_DIR` one from a run directory), each beside what
+    the model predicted for it before any run was learned; the time model scales a plan by the nearest one's
+    measured / predicted (nearest_learned_run)
 """
 
 from __future__ import annotations
@@ -380,3 +384,69 @@ def apply_profile(accelerator, profile: "HardwareProfile | str | os.PathLike"):
     changes["source"] = profile.source
     changes["slow_precisions"] = slow_precisions(mt)
     return dataclasses.replace(accelerator, **{k: v for k, v in changes.items() if k in fields})
+
+
+# -- what finished runs measured ----------------------------------------------------------------------------------
+LEARNED_RUNS = "learned_runs"
+MAX_LEARNED_RUNS = 64  # the newest kept: a profile is read by every plan
+# How far a learned run may be from a plan and still correct it: the parameters, tokens per rank per micro step and
+# world size each within this factor (summed in log space). Beyond it the run says little about the plan's balance of
+# compute, communication and overheads, and the plan is priced as without it.
+LEARNED_REACH = 4.0
+
+
+@dataclass(frozen=True)
+class LearnedRun:
+    """One finished run's steady-state step time beside what the time model predicted for it (before any learned
+    correction), with what identifies the plan it corrects."""
+
+    accelerator: str
+    precision: str
+    zero_stage: int
+    params: int
+    world_size: int
+    tokens_per_micro_step: int  # per rank: micro batch x seq len
+    setup: str  # the setup's label, for the note
+    predicted_step_s: float
+    measured_step_s: float
+    run_dir: str
+    recorded: str
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_step_s / self.predicted_step_s
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "LearnedRun | None":
+        """None for an entry that is not one (an older or hand-edited profile: skipped, never trusted)."""
+        try:
+            run = cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        except (KeyError, TypeError):
+            return None
+        ok = (_pos(run.predicted_step_s) and _pos(run.measured_step_s) and _pos(run.params) and _pos(run.world_size)
+              and _pos(run.tokens_per_micro_step) and run.zero_stage in (0, 1, 2, 3) and run.precision in PRECISIONS)
+        return run if ok else None
+
+
+def learned_runs(data: dict) -> tuple[LearnedRun, ...]:
+    return tuple(r for r in map(LearnedRun.from_dict, data.get(LEARNED_RUNS) or ()) if r is not None)
+
+
+def nearest_learned_run(runs, accelerator: str, precision: str, zero_stage: int, params: int, world_size: int,
+                        tokens_per_micro_step: int) -> LearnedRun | None:
+    """The learned run on the same accelerator, precision and ZeRO stage closest to the plan (log distance over
+    parameters, tokens per micro step and world size), if within LEARNED_REACH; the newest of equals."""
+    import math
+
+    def distance(r: LearnedRun) -> float:
+        return (abs(math.log(r.params / params)) + abs(math.log(r.tokens_per_micro_step / tokens_per_micro_step))
+                + abs(math.log(r.world_size / world_size)))
+
+    same = [r for r in runs if (r.accelerator, r.precision, r.zero_stage) == (accelerator, precision, zero_stage)]
+    if not same or min(params, world_size, tokens_per_micro_step) < 1:
+        return None
+    best = min(reversed(same), key=distance)  # reversed: min keeps the first of equals, the newest
+    return best if distance(best) <= math.log(LEARNED_REACH) else None

@@ -37,6 +37,11 @@ class ZeroSetup:
     micro_batch_size: int = 1
     gradient_accumulation_steps: int = 1
     activation_checkpointing: bool = False
+    # ALST's activation-checkpoint offload: the checkpointed layer inputs (the hidden states each recomputed layer
+    # starts from) are moved to pinned host memory in forward and brought back for the recompute (DeepSpeed 0.19.8
+    # runtime/activation_checkpointing/offload_activations.py CheckpointHiddenStatesOffload, around HF's gradient
+    # checkpointing; launch/ckpt_offload.py). Needs activation_checkpointing.
+    checkpoint_offload: bool = False
     # the ds_config's communication_data_type (fp32 | fp16 | bf16): the dtype gradients are reduced in; None =
     # DeepSpeed's default, the training precision (DeepSpeedEngine.communication_data_type)
     communication_data_type: str | None = None
@@ -68,6 +73,9 @@ class ZeroSetup:
             raise ZerokitError("micro batch and gradient accumulation must be at least 1")
         if self.communication_data_type not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
             raise ZerokitError(f"communication_data_type must be fp32, fp16 or bf16, got {self.communication_data_type!r}")
+        if self.checkpoint_offload and not self.activation_checkpointing:
+            raise ZerokitError("checkpoint offload moves the checkpointed layer inputs to host memory: it needs "
+                               f"activation checkpointing ({flag('activation-checkpointing')} offload)")
         par = self.parallelism  # validates the degrees
         if par.tensor_parallel > 1 and par.sequence_parallel > 1:
             # engine.py builds one model-parallel mesh: mp_mode = "tp" if tp_size > 1 else "sp"
@@ -113,7 +121,7 @@ class ZeroSetup:
             parts.append(f"comm={self.communication_data_type}")
         parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
         if self.activation_checkpointing:
-            parts.append("ckpt")
+            parts.append("ckpt->cpu" if self.checkpoint_offload else "ckpt")
         for name, v in (("tp", self.tensor_parallel), ("sp", self.sequence_parallel), ("hpz", self.hpz_partition_size)):
             if v > 1:
                 parts.append(f"{name}={v}")

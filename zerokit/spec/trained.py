@@ -56,6 +56,10 @@ class Trained:
     no_backward_quantized_bytes: int = 0  # and the packed 4-bit bytes among them
     trainable_matmul_params: int | None = None  # matmul weights with a gradient (their weight-gradient GEMM runs)
     backward_matmul_params: int | None = None  # matmul weights a gradient flows through (their input-gradient GEMM runs)
+    # LoRA on fused MoE experts (peft's ParamWrapper): elements of a decoder layer's expert parameters it adapts. Each
+    # forward folds the adapter into a new copy of them (W + scaling B A, one baddbmm: lora/layer.py _activate_lora),
+    # in the training dtype, which the experts' matmuls save for backward (measured: tests/test_moe.py)
+    merged_params_per_layer: int = 0
 
 
 FULL = Trained()  # a full fine-tune: ModelSpec.trained's default

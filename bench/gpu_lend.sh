@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What to run when a GPU is lent (the device tool: one H100/H200, ~15 min of device time in all): under 8 minutes.
+#   here:   bash scripts/gpu_wheels.sh            (once: DeepSpeed and what it needs, into .gpu_wheels/)
+#   there:  bash bench/gpu_lend.sh                (run with carry [".gpu_wheels"]; results under $OUT, else bench/results)
+# 1. zerokit calibrate --quick on the GPU, for the lend models' block family (the profile a plan there would use);
+# 2. bench/accuracy/run.py --lend: real one-rank DeepSpeed jobs of 1B and 3B Llama shapes (random weights, seq
+#    2048-4096, ZeRO-0..3, bf16, checkpointing on and off), each measuring step time and peak memory (allocated,
+#    reserved, nvidia-smi), in LEND's order until the time budget is spent;
+# 3. the same runs predicted twice, on the catalog's figures and on the profile from 1: before and after calibration.
+# Tiny models measure the host, not the GPU (the last lend): these are sized so that the GPU sets the step time.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} ZEROKIT_CACHE_DIR=/tmp/zerokit-cache
+RES=${OUT:-bench/results}
+STAMP=$(date +%Y%m%d_%H%M)
+BUDGET_S=${BUDGET_S:-450}  # stop starting jobs after this; each job takes well under a minute
+t0=$(date +%s)
+python3 -c "import deepspeed" 2>/dev/null || {
+  DS_BUILD_OPS=0 python3 -m pip install -q --no-index --find-links .gpu_wheels --no-build-isolation \
+    deepspeed hjson pydantic >/dev/null && python3 -m pip install -q --no-index --no-deps --find-links .gpu_wheels \
+    transformers >/dev/null || { echo "gpu_lend: cannot install from .gpu_wheels (run scripts/gpu_wheels.sh here and carry it)"; exit 2; }
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
+PROFILE=$RES/gpu_profile_$STAMP.json
+timeout 180 python3 -m zerokit calibrate --quick --model bench/accuracy/models/gpu-1b -o "$PROFILE" \
+  || echo "gpu_lend: calibrate did not finish in 180 s; the runs are predicted on the catalog only"
+RUNS=/tmp/zerokit-lend
+for name in $(python3 -c "import sys; sys.path.insert(0, 'bench/accuracy'); import run; print(' '.join(j.name for j in run.LEND))"); do
+  if [ $(( $(date +%s) - t0 )) -gt "$BUDGET_S" ]; then echo "gpu_lend: budget spent, $name and later not run"; break; fi
+  python3 bench/accuracy/run.py --lend --only "^${name}\$" --steps 8 --warmup 2 --runs "$RUNS" --drop-checkpoints \
+    --timeout 240 --results "/tmp/lend_$name" >/dev/null 2>"/tmp/lend_$name.err" || tail -3 "/tmp/lend_$name.err"
+done
+# the jobs that ran (--reuse alone would run the others now)
+ran=$(cd "$RUNS/lend" 2>/dev/null && ls -d */metrics/rank0.jsonl 2>/dev/null | cut -d/ -f1 | paste -sd'|')
+[ -n "$ran" ] || { echo "gpu_lend: no job ran"; exit 1; }
+python3 bench/accuracy/run.py --lend --reuse --only "^($ran)\$" --runs "$RUNS" --steps 8 --warmup 2 \
+  --results "$RES/accuracy_gpu_lend_$STAMP"
+[ -f "$PROFILE" ] && python3 bench/accuracy/run.py --lend --reuse --only "^($ran)\$" --runs "$RUNS" --steps 8 \
+  --warmup 2 --hardware-profile "$PROFILE" --results "$RES/accuracy_gpu_lend_${STAMP}_calibrated"
+echo "gpu_lend: $(( $(date +%s) - t0 )) s"

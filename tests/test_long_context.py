@@ -1,0 +1,323 @@
+"""Issue 28, in pure Python: sequences past the model's positions, `--seq-len max`, activation-checkpoint offload
+priced and planned. (The offload mechanism itself and its real 2-rank run: tests/test_ckpt_offload.py.)
+
+Oracles: transformers' modeling code for which positions are a learned table (GPT-2's wpe, OPT's embed_positions:
+an index error past them) and which are computed (rotary); DeepSpeed 0.19.8's CheckpointHiddenStatesOffload
+defaults for what stays on the GPU (keep_last_count=1, one restored input at a time); a brute-force scan of the
+memory model for the longest sequence."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from zerokit.cli import main
+from zerokit.core.errors import ZerokitError
+from zerokit.estimate.memory import CHECKPOINT_OFFLOAD_GPU_LAYERS, estimate_memory
+from zerokit.estimate.timing import estimate_time
+from zerokit.plan.planner import evaluate, make_plan
+from zerokit.plan.search import longest_fitting
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.spec.model import load_model_spec
+from zerokit.spec.setup import Workload, ZeroSetup
+
+H100x8 = Cluster(accelerator("h100-80gb"), gpus_per_node=8)
+
+
+def run(argv, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# ------------------------------------------------------------------------------------------- past the positions
+
+
+def test_rotary_model_past_its_positions_plans_with_one_warning(capsys):
+    # the issue's refused command: now planned, with one warning line and a JSON warnings entry
+    argv = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--seq-len", "500000", "--stage",
+            "3", "--offload-optimizer", "cpu", "--sequence-parallel", "8", "--tiled-loss", "on", "--tiled-mlp", "on",
+            "--activation-checkpointing", "on", "--json"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "131072 positions" in warnings[0] and "rope_scaling" in warnings[0]
+    d = json.loads(out)
+    assert d["fits"] and len(d["warnings"]) == 1 and "131072" in d["warnings"][0]
+    assert d["workload"]["seq_len"] == 500000
+
+
+def test_within_the_positions_no_warning(capsys):
+    rc, out, err = run(["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--seq-len", "4096", "--json"], capsys)
+    assert "warning" not in err and json.loads(out)["warnings"] == []
+
+
+@pytest.mark.parametrize("model, learned", [("gpt2", True), ("tiny-gpt2", True), ("opt-1.3b", True),
+                                            ("tiny-llama", False), ("llama-3.1-8b", False), ("falcon-7b", False),
+                                            ("phi-2", False), ("bloom-560m", False)])
+def test_learned_position_tables_are_a_hard_limit(model, learned):
+    spec = load_model_spec(model)
+    assert spec.learned_positions is learned
+    if spec.max_positions is None:  # BLOOM: ALiBi, no table and no maximum
+        assert spec.check_seq_len(10**6) is None
+        return
+    assert spec.check_seq_len(spec.max_positions) is None
+    if learned:
+        with pytest.raises(ZerokitError, match="learned position table"):
+            spec.check_seq_len(spec.max_positions + 1)
+    else:
+        assert "rope scaling" in spec.check_seq_len(spec.max_positions + 1)
+
+
+def test_a_learned_table_past_its_rows_is_an_index_error_in_transformers():
+    """The oracle for the refusal: GPT-2 past n_positions fails in its position embedding."""
+    torch = pytest.importorskip("torch")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=16))
+    model(torch.zeros(1, 16, dtype=torch.long))
+    with pytest.raises(IndexError):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_rope_scaling_raises_the_limit_silently(tmp_path, capsys):
+    from pathlib import Path
+
+    bundled = Path(__file__).resolve().parents[1] / "zerokit" / "data" / "models" / "tiny-llama" / "config.json"
+    cfg = json.loads(bundled.read_text())
+    # Qwen2.5's YaRN recipe, at tiny-llama's size: factor 4 x the original 512 positions
+    cfg = {**cfg, "max_position_embeddings": 512,
+           "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = load_model_spec(str(tmp_path))
+    assert spec.max_positions == 2048
+    rc, out, err = run(["plan", str(tmp_path), "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "2048", "--json"],
+                       capsys)
+    assert rc == 0 and "warning" not in err and json.loads(out)["warnings"] == []
+    # the scaled limit is where the warning starts
+    assert "2048 positions" in spec.check_seq_len(4096)
+
+
+# ------------------------------------------------------------------------------------------------ --seq-len max
+
+
+def test_longest_fitting_equals_a_scan():
+    for limit in (1, 7, 100, 1000):
+        for answer in (0, 1, 5, 99, 999):
+            class J:
+                def __init__(self, s):
+                    self.fits = s <= answer
+            n, _, beyond = longest_fitting(J, 1, limit)
+            assert n == min(answer, limit)
+            assert (beyond is None) == (answer >= limit)
+
+
+def test_seq_len_max_is_the_longest_that_fits_the_pinned_setup(capsys):
+    argv = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--seq-len", "max", "--stage",
+            "3", "--offload-optimizer", "cpu", "--sequence-parallel", "8", "--tiled-loss", "on", "--tiled-mlp", "on",
+            "--activation-checkpointing", "on", "--micro-batch", "1", "--json"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0
+    d = json.loads(out)
+    longest = d["workload"]["max_seq_len"]
+    assert d["workload"]["seq_len"] == longest and longest % 8 == 0 and d["fits"]
+    assert "per GPU" in d["workload"]["max_seq_len_search"]["binds"]
+    # the oracle: the memory model itself, one granule on either side
+    model = load_model_spec("llama-3.1-8b")
+    setup = ZeroSetup(**{k: d["choice"][k] for k in ZeroSetup.__dataclass_fields__})
+    assert evaluate(model, H100x8, Workload(seq_len=longest), setup).fits
+    assert not evaluate(model, H100x8, Workload(seq_len=longest + 8), setup).fits
+    rc, out, err = run([a for a in argv if a != "--json"], capsys)
+    assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out
+
+
+def test_seq_len_max_in_check(tmp_path, capsys):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}, "sequence_parallel_size": 8}
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    argv = ["check", str(tmp_path / "ds.json"), "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node",
+            "8", "--seq-len", "max", "--tiled-loss", "on", "--activation-checkpointing", "on", "--json"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    longest = d["workload"]["max_seq_len"]
+    assert d["fits"] and longest == d["workload"]["seq_len"] and longest % 8 == 0
+    assert "per GPU" in d["workload"]["max_seq_len_search"]["binds"]
+    rc, out, err = run([a for a in argv if a != "--json"], capsys)
+    assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out
+
+
+def test_seq_len_max_nothing_fits_says_what_binds(capsys):
+    rc, out, err = run(["plan", "llama-3-70b", "--gpu", "t4", "--seq-len", "max", "--stage", "0"], capsys)
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert "nothing fits even at 1 token" in err and "optimizer_states" in err
+
+
+# ------------------------------------------------------------------------------------ activation-checkpoint offload
+
+
+def test_offload_moves_the_checkpoints_from_gpu_to_host_and_adds_pcie_time():
+    model = load_model_spec("llama-3.1-8b")
+    w = Workload(seq_len=262144)
+    on = ZeroSetup(zero_stage=3, offload_optimizer="cpu", activation_checkpointing=True, sequence_parallel=8,
+                   tiled_loss=True, tiled_mlp=True)
+    off = replace(on, checkpoint_offload=True)
+    tokens = w.seq_len // 8
+    layer_input = tokens * model.hidden_size * 2  # bf16 hidden states of one rank's slice
+    a, b = estimate_memory(model, H100x8, on, w), estimate_memory(model, H100x8, off, w)
+    assert a.phase_terms["backward"]["activations_checkpoints"] == model.num_layers * layer_input
+    assert b.phase_terms["backward"]["activations_checkpoints"] == CHECKPOINT_OFFLOAD_GPU_LAYERS * layer_input
+    assert b.per_node_cpu["activation_checkpoints_offloaded"] == 8 * (model.num_layers - 1) * layer_input
+    assert "activation_checkpoints_offloaded" not in a.per_node_cpu
+    ta, tb = estimate_time(model, H100x8, on, w), estimate_time(model, H100x8, off, w)
+    pcie = H100x8.accelerator.pcie_bw * 1e9
+    assert tb.offload_seconds - ta.offload_seconds == pytest.approx(2 * (model.num_layers - 1) * layer_input / pcie)
+
+
+def test_offload_on_cpu_ranks_changes_no_memory():
+    model = load_model_spec("tiny-llama")
+    cpu2 = Cluster(accelerator("cpu"), gpus_per_node=2)
+    w = Workload(seq_len=128)
+    on = ZeroSetup(activation_checkpointing=True)
+    a, b = estimate_memory(model, cpu2, on, w), estimate_memory(model, cpu2, replace(on, checkpoint_offload=True), w)
+    assert a.per_gpu_total == b.per_gpu_total and a.per_node_cpu == b.per_node_cpu
+
+
+def test_offload_needs_checkpointing():
+    with pytest.raises(ZerokitError, match="activation checkpointing"):
+        ZeroSetup(checkpoint_offload=True)
+
+
+# ALST's 8 x H100 setup, the rest left to the planner (fewer families: the test stays fast)
+ALST_PINS = {"zero_stage": 3, "offload_optimizer": "cpu", "sequence_parallel": 8, "tiled_loss": True, "tiled_mlp": True}
+
+
+def test_planner_reaches_for_offload_only_when_nothing_else_fits():
+    model = load_model_spec("llama-3.1-8b")
+    assert not make_plan(model, H100x8, Workload(seq_len=1_048_576), ALST_PINS).choice.checkpoint_offload
+    plan = make_plan(model, H100x8, Workload(seq_len=3_000_000), ALST_PINS)
+    assert plan.fits and plan.choice.checkpoint_offload and plan.choice.activation_checkpointing
+    # the same length without offload fits nothing
+    assert not make_plan(model, H100x8, Workload(seq_len=3_000_000), {**ALST_PINS, "checkpoint_offload": False}).fits
+
+
+def test_offload_rendered_where_deepspeed_reads_it_and_checked_back(tmp_path, capsys):
+    argv = ["render", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "128",
+            "--activation-checkpointing", "offload", "-o", str(tmp_path / "ds.json")]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0, err
+    cfg = json.loads((tmp_path / "ds.json").read_text())
+    assert cfg["activation_checkpointing"]["cpu_checkpointing"] is True
+    rc, out, err = run(["check", str(tmp_path / "ds.json"), "--model", "tiny-llama", "--gpu", "cpu",
+                        "--gpus-per-node", "2", "--seq-len", "128", "--json"], capsys)
+    assert rc == 0, err
+    setup = json.loads(out)["evaluation"]["setup"]
+    assert setup["activation_checkpointing"] and setup["checkpoint_offload"]
+    # DeepSpeed's own config class reads the key
+    from deepspeed.runtime.activation_checkpointing.config import DeepSpeedActivationCheckpointingConfig
+
+    assert DeepSpeedActivationCheckpointingConfig(cfg).cpu_checkpointing is True
+
+
+def test_offload_without_host_ram_does_not_fit_and_says_how_much(capsys):
+    rc, out, err = run(["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--cpu-memory", "256GB",
+                        "--seq-len", "1048576", "--activation-checkpointing", "offload", "--stage", "3",
+                        "--offload-optimizer", "none", "--sequence-parallel", "8", "--tiled-loss", "on", "--json"],
+                       capsys)
+    d = json.loads(out)
+    assert rc == 1 and not d["fits"]
+    assert any("host RAM per node" in r for r in d["reasons"])
+
+
+def test_the_recomputed_layers_backward_is_priced_in_its_phase():
+    """FlashAttention-2's mha_bwd buffers (GPU), the residual stream's two gradients, TiledMLP's slice: the largest
+    moment, less the second norm's saved bytes once the MLP's backward is done (memory.recompute_backward_terms)."""
+    from zerokit.estimate.memory import _norm_bytes_per_token
+
+    model = load_model_spec("llama-3.1-8b")
+    w = Workload(seq_len=131072)
+    setup = ZeroSetup(zero_stage=3, offload_optimizer="cpu", activation_checkpointing=True, tiled_loss=True,
+                      tiled_mlp=True)
+    gpu = estimate_memory(model, Cluster(accelerator("h100-80gb"), gpus_per_node=1), setup, w)
+    phase = gpu.phase_terms["backward_recompute"]
+    tokens, h, e = w.seq_len, model.hidden_size, 2
+    a, d = model.num_attention_heads, model.head_dim
+    assert model.num_kv_heads < a
+    assert phase["hidden_state_grads"] == 2 * tokens * h * e
+    flash = tokens * (2 * e * a * d + 2 * e * a * d + 4 * a * d + 4 * a)  # GQA: dk, dv expanded to every head
+    norm2 = tokens * _norm_bytes_per_token(model, "bf16")
+    assert phase["recompute_layer_backward"] == max(flash - norm2, gpu.phase_terms["backward"]["tiled_mlp_backward"])
+    assert gpu.peak_phase == "backward_recompute"
+    # on CPU ranks the flash moment is not added (torch's CPU kernel differs; the measured CPU rows are the oracle)
+    cpu = estimate_memory(model, Cluster(accelerator("cpu"), gpus_per_node=1), setup, w)
+    assert cpu.phase_terms["backward_recompute"].get("recompute_layer_backward", 0) == \
+        cpu.phase_terms["backward"].get("tiled_mlp_backward", 0)
+
+
+# ------------------------------------------------------------------------------ accelerate / TRL ALST configs in check
+
+# TRL's examples/accelerate_configs/alst_ulysses_4gpu.yaml (its documentation, "Ulysses" section)
+TRL_ALST_YAML = """compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config:
+  zero_stage: 3
+  seq_parallel_communication_data_type: bf16
+distributed_type: DEEPSPEED
+mixed_precision: bf16
+num_machines: 1
+num_processes: 4
+parallelism_config:
+  parallelism_config_dp_replicate_size: 1
+  parallelism_config_dp_shard_size: 2
+  parallelism_config_tp_size: 1
+  parallelism_config_sp_size: 2
+  parallelism_config_sp_backend: deepspeed
+  parallelism_config_sp_seq_length_is_variable: true
+  parallelism_config_sp_attn_implementation: flash_attention_2
+"""
+
+
+def test_check_reads_trls_alst_accelerate_config(tmp_path, capsys):
+    (tmp_path / "alst.yaml").write_text(TRL_ALST_YAML)
+    rc, out, err = run(["check", str(tmp_path / "alst.yaml"), "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+                        "--seq-len", "32768", "--activation-checkpointing", "on", "--micro-batch", "1", "--json"],
+                       capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["world_size"] == 4  # num_processes
+    assert d["parallelism"] == {"data_parallel": 2, "tensor_parallel": 1, "sequence_parallel": 2,
+                                "hpz_partition_size": 1}
+    setup = d["evaluation"]["setup"]
+    assert setup["zero_stage"] == 3 and setup["precision"] == "bf16" and setup["sequence_parallel"] == 2
+    assert not any(f["key"] == "sequence_parallel_size" for f in d["findings"])  # accelerate registers Ulysses
+
+
+def test_check_reads_the_ds_config_file_an_accelerate_config_names(tmp_path, capsys):
+    (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                                  "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
+    (tmp_path / "acc.yaml").write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+                                       "num_machines: 1\nnum_processes: 8\nparallelism_config:\n"
+                                       "  parallelism_config_sp_size: 8\n  parallelism_config_sp_backend: deepspeed\n")
+    rc, out, err = run(["check", str(tmp_path / "acc.yaml"), "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+                        "--seq-len", "max", "--activation-checkpointing", "on", "--tiled-loss", "on", "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["world_size"] == 8 and d["parallelism"]["sequence_parallel"] == 8
+    assert d["evaluation"]["setup"]["zero_stage"] == 2 and d["workload"]["max_seq_len"] % 8 == 0
+
+
+@pytest.mark.parametrize("yaml_text, needle", [
+    (TRL_ALST_YAML.replace("sp_backend: deepspeed", "sp_backend: torch"), "sp_backend: deepspeed"),
+    (TRL_ALST_YAML.replace("dp_shard_size: 2", "dp_shard_size: 3"), "num_processes is 4"),
+    (TRL_ALST_YAML.replace("DEEPSPEED", "FSDP"), "distributed_type"),
+    ("deepspeed_config: [1]\ndistributed_type: DEEPSPEED\n", "not a mapping"),
+])
+def test_bad_accelerate_configs_are_one_line(tmp_path, capsys, yaml_text, needle):
+    (tmp_path / "a.yaml").write_text(yaml_text)
+    rc, out, err = run(["check", str(tmp_path / "a.yaml"), "--model", "llama-3.1-8b", "--gpu", "h100-80gb"], capsys)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1 and out == ""

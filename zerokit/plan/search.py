@@ -1,0 +1,149 @@
+"""`--seq-len max`: the longest sequence that fits, found by search over the memory model.
+
+Every term the memory model prices grows with the sequence or stays (activations, logits, their gradients and
+buffers are linear in the tokens; eager attention's scores quadratic), so the fit is monotone in the sequence length
+for one setup, and the planner's best over setups is monotone too (what fits at s fits at any shorter s). Doubling
+finds a length that does not fit, bisection the boundary: about 2 log2(answer) fit checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
+from zerokit.core.limits import MAX_SEQ_LEN
+from zerokit.core.options import flag
+from zerokit.core.units import fmt_bytes
+
+
+@dataclass
+class SeqLenSearch:
+    """The answer: the longest sequence (a multiple of `granule`) that fits, and what binds one step longer."""
+
+    longest: int
+    granule: int  # the search's step: the sequence-parallel degree(s) must divide the sequence
+    limit: int  # the longest the model's positions allow (a learned table) or zerokit's bound (MAX_SEQ_LEN)
+    binds: str  # why longest + granule does not fit (or "the model's positions" at the limit)
+
+    def to_dict(self) -> dict:
+        return {"max_seq_len": self.longest, "granule": self.granule, "limit": self.limit, "binds": self.binds}
+
+    @property
+    def note(self) -> str:
+        return (f"longest sequence that fits: {self.longest} tokens (a multiple of {self.granule}); at "
+                f"{self.longest + self.granule} tokens: {self.binds}")
+
+
+def longest_fitting(judge, granule: int = 1, limit: int = MAX_SEQ_LEN):
+    """(n, judged at n, judged at n + granule or None at the limit) for judge(seq_len) -> an object with .fits: the
+    largest multiple n of granule up to limit that fits, 0 when granule itself does not (then both judged are at
+    granule)."""
+    granule = max(1, granule)
+    top = limit // granule  # in units of granule
+    first = judge(granule)
+    if not first.fits:
+        return 0, first, first
+    lo, lo_j, hi, hi_j = 1, first, None, None
+    while hi is None and lo < top:
+        m = min(2 * lo, top)
+        j = judge(m * granule)
+        if j.fits:
+            lo, lo_j = m, j
+        else:
+            hi, hi_j = m, j
+    if hi is None:
+        return lo * granule, lo_j, None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        j = judge(mid * granule)
+        if j.fits:
+            lo, lo_j = mid, j
+        else:
+            hi, hi_j = mid, j
+    return lo * granule, lo_j, hi_j
+
+
+def binding(evaluation) -> str:
+    """What binds at a length that does not fit: the budget it exceeds and the largest per-GPU term there."""
+    if evaluation is None:
+        return "the model's positions (its learned position table)"
+    reasons = "; ".join(evaluation.reasons) or "does not fit"
+    terms = evaluation.memory.per_gpu
+    if terms:
+        name = max(terms, key=terms.get)
+        reasons += f" (largest term: {name} {fmt_bytes(terms[name])}, with {evaluation.setup.label})"
+    return reasons
+
+
+def seq_len_limit(model) -> int:
+    """How far the search goes: a learned position table's rows (a longer sequence cannot run), else MAX_SEQ_LEN."""
+    if model is not None and model.learned_positions and model.max_positions:
+        return min(model.max_positions, MAX_SEQ_LEN)
+    return MAX_SEQ_LEN
+
+
+def plan_granule(cluster, pins: dict) -> int:
+    """The step of the search: a pinned SP degree, else the GPUs of a node (every SP degree the planner tries divides
+    them, planner.parallel_options), so that a sequence-parallel setup stays a candidate at every length tried."""
+    return pins.get("sequence_parallel") or max(1, cluster.gpus_per_node)
+
+
+def candidate_setups(model, cluster, workload, pins: dict) -> list:
+    """Every setup make_plan may choose (planner.parallel_options x planner._families, as make_plan pairs them), each
+    at its smallest micro batch: memory grows with the micro batch, so a family fits some length at all only there."""
+    from zerokit.plan.planner import _families, _micro_batches, parallel_options
+    from zerokit.spec.setup import ZeroSetup
+
+    pairs: dict[int, tuple[int, int] | None] = {}
+    out = []
+    for par in parallel_options(model, cluster, workload, pins):
+        for fam in _families(cluster, pins):
+            if fam["zero_stage"] != 3 and par["hpz_partition_size"] > 1 or fam["zero_stage"] == 3 and par["tensor_parallel"] > 1:
+                continue
+            mp = par["tensor_parallel"] * par["sequence_parallel"]
+            if mp not in pairs:
+                try:
+                    pairs[mp] = _micro_batches(cluster, workload, pins, mp)[0]
+                except ZerokitError:
+                    if mp == 1:
+                        raise
+                    pairs[mp] = None  # the pinned batch does not split over this many replicas (as make_plan)
+            if pairs[mp] is not None:
+                micro, accum = pairs[mp]
+                out.append(ZeroSetup(micro_batch_size=micro, gradient_accumulation_steps=accum, **{**fam, **par}))
+    return out
+
+
+def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
+    """(the plan at the longest sequence that fits, SeqLenSearch). Nothing fits even at one granule: ZerokitError,
+    exit 1, naming what binds.
+
+    The fit at a length is "some candidate setup fits" (candidate_setups). A setup that does not fit at s fits at no
+    longer s, so once a length fits, the setups that failed there are dropped for the rest of the search: the first
+    probes judge every candidate, the later ones a handful. The plan at the answer is then make_plan's own choice."""
+    from zerokit.plan.planner import evaluate, make_plan
+
+    granule = plan_granule(cluster, pins)
+    limit = seq_len_limit(model)
+    alive = candidate_setups(model, cluster, replace(workload, seq_len=granule), pins)
+
+    class Probe:
+        def __init__(self, fits, smallest):
+            self.fits, self.smallest = fits, smallest
+
+    def judge(seq_len: int):
+        nonlocal alive
+        w = replace(workload, seq_len=seq_len)
+        evals = [evaluate(model, cluster, w, setup, None, memory_fraction) for setup in alive]
+        fitting = [ev.setup for ev in evals if ev.fits]
+        smallest = min(evals, key=lambda ev: ev.memory.per_gpu_total) if evals else None
+        if fitting:
+            alive = fitting  # the others fit no longer sequence
+        return Probe(bool(fitting), smallest)
+
+    longest, at, beyond = longest_fitting(judge, granule, limit)
+    if longest == 0:
+        raise ZerokitError(f"{flag('seq-len')} max: nothing fits even at {granule} token{'s' if granule > 1 else ''}: "
+                           f"{binding(at.smallest)}", exit_code=EXIT_DOES_NOT_FIT)
+    plan = make_plan(model, cluster, replace(workload, seq_len=longest), pins, memory_fraction=memory_fraction)
+    return plan, SeqLenSearch(longest, granule, limit, binding(beyond.smallest if beyond is not None else None))
