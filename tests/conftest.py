@@ -19,11 +19,36 @@ def _remove_our_shm_buffers():
     before = set(shm.glob(SHM_GLOB)) if shm.is_dir() else set()
     yield
     if shm.is_dir():
-        for f in set(shm.glob(SHM_GLOB)) - before:
+        # under pytest-xdist another worker's job may still be using its buffers: only those no process maps
+        for f in set(shm.glob(SHM_GLOB)) - before - _mapped_shm_files():
             try:
                 f.unlink()
             except OSError:
                 pass
+
+
+def _mapped_shm_files() -> set[Path]:
+    """The /dev/shm files a live process has mapped (/proc/PID/maps)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if "/dev/shm/" in line:
+                mapped.add(Path(line[line.index("/dev/shm/"):].split(" (deleted)")[0].strip()))
+    return mapped
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with the most real multi-rank jobs (-m slow) first, each file's tests in their order: `make test` runs files
+    two at a time (pytest-xdist --dist loadfile hands them out in this order), and a long file handed out last would
+    run alone at the end while the other worker idles."""
+    from collections import Counter
+
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # stable: files in their order within a count, tests within a file
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -156,11 +156,12 @@ def test_peft_modules_priced_at_the_fitted_costs_else_the_older_rules():
 @pytest.mark.slow
 @pytest.mark.timed
 def test_real_lora_engines_fit_a_cost_per_peft_module(tmp_path):
-    """measure_peft_module_costs on real DeepSpeed engines with peft LoRA on every Linear, ZeRO-0 to 3 over gloo on 2
+    """measure_peft_module_costs on real DeepSpeed engines with peft LoRA on every Linear, ZeRO-0 and 3 over gloo on 2
     ranks: each run priced without peft's module costs; the fit is the plain runs' slope per module, then the
-    checkpointed runs' beyond it, and the estimate charges exactly that. ZeRO-3 hooks every submodule (fetch, release,
-    trace: parameter_offload.py), so its cost per module is the highest (measured 203-244 us against 12-37 us at
-    ZeRO-0/1/2 on this CPU, 2026-11-26)."""
+    checkpointed runs' beyond it, and the estimate charges exactly that. Timed at ZeRO-0 and ZeRO-3, the least and
+    the most hooked (ZeRO-1/2 run ZeRO-0's module code; calibrate times all four). ZeRO-3 hooks every submodule
+    (fetch, release, trace: parameter_offload.py), so its cost per module is the highest (measured 203-244 us against
+    12-37 us at ZeRO-0/1/2 on this CPU, 2026-11-26)."""
     pytest.importorskip("peft")
     from zerokit.estimate.timing import estimate_time, peft_module_seconds
     from zerokit.measure.engine_fit import MICRO_BATCH, PEFT_RUNS, SEQ_LEN, measure_peft_module_costs
@@ -169,10 +170,11 @@ def test_real_lora_engines_fit_a_cost_per_peft_module(tmp_path):
     from zerokit.spec.setup import Workload, ZeroSetup
 
     prof = load_profile(Path(__file__).resolve().parents[1] / "bench/results/accuracy_cpu_profile_20261126.json")
-    out = measure_peft_module_costs(prof, ["bf16"], world_size=2, threads=1)
+    stages = (0, 3)
+    out = measure_peft_module_costs(prof, ["bf16"], world_size=2, threads=1, stages=stages)
     fits = prof["engine_overhead"]["by_precision"]["bf16"]
-    assert set(out["bf16"]) == set(STAGES)
-    for stage in STAGES:
+    assert set(out["bf16"]) == set(stages)
+    for stage in stages:
         fit = fits[str(stage)]
         runs = {(r["layers"], r["ckpt"]): r for r in fit["peft_runs"]}
         assert set(runs) == {(layers, ckpt) for layers, _, ckpt, _ in PEFT_RUNS}
@@ -183,14 +185,14 @@ def test_real_lora_engines_fit_a_cost_per_peft_module(tmp_path):
         assert fit["per_peft_module_s"] == pytest.approx(slope)
         assert fit["per_peft_module_recompute_s"] >= 0
         assert out["bf16"][stage] == (fit["per_peft_module_s"], fit["per_peft_module_recompute_s"])
-    assert fits["3"]["per_peft_module_s"] > 2 * max(fits[str(s)]["per_peft_module_s"] for s in (0, 1, 2))
+    assert fits["3"]["per_peft_module_s"] > 2 * fits["0"]["per_peft_module_s"]
 
     # the fitted terms reach the estimate: the same LoRA setup costs its priced-without run plus the fit
     path = tmp_path / "prof.json"
     path.write_text(json.dumps(prof))
     cluster = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(path))
     lora = _tiny_llama_lora()
-    for stage in STAGES:
+    for stage in stages:
         setup = ZeroSetup(zero_stage=stage, precision="bf16", micro_batch_size=MICRO_BATCH, activation_checkpointing=True)
         t = estimate_time(lora, cluster, setup, Workload(seq_len=SEQ_LEN))
         fit = fits[str(stage)]

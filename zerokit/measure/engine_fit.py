@@ -310,20 +310,21 @@ def _fastest_of(passes: int, run) -> list[dict]:
 
 
 def measure_peft_module_costs(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
-                              timeout_s: float = 900.0, log=None) -> dict:
+                              timeout_s: float = 900.0, log=None, stages: tuple[int, ...] = STAGES) -> dict:
     """What each module peft adds costs a real step at every ZeRO stage, measured: the synthetic engines with LoRA r=8
     on every Linear (PEFT_RUNS: two depths, plain and checkpointed), less their price with everything else in
     `profile` (its engine fits and its adapter compute costs included), fitted per stage on the modules peft added
     (Trained.extra_modules_per_layer x layers x micro steps) and those a checkpointed layer recomputes; least squares
     through the origin. Writes per_peft_module_s and per_peft_module_recompute_s (and peft_runs) into each precision's
-    stage fits and returns {precision: {stage: (per module, per recomputed module)}}; timing.peft_module_seconds reads
+    fits of `stages` (calibrate: all) and returns {precision: {stage: (per module, per recomputed module)}};
+    timing.peft_module_seconds reads
     them. Why: ZeRO-3 hooks every submodule (fetch, release, trace); at ZeRO-0/1/2 the engines measured 10-17 ms over
     at 8 LoRA layers, which nothing priced, and the recompute rule before this (the layer's recompute cost over its 13
     modules, per module) priced checkpointed LoRA engines 30-52 ms over at 8 layers (2026-11-26)."""
     from zerokit.spec.finetune import Finetune, finetuned_spec
 
     fits, precisions, priced = _priced_without(
-        profile, precisions, "3", [(str(st), k) for st in STAGES for k in ("per_peft_module_s", "per_peft_module_recompute_s")])
+        profile, precisions, "3", [(str(st), k) for st in stages for k in ("per_peft_module_s", "per_peft_module_recompute_s")])
     if not precisions:
         return {}
 
@@ -331,14 +332,14 @@ def measure_peft_module_costs(profile: dict, precisions: list[str], world_size: 
         return finetuned_spec(spec, model_dir, Finetune(mode="lora", lora_r=LORA_R))
 
     runs = _fastest_of(PEFT_PASSES, lambda: _run_engines(
-        priced, precisions, STAGES, lambda stage: PEFT_RUNS, world_size, threads, timeout_s, log, finetune,
+        priced, precisions, stages, lambda stage: PEFT_RUNS, world_size, threads, timeout_s, log, finetune,
         {"lora_r": LORA_R}))
     def modules(r):
         return r["extra_modules"] * r["layers"] * r["accum"]
 
     out: dict = {}
     for p in precisions:
-        for stage in STAGES:
+        for stage in stages:
             mine = [r for r in runs if r["precision"] == p and r["stage"] == stage]
             # per module from the plain runs; per recomputed module from the checkpointed runs, beyond that. One
             # least squares over both (a ZeRO-1 bf16 stage fit whose recompute cost came out high left the checkpointed
