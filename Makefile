@@ -25,12 +25,13 @@ demo: setup
 	zerokit launch --model tiny-llama --config $(DEMO)/ds_config.json --gpu cpu --gpus-per-node 2 --seq-len 64 \
 		--steps 20 --save-every 10 --output-dir $(DEMO)/run
 
-# Two test files at a time (pytest-xdist; a file's tests stay on one worker: they share module fixtures), then the
-# calibrations (-m timed) alone: they fit what they time and refuse a busy machine. The other tests count and
+# Two test files at a time (pytest-xdist; a file's tests stay on one worker: they share module fixtures; in
+# tests/conftest.py's order, the files with the most real multi-rank jobs first, not xdist's most-tests-first), then
+# the calibrations (-m timed) alone: they fit what they time and refuse a busy machine. The other tests count and
 # compare, so a second file beside them costs time, not correctness.
 test: setup
 	ruff check .
-	python -m pytest -q -p no:cacheprovider -m "not timed" -n 2 --dist loadfile
+	python -m pytest -q -p no:cacheprovider -m "not timed" -n 2 --dist loadfile --no-loadscope-reorder
 	python -m pytest -q -p no:cacheprovider -m timed
 
 bench: setup
