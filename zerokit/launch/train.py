@@ -379,15 +379,16 @@ def _fmt_eta(s: float) -> str:
 def config_accepted(ds_config: dict, out: Path) -> bool:
     """DeepSpeed's config classes on the config, as `zerokit check` puts them (validate_with_deepspeed), for the
     launcher's world size. A launch defers this to the ranks when the verdict is not cached, because they import
-    DeepSpeed anyway and the parent then imports nothing heavy (launch/prepare.py). Refused: rank 0 writes the
-    one-line reason for the parent (launch/execute.py), no rank prints anything."""
+    DeepSpeed anyway and the parent then imports nothing heavy (launch/prepare.py). Refused: every rank writes the
+    same one-line reason for the parent (launch/execute.py; an atomic replace, so the writes cannot mix), no rank prints
+    anything. Every rank, not rank 0 alone: the launcher kills the others when the first rank exits, and a rank 0 killed
+    before writing left no reason, so the supervisor restarted the job (seen with two test files at a time)."""
     from zerokit.config.validate import validate_with_deepspeed
 
     try:
         validate_with_deepspeed(ds_config, _env_int("WORLD_SIZE") or 1)
     except ZerokitError as e:
-        if not _env_int("RANK"):
-            write_config_rejection(out, str(e))
+        write_config_rejection(out, str(e))
         return False
     return True
 
@@ -491,10 +492,9 @@ def configure(args: RankOptions, t_start: float) -> Run | None:
 
         ok, why = precision_supported("fp16", "cpu")
         if not ok:
-            if not _env_int("RANK"):
-                write_config_rejection(out, why)  # the parent prints it after a --check-config launch; no restarts
-                if not args.check_config:
-                    print(f"error: {why}", file=sys.stderr, flush=True)
+            write_config_rejection(out, why)  # every rank (config_accepted says why); the parent prints it, no restarts
+            if not _env_int("RANK") and not args.check_config:
+                print(f"error: {why}", file=sys.stderr, flush=True)
             return None
     return Run(args=args, t_start=t_start, out=out, ckpt_dir=out / CKPT_SUBDIR, ds_config=ds_config, stage=stage,
                bf16=bf16, fp16=fp16, attempt=_env_int("ZEROKIT_ATTEMPT") or 0, run_id=os.environ.get("ZEROKIT_RUN_ID"))
