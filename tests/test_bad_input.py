@@ -431,21 +431,10 @@ def test_library_bad_input(module, name, args, needle, tmp_path, monkeypatch):
     assert "\n" not in message and needle in message and not EXCEPTION_NAME.search(message), message
 
 
-# transformers' own tests/deepspeed/ds_config_zero3_bf16.json (the Trainer's "auto" pattern, the old block name)
-TRANSFORMERS_ZERO3_BF16 = {
-    "bfloat16": {"enabled": "auto"},
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                 "warmup_num_steps": "auto"}},
-    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                          "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
-                          "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
-                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
-                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
-                          "stage3_gather_fp16_weights_on_model_save": True},
-    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
-}
+# transformers' own tests/deepspeed/ds_config_zero3_bf16.json, copied unchanged (the Trainer's "auto" pattern, the
+# old block name); tests/test_fuzz.py seeds with it too
+TRANSFORMERS_ZERO3_BF16 = json.loads((Path(__file__).parent / "data" / "user_configs" /
+                                      "transformers_ds_config_zero3_bf16.json").read_text())
 
 
 @pytest.mark.parametrize("block,precision", [({"enabled": "auto"}, "bf16"), ({"enabled": True}, "bf16"),

@@ -271,10 +271,7 @@ DS_CONFIGS = [
     {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
      "communication_data_type": "fp32", "activation_checkpointing": {"partition_activations": True}},
     # transformers' own tests/deepspeed/ds_config_zero3_bf16.json: the old name of the bf16 block, which DeepSpeed reads
-    {"bfloat16": {"enabled": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
-     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                           "reduce_bucket_size": "auto", "stage3_gather_fp16_weights_on_model_save": True},
-     "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"},
+    json.loads((Path(__file__).parent / "data" / "user_configs" / "transformers_ds_config_zero3_bf16.json").read_text()),
 ]
 
 
