@@ -36,7 +36,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
-from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES, learned_runs, nearest_learned_run
+from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES, nearest_learned_run
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
 
 # DeepSpeedCPUAdam throughput per node when no calibration is given. ZeRO-Offload paper
@@ -644,7 +644,7 @@ def learned_run(cluster: Cluster, model: ModelSpec, setup: ZeroSetup, workload: 
     """The run measured on this hardware that corrects this plan (spec.profile.nearest_learned_run), or None."""
     if cluster.profile is None:
         return None
-    return nearest_learned_run(learned_runs(cluster.profile.data), cluster.accelerator.name, setup.precision,
+    return nearest_learned_run(cluster.profile.learned, cluster.accelerator.name, setup.precision,
                                setup.zero_stage, model.params, cluster.world_size,
                                setup.micro_batch_size * workload.seq_len)
 

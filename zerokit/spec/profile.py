@@ -234,6 +234,8 @@ class HardwareProfile:
     quick: bool
     timing: TimingTerms
     data: dict = field(repr=False, compare=False)  # the whole JSON, for the accelerator figures
+    # what finished runs measured here (learned_runs), read once: the time model looks them up for every setup planned
+    learned: tuple = field(default=(), repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, prof: dict, path: str | os.PathLike = "<profile>") -> "HardwareProfile":
@@ -252,7 +254,7 @@ class HardwareProfile:
             raise ZerokitError(f"hardware profile {path} has no device.type (cpu or cuda): re-run `zerokit calibrate`")
         return cls(path=path, device_type=dev["type"], device_name=str(dev.get("name") or dev["type"]),
                    created=str(prof.get("created", "?")), quick=bool(prof.get("quick")),
-                   timing=TimingTerms.from_profile(prof), data=prof)
+                   timing=TimingTerms.from_profile(prof), data=prof, learned=learned_runs(prof))
 
     def cpu_oversubscription(self, ranks_per_node: int) -> float:
         """How much slower each rank's CPU work runs with ranks_per_node ranks than when this profile was measured: the
