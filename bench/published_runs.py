@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "bench" / "data" / "published_runs.yaml"
 RULE_MFU = 0.40  # EleutherAI "Transformer Math 101": 115-150 of 312 TFLOP/s on A100 is well tuned, ~0.4 of peak
 WITHIN = 1.25  # the issue's "three runs in four within 1.25x" target
+RANGE_COMMAND = "python bench/published_runs.py --out bench/results/published_runs.txt --write-range"
 
 # setup key -> zerokit plan flag; the values are pinned so the planner evaluates exactly the published setup
 FLAGS = {
@@ -90,6 +91,46 @@ def spread(ratios: list[float]) -> tuple[float, float, float]:
     return statistics.median(folds), max(folds), sum(f <= WITHIN for f in folds) / len(folds)
 
 
+def central_ratios(ratios: list[float]) -> tuple[float, float]:
+    """The 10th and 90th percentiles of predicted / measured (statistics.quantiles, inclusive): the ratios 80% of the
+    runs fall between, what a plan's range rests on (zerokit/data/time_range.json)."""
+    deciles = statistics.quantiles(ratios, n=10, method="inclusive")
+    return deciles[0], deciles[-1]
+
+
+# zerokit's own calibrated predictions against real DeepSpeed jobs on this project's CPUs: the range of a plan priced
+# on a measured profile (time_range.json "calibrated")
+CALIBRATED_TABLES = ("accuracy_cpu", "accuracy_cpu_parallel", "accuracy_cpu_finetune")
+
+
+def calibrated_ratios() -> list[float]:
+    """predicted / measured step time of every rank row in CALIBRATED_TABLES (1 + time_err)."""
+    import json
+
+    rows = []
+    for name in CALIBRATED_TABLES:
+        rows += json.loads((REPO / "bench" / "results" / f"{name}.json").read_text())["rows"]
+    return [1 + float(r["time_err"]) for r in rows if r.get("time_err") is not None]
+
+
+def range_data(zk: list[float], cmd: str) -> dict:
+    """time_range.json: each basis's central ratios, where they come from and how many runs they rest on."""
+    low, high = central_ratios(zk)
+    cal = calibrated_ratios()
+    c_low, c_high = central_ratios(cal)
+    return {
+        "_about": "predicted / measured step time, 10th and 90th percentiles: a plan's step time range is "
+                  "[predicted / ratio_high, predicted / ratio_low] (estimate/timing.py step_range). Written by "
+                  "bench/published_runs.py --write-range; tests/test_published_runs.py recomputes it.",
+        "catalog_gpu": {"ratio_low": round(low, 4), "ratio_high": round(high, 4), "runs": len(zk),
+                        "basis": f"80% of {len(zk)} published DeepSpeed runs (bench/results/published_runs.txt)",
+                        "command": cmd},
+        "calibrated": {"ratio_low": round(c_low, 4), "ratio_high": round(c_high, 4), "runs": len(cal),
+                       "basis": f"80% of {len(cal)} real DeepSpeed ranks predicted on a measured profile "
+                                f"(bench/results/{', '.join(CALIBRATED_TABLES)})"},
+    }
+
+
 def size_class(params: float) -> str:
     return "<1B" if params < 1e9 else "1-10B" if params < 10e9 else "10-100B" if params < 100e9 else ">=100B"
 
@@ -99,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="regex over run ids")
     ap.add_argument("--out", help="also write the table here")
     ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--write-range", action="store_true",
+                    help="write the central ratios to zerokit/data/time_range.json (the whole set only)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     runs = [r for r in load_runs(Path(a.data)) if not a.only or re.search(a.only, r["id"])]
@@ -109,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python bench/published_runs.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
     lines = [f"command: {cmd}",
              f"data: bench/data/published_runs.yaml ({len(runs)} runs); zerokit planned with --hardware-profile none "
-             f"(the catalog's peaks x efficiency), every setup dimension pinned",
+             f"(the catalog's figures: estimate/gpu_time.py), every setup dimension pinned",
              f"rule of thumb: 6 * N * tokens / (GPUs * peak * {RULE_MFU:.2f}), peak from zerokit/data/gpus.json",
              "runs that informed any zerokit rule: none (the set only checks the time model)",
              "ratio = predicted / measured step time (> 1: predicted slower than measured); 6N mfu = the measured "
@@ -136,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         med, worst, share = spread(ratios)
         lines.append(f"{name:14} median x{med:.2f}  max x{worst:.2f}  within {WITHIN}x: "
                      f"{share:.0%} ({round(share * len(ratios))}/{len(ratios)})")
+    if len(zk) > 1:  # a quantile needs two runs (--only may select one)
+        low, high = central_ratios(zk)
+        lines.append(f"central 80% of zerokit's ratios: x{low:.2f} to x{high:.2f} (a plan's range: predicted / "
+                     f"{high:.2f} to predicted / {low:.2f}; zerokit/data/time_range.json)")
     lines.append("")
     # where the misses sit: by GPU, model size and stage (median signed ratio, so the direction shows)
     for title, key in (("gpu", lambda run, p: run["setup"]["gpu"]),
@@ -152,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
+    if a.write_range:
+        if a.only:
+            print("--write-range takes the whole set: drop --only", file=sys.stderr)
+            return 2
+        import json
+
+        (REPO / "zerokit" / "data" / "time_range.json").write_text(json.dumps(range_data(zk, RANGE_COMMAND), indent=2) + "\n")
     return 0
 
 

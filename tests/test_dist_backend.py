@@ -85,7 +85,13 @@ def test_gloo_on_gpus_is_slower_by_the_host_staged_figure(gpu, nodes):
     catalog_gbps = acc.intra_node_bw if nodes == 1 else min(acc.intra_node_bw, acc.inter_node_bw)  # NCCL's links
     factor = catalog_gbps / min(catalog_gbps, GLOO_ON_GPU_BUSBW_GBPS)
     assert factor > 1
-    assert t_gloo.communication_seconds == pytest.approx(factor * t_nccl.communication_seconds)
+    # the bytes' time (what waits plus what overlaps compute: estimate/gpu_time.py exposed_communication) scales with
+    # the bandwidth; gloo's host-staged rate leaves more of it exposed
+    def moved(t):
+        return t.communication_seconds + t.communication_hidden_seconds
+
+    assert moved(t_gloo) == pytest.approx(factor * moved(t_nccl))
+    assert t_gloo.communication_seconds > t_nccl.communication_seconds
     assert t_gloo.compute_seconds == t_nccl.compute_seconds and t_gloo.link_gbps == GLOO_ON_GPU_BUSBW_GBPS
     # a CUDA-aware MPI runs over the same links (timing.py's source): priced as the catalog's
     assert link_bandwidth(_cluster(gpu, nodes=nodes, dist_backend="mpi")) == link_bandwidth(nccl)

@@ -22,8 +22,9 @@ from zerokit.spec.hardware import catalog, detect_accelerator, resolve_gpu_name
 RAW = {k: v for k, v in json.loads(bundled_data("gpus.json").read_text()).items() if not k.startswith("_")}
 ENTRIES = list(RAW)
 GPUS = [k for k in ENTRIES if not RAW[k].get("is_cpu")]
-NUMBERS = ("memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "intra_node_bw", "inter_node_bw", "pcie_bw",
-           "efficiency")
+NUMBERS = ("memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "intra_node_bw", "inter_node_bw", "pcie_bw")
+# the GPU time model's figures (estimate/gpu_time.py): every GPU has them; the CPU entry keeps a flat efficiency
+KERNEL_FIGURES = ("hbm_gbps", "matmul_fraction", "attention_fraction")
 
 # nvidia-smi / rocm-smi memory.total as published for the part (MiB), where it was found pasted in public.
 PUBLISHED_MIB = {
@@ -74,7 +75,12 @@ def test_every_figure_is_there_and_sane(key):
         assert isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, (field, v)
     assert isinstance(d["memory_mib"], int) and d["memory_mib"] > 0
     assert d["fp32_tflops"] > 0 and d["intra_node_bw"] > 0 and d["inter_node_bw"] > 0
-    assert 0 < d["efficiency"] <= 1
+    if d.get("is_cpu"):
+        assert 0 < d["efficiency"] <= 1 and not any(k in d for k in KERNEL_FIGURES)
+    else:
+        assert "efficiency" not in d and d["hbm_gbps"] > 0
+        assert 0 < d["attention_fraction"] <= d["matmul_fraction"] <= 1  # no attention kernel beats a plain matmul
+        assert catalog()[key].prices_kernels
     assert d["pcie_bw"] > 0 or d.get("is_cpu")  # the CPU has no host<->device copies
 
 

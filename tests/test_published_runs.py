@@ -45,3 +45,18 @@ def test_script_plans_one_run(tmp_path, capsys):
     text = out.read_text()
     assert text.startswith("command: python bench/published_runs.py")
     assert "hf-gpt2-z1-mbs8-v100x16" in text and "rule of thumb" in text and "within 1.25x" in text
+
+
+def test_the_committed_table_and_range_are_what_the_model_gives_now():
+    # bench/results/published_runs.txt and zerokit/data/time_range.json come from one run of the benchmark
+    # (RANGE_COMMAND); a change to the time model that does not rerun it fails here
+    import json
+
+    mod = _bench()
+    ratios = [mod.predict(run)["predicted"] / float(run["step_seconds"]) for run in mod.load_runs()]
+    committed = json.loads((BENCH.parent / "zerokit" / "data" / "time_range.json").read_text())
+    assert committed == mod.range_data(ratios, mod.RANGE_COMMAND)
+    med, worst, share = mod.spread(ratios)
+    table = (BENCH / "results" / "published_runs.txt").read_text()
+    assert table.startswith(f"command: {mod.RANGE_COMMAND}\n")
+    assert f"zerokit        median x{med:.2f}  max x{worst:.2f}  within 1.25x: {share:.0%}" in table

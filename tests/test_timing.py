@@ -72,11 +72,12 @@ def test_offload_and_more_nodes_cost_time():
 
 
 def test_a100_throughput_lands_in_the_published_range():
-    # EleutherAI Transformer Math 101: well-tuned A100 bf16 training reaches 115-150 TFLOP/s of 312.
+    # EleutherAI Transformer Math 101: well-tuned A100 bf16 training reaches 115-150 TFLOP/s of 312; FlashAttention-2
+    # (Dao 2023, Table 1): GPT-style 1.3B-2.7B models train at 196-225 TFLOP/s per A100 with it, counting attention.
     cluster = Cluster(accelerator=accelerator("a100-80gb"), gpus_per_node=8)
     t = estimate_time(LLAMA3_8B, cluster, ZeroSetup(zero_stage=2, micro_batch_size=4), Workload(seq_len=2048))
     achieved = t.flops_per_step / t.step_seconds / 8 / 1e12
-    assert 100 <= achieved <= 150
+    assert 115 <= achieved <= 225
 
 
 # -- collective calls: counted in real DeepSpeed steps ------------------------------------------------------

@@ -100,7 +100,9 @@ def hardware_from_args(args):
     return HardwareOptions(gpu=args.gpu, gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node,
                            nodes=args.nodes, hostfile=args.hostfile, cpu_memory=args.cpu_memory,
                            nvme_path=args.nvme_path, nvme_size=args.nvme_size, hardware_profile=args.hardware_profile,
-                           dist_backend=getattr(args, "dist_backend", None))
+                           dist_backend=getattr(args, "dist_backend", None),
+                           intra_node_bandwidth=getattr(args, "intra_node_bandwidth", None),
+                           inter_node_bandwidth=getattr(args, "inter_node_bandwidth", None))
 
 
 def gpu_name_note(args) -> None:

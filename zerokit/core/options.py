@@ -220,6 +220,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("hostfile", RUNS, "DeepSpeed hostfile (`host slots=N` per line): sets nodes and GPUs per node",
            metavar="FILE", group=_HW),
     Option("cpu-memory", RUNS, "host RAM per node (checked when given)", metavar="SIZE", group=_HW),
+    Option("intra-node-bandwidth", RUNS, "GB/s per GPU, one direction, between the GPUs of a node (NVLink, PCIe): "
+           "overrides the catalog's figure for the --gpu (e.g. 25 for a PCIe box of SXM-class cards)",
+           type=positive_float, metavar="GBPS", group=_HW),
+    Option("inter-node-bandwidth", RUNS, "GB/s per GPU, one direction, between nodes (the node's NICs over its GPUs: "
+           "8 x 400 Gb/s InfiniBand for 8 GPUs is 50; AWS p4d's 400 Gb/s EFA for 8 A100 is 6.25): overrides the "
+           "catalog's figure", type=positive_float, metavar="GBPS", group=_HW),
     Option("nvme-path", RUNS, "NVMe mount for ZeRO-Infinity offload", metavar="DIR", group=_HW),
     Option("nvme-size", RUNS, "free NVMe per node (default: free space at --nvme-path)", metavar="SIZE", group=_HW),
     Option("hardware-profile", RUNS, "measured profile from `zerokit calibrate` (default: the one calibrate wrote on "

@@ -1,11 +1,14 @@
 """The time model: step time from FLOPs, ZeRO communication and offload traffic; total training time.
 
-step = compute + communication + offload (no overlap assumed: conservative, and the efficiency
-factor a calibration measures absorbs what overlap recovers).
+step = compute + communication + offload. On a GPU without a calibration, compute is priced kernel by kind
+(estimate/gpu_time.py: matmuls at the GPU's Maximum Achievable Matmul FLOPS, attention at its FlashAttention rate,
+element-wise work at HBM bandwidth, the optimizer step) and ZeRO's communication overlaps it as DeepSpeed schedules
+it; elsewhere nothing overlaps (the costs a calibration fits absorb what overlap recovers).
 
 - compute: training FLOPs 6·Ψ·tokens (8·Ψ·tokens with full recompute) plus attention
   12·L·s·(a·d) per token (forward + backward, Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models"), over peak x efficiency of every rank.
+  Recomputation in Large Transformer Models"), over peak x efficiency of every rank where the catalog has no
+  kernel figures for the accelerator.
 - communication, bytes each rank sends per optimizer step with ring collectives ((N-1)/N):
   stage 0/1: one gradient all-reduce (2x model) per step; stage 2: a reduce-scatter every micro
   step plus one parameter all-gather; stage 3: two parameter all-gathers (forward, backward; a third
@@ -28,11 +31,15 @@ compute term is priced the way small models actually behave (docs/memory-model.m
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.resources import bundled_data
 
+from zerokit.estimate.gpu_time import exposed_communication, gpu_compute
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
@@ -79,6 +86,29 @@ class TimeEstimate:
     # measured / predicted of the run learned on this hardware that scaled every term (1.0: none), and which run
     learned_factor: float = 1.0
     learned_from: str | None = None
+    # the GPU time model's parts of compute_seconds (estimate/gpu_time.py; 0 where it did not price the step), and the
+    # communication that overlaps compute as DeepSpeed schedules it (not in communication_seconds)
+    matmul_seconds: float = 0.0
+    attention_seconds: float = 0.0
+    memory_bound_seconds: float = 0.0
+    communication_hidden_seconds: float = 0.0
+    # the host's dispatch, launches and DeepSpeed hooks of a GPU step (gpu_host_seconds), in compute_seconds
+    host_seconds: float = 0.0
+    # where the measured step time is likely to fall: the central 80% of what this kind of prediction missed by on
+    # the runs it was checked against (step_range); None where nothing was checked (the catalog's rough CPU figures)
+    step_seconds_low: float | None = None
+    step_seconds_high: float | None = None
+    range_basis: str | None = None
+
+    @property
+    def total_seconds_low(self) -> float | None:
+        return None if self.total_seconds is None or self.step_seconds_low is None else \
+            self.steps * self.step_seconds_low
+
+    @property
+    def total_seconds_high(self) -> float | None:
+        return None if self.total_seconds is None or self.step_seconds_high is None else \
+            self.steps * self.step_seconds_high
 
     @property
     def tokens_per_second(self) -> float:
@@ -90,7 +120,45 @@ class TimeEstimate:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["tokens_per_second"] = self.tokens_per_second
+        d["total_seconds_low"], d["total_seconds_high"] = self.total_seconds_low, self.total_seconds_high
         return d
+
+
+@lru_cache(maxsize=1)
+def _gpu_host() -> dict:
+    return json.loads(bundled_data("gpu_host.json").read_text())
+
+
+def gpu_host_seconds(model: ModelSpec, setup: ZeroSetup, calls: int) -> float:
+    """The host's share of a GPU step without a profile (zerokit/data/gpu_host.json, measured on one H200 node):
+    PyTorch's dispatch and launches per micro step, per layer and per recomputed layer, DeepSpeed's engine per ZeRO
+    stage (engine_seconds) and, at ZeRO-3, the hooks on the modules peft adds (peft_module_seconds). Added to the
+    device's work, as the calibration fitted them (measure/compute_fit.py: fixed costs beside the FLOP and element
+    terms, all summed; launches run ahead of the device, but the engine's synchronisations, the loss scaler's and the
+    gradient norm's, wait for it). calls: collective_calls_per_step."""
+    host = _gpu_host()
+    c = host["compute"]["bf16"]
+    layers, accum = model.num_layers, setup.gradient_accumulation_steps
+    per_micro = c["micro"] + layers * c["layer"] + (layers * c["recompute"] if setup.activation_checkpointing else 0.0)
+    engine = host["engine_overhead"]
+    seconds = accum * per_micro + engine_seconds(engine, setup.precision, setup.zero_stage, layers, accum,
+                                                 setup.activation_checkpointing,
+                                                 offload=setup.offload_optimizer != "none", calls=calls)
+    return seconds + peft_module_seconds(engine, c, model, setup)
+
+
+@lru_cache(maxsize=1)
+def _time_ranges() -> dict:
+    return json.loads(bundled_data("time_range.json").read_text())
+
+
+def step_range(step_seconds: float, basis: str) -> tuple[float, float, str]:
+    """(low, high, what it rests on) for a predicted step: predicted / the 90th and 10th percentile of predicted /
+    measured over the runs that checked this kind of prediction (zerokit/data/time_range.json, written by
+    bench/published_runs.py --write-range): "catalog_gpu" for the GPU time model on the catalog's figures (published
+    DeepSpeed runs), "calibrated" for a measured profile (zerokit's CPU accuracy tables)."""
+    entry = _time_ranges()[basis]
+    return step_seconds / entry["ratio_high"], step_seconds / entry["ratio_low"], entry["basis"]
 
 
 def matmul_params(model: ModelSpec) -> int:
@@ -585,7 +653,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     optimizer_spec = optimizer_named(knobs.optimizer if knobs is not None else DEFAULT_OPTIMIZER)
     offload = offload_seconds(model, cluster, setup, cpu_adam, optimizer_spec)
     offload += checkpoint_offload_seconds(model, cluster, setup, workload)
-    optimizer = engine = 0.0
+    optimizer = engine = hidden = host = 0.0
+    parts = (0.0, 0.0, 0.0)
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
@@ -600,6 +669,19 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
             share = model.trainable / (n if setup.zero_stage >= 1 else 1)
             optimizer = share / (adamw / cluster.gpus_per_node if acc.is_cpu else adamw)
+    elif acc.prices_kernels:  # a GPU without a calibration: each kind of work at its published rate
+        dense = flops_per_token(model, 0, setup.activation_checkpointing) + tiled_mlp_flops_per_token(model, setup.tiled_mlp)
+        kernels = gpu_compute(model, acc, setup, workload.seq_len, workload.attention, optimizer_spec, dense,
+                              2.0 * matmul_params(model), n)
+        calls = collective_calls_per_step(model, cluster, setup, knobs)
+        host = gpu_host_seconds(model, setup, calls.reduces + calls.gathers)
+        compute, optimizer = kernels.compute_seconds + host, kernels.optimizer_seconds
+        parts = (kernels.matmul_seconds, kernels.attention_seconds, kernels.memory_seconds)
+        overlap = (knobs or ZeroKnobs.for_model(model)).overlap_comm  # what render writes when no config is given
+        exposed = exposed_communication(setup.zero_stage, overlap, moved.gradients / link, moved.parameters / link,
+                                        kernels)
+        hidden = (moved.gradients + moved.parameters) / link - exposed
+        comm -= hidden
     else:
         peak = acc.peak_flops(setup.precision) * acc.efficiency
         if acc.is_cpu:
@@ -615,7 +697,10 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     if learned is not None:  # a run measured on this hardware near this plan: its measured / predicted, on every term
         compute, comm, offload, optimizer, engine = (learned.ratio * x for x in (compute, comm, offload, optimizer,
                                                                                  engine))
+        parts = tuple(learned.ratio * x for x in parts)
     step = compute + comm + offload + optimizer + engine
+    basis = "calibrated" if coef or learned is not None else "catalog_gpu" if acc.prices_kernels else None
+    low, high, range_basis = step_range(step, basis) if basis and math.isfinite(step) else (None, None, None)
     spe = steps_per_epoch(workload.samples, global_batch) if workload.samples else None
     steps = math.ceil(workload.epochs * spe) if spe else None
     total = steps * step if steps is not None else None
@@ -630,13 +715,16 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         steps_per_epoch=spe,
         steps=steps,
         total_seconds=total,
-        efficiency=None if coef else acc.efficiency,
+        efficiency=None if coef or acc.prices_kernels else acc.efficiency,
         optimizer_seconds=optimizer,
         engine_seconds=engine,
         calibrated=bool(coef),
         link_gbps=link / 1e9,
         learned_factor=learned.ratio if learned is not None else 1.0,
         learned_from=f"{learned.run_dir} ({learned.setup}, {learned.recorded})" if learned is not None else None,
+        matmul_seconds=parts[0], attention_seconds=parts[1], memory_bound_seconds=parts[2],
+        communication_hidden_seconds=hidden, host_seconds=host,
+        step_seconds_low=low, step_seconds_high=high, range_basis=range_basis,
     )
 
 

@@ -44,6 +44,9 @@ class Row:
     total_seconds: float | None  # None without --samples
     why_not: str | None = None  # the first reason the closest setup does not fit
     meets_deadline: bool | None = None  # with --deadline: whether total_seconds is within it
+    # the likely range of the total (TimeEstimate.total_seconds_low/high); None without --samples or a checked basis
+    total_seconds_low: float | None = None
+    total_seconds_high: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -57,7 +60,8 @@ class Row:
         return {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes, "gpus": self.gpus,
                 "fits": self.fits, "setup": self.setup, "step_seconds": self.step_seconds,
                 "total_seconds": self.total_seconds, "gpu_hours": self.gpu_hours, "why_not": self.why_not,
-                "meets_deadline": self.meets_deadline}
+                "meets_deadline": self.meets_deadline, "total_seconds_low": self.total_seconds_low,
+                "total_seconds_high": self.total_seconds_high}
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ def evaluate_count(model: ModelSpec, hw: HardwareOptions, workload: Workload, pi
     if plan.fits and plan.best is not None:
         t = plan.best.time
         return Row(name, cluster.gpus_per_node, cluster.nodes, True, plan.best.setup.label, t.step_seconds,
-                   t.total_seconds)
+                   t.total_seconds, total_seconds_low=t.total_seconds_low, total_seconds_high=t.total_seconds_high)
     why = plan.best.reasons[0] if plan.best is not None and plan.best.reasons else "nothing fits"
     return Row(name, cluster.gpus_per_node, cluster.nodes, False, None, None, None, why)
 

@@ -98,6 +98,16 @@ def format_time(t, world_size: int) -> list[str]:
         f"  (compute {fmt_seconds(t.compute_seconds)}, comm {fmt_seconds(t.communication_seconds)}, "
         f"offload {fmt_seconds(t.offload_seconds)})"
         + (f"; comm at {t.link_gbps:.3g} GB/s" if t.communication_seconds else ""),
+    ]
+    if t.matmul_seconds:  # the GPU time model's parts (estimate/gpu_time.py)
+        lines.append(f"      compute: matmuls {fmt_seconds(t.matmul_seconds)}, attention {fmt_seconds(t.attention_seconds)}, "
+                     f"memory-bound {fmt_seconds(t.memory_bound_seconds)}"
+                     + (f"; {fmt_seconds(t.communication_hidden_seconds)} of comm overlapped"
+                        if t.communication_hidden_seconds else ""))
+    if t.step_seconds_low is not None:
+        lines.append(f"    likely step range                        {fmt_seconds(t.step_seconds_low):>12}"
+                     f"  to {fmt_seconds(t.step_seconds_high)} ({t.range_basis})")
+    lines += [
         f"    tokens/s (all GPUs)                      {t.tokens_per_second:>12,.0f}",
         f"    global batch                             {t.global_batch:>12}",
     ]
@@ -105,7 +115,9 @@ def format_time(t, world_size: int) -> list[str]:
         lines += [
             f"    steps (epochs x per epoch)               {t.steps:>12,}  ({t.steps_per_epoch:,} per epoch)",
             f"    total                                    {fmt_seconds(t.total_seconds):>12}"
-            f"  ({t.gpu_hours(world_size):,.1f} GPU-hours)",
+            f"  ({t.gpu_hours(world_size):,.1f} GPU-hours)"
+            + (f"; likely {fmt_seconds(t.total_seconds_low)} to {fmt_seconds(t.total_seconds_high)}"
+               if t.total_seconds_low is not None else ""),
         ]
     return lines
 
@@ -132,6 +144,17 @@ def parallel_lines(s, world_size: int) -> list[str]:
     return [line]
 
 
+def link_lines(c) -> list[str]:
+    """The links a multi-GPU plan prices its collectives on (GB/s per GPU, one direction)."""
+    if c.world_size == 1 or c.accelerator.is_cpu:
+        return []
+    acc = c.accelerator
+    line = f"links     {acc.intra_node_bw:g} GB/s per GPU within a node"
+    if c.nodes > 1:
+        line += f", {acc.inter_node_bw:g} GB/s per GPU between nodes"
+    return [line + f" ({flag('intra-node-bandwidth')} / {flag('inter-node-bandwidth')} set yours)"]
+
+
 def format_plan(plan) -> str:
     m, c, w = plan.model, plan.cluster, plan.workload
     exact = "exact" if m.exact else f"estimated from {flag('params')}"
@@ -145,6 +168,7 @@ def format_plan(plan) -> str:
         + (f" [{flag('gpu')} auto: {c.accelerator.detected}]" if c.accelerator.detected else "")
         + (f", backend {c.comm_backend}" + (" (DeepSpeed's default)" if c.dist_backend is None else "")
            if c.world_size > 1 else ""),
+        *link_lines(c),
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         *finetune_lines(plan.finetune, plan.model),
@@ -235,6 +259,11 @@ def format_deadline(answer, workload) -> str:
     head = (f"deadline  {fmt_seconds(answer.deadline_seconds)} for {_length(workload)}: {r.gpus:,} x {r.gpu} "
             f"({r.nodes} node(s) x {r.gpus_per_node}) finish in {fmt_seconds(r.total_seconds)}, the fewest GPUs that "
             "do; the plan below is for them")
+    if r.total_seconds_high is not None:
+        head += (f"\n          likely {fmt_seconds(r.total_seconds_low)} to {fmt_seconds(r.total_seconds_high)}"
+                 + (": the slow end misses the deadline, plan a margin (more GPUs, or measure a short run with "
+                    "`zerokit launch` and plan again: it learns from it)" if r.total_seconds_high > answer.deadline_seconds
+                    else ": within the deadline at both ends"))
     fitting = [x for x in answer.rows if x.fits]
     shown = ", ".join(f"{x.gpus:,}: {fmt_seconds(x.total_seconds)}" for x in fitting[-8:])
     unfit = len(answer.rows) - len(fitting)
@@ -249,7 +278,7 @@ def format_scale_rows(rows, workload, deadline_s: float | None) -> str:
     if deadline_s is not None:
         title += f", each at the fewest GPUs that finish within {fmt_seconds(deadline_s)}"
     lines = [title, f"  {'gpu':<14}{'GPUs':>7}  {'nodes x GPUs':<13}{'setup':<46}{'step':>10}{'total':>12}"
-             f"{'GPU-hours':>12}"]
+             f"{'GPU-hours':>12}  likely total"]
     for r in rows:
         shape = f"{r.nodes} x {r.gpus_per_node}"
         if not r.fits:
@@ -258,8 +287,10 @@ def format_scale_rows(rows, workload, deadline_s: float | None) -> str:
         total = fmt_seconds(r.total_seconds) if r.total_seconds is not None else "-"
         hours = f"{r.gpu_hours:,.0f}" if r.gpu_hours is not None else "-"
         miss = "  misses the deadline (the fastest)" if r.meets_deadline is False else ""
+        likely = (f"  {fmt_seconds(r.total_seconds_low)} to {fmt_seconds(r.total_seconds_high)}"
+                  if r.total_seconds_high is not None else "")
         lines.append(f"  {r.gpu:<14}{r.gpus:>7}  {shape:<13}{r.setup:<46}{fmt_seconds(r.step_seconds):>10}"
-                     f"{total:>12}{hours:>12}{miss}")
+                     f"{total:>12}{hours:>12}{likely}{miss}")
     if workload.samples is None:
         lines.append(f"  total time and GPU-hours need the run's length: give {flag('samples')} N")
     return "\n".join(lines)

@@ -31,7 +31,12 @@ class Accelerator:
     intra_node_bw: float
     inter_node_bw: float
     pcie_bw: float
-    efficiency: float = 0.4  # fraction of peak reached in training; a hardware profile replaces it
+    efficiency: float = 0.4  # fraction of peak reached in training, priced only where the figures below are missing
+    # the GPU time model's figures (estimate/gpu_time.py): datasheet HBM bandwidth GB/s; the Maximum Achievable Matmul
+    # FLOPS over the dense peak; the FlashAttention kernels' forward + backward FLOP/s over the peak
+    hbm_gbps: float = 0.0
+    matmul_fraction: float = 0.0
+    attention_fraction: float = 0.0
     cpu_adam_params_per_s: float = 0.0  # host optimizer rate per node; 0 = timing model default
     is_cpu: bool = False
     source: str = ""
@@ -42,6 +47,11 @@ class Accelerator:
     # supported but measured pathologically slow (spec.profile.slow_precisions): the planner leaves them out unless
     # pinned, so a bf16 at 1/50 of fp32's speed never wins a plan by halving memory
     slow_precisions: tuple[str, ...] = ()
+
+    @property
+    def prices_kernels(self) -> bool:
+        """Whether the GPU time model prices this accelerator (estimate/gpu_time.py), not peak x efficiency."""
+        return not self.is_cpu and self.hbm_gbps > 0 and self.matmul_fraction > 0 and self.attention_fraction > 0
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -278,6 +288,10 @@ class Cluster:
         acc = self.accelerator
         if acc.is_cpu:
             return "the catalog's rough figures for cpu (`zerokit calibrate` measures this machine once, ~50 s)"
+        if acc.prices_kernels:
+            return (f"the catalog's figures for {acc.name}: matmuls at {acc.matmul_fraction:.0%} of the datasheet peak "
+                    f"(MAMF), attention kernels at {acc.attention_fraction:.0%}, element-wise work at "
+                    f"{acc.hbm_gbps:g} GB/s HBM")
         return f"the catalog's datasheet peaks for {acc.name} x efficiency {acc.efficiency:g}"
 
     def to_dict(self) -> dict:
@@ -330,6 +344,8 @@ def build_cluster(
     nvme_size: str | None = None,
     hardware_profile: str | None = None,
     dist_backend: str | None = None,
+    intra_node_bandwidth: float | None = None,
+    inter_node_bandwidth: float | None = None,
 ) -> Cluster:
     """The Cluster from the CLI's hardware options. Explicit numbers override the catalog; --gpu auto reads the
     local GPUs (their kind, memory and, unless given, how many per node)."""
@@ -346,6 +362,13 @@ def build_cluster(
         profile = HardwareProfile.from_file(hardware_profile)
     if profile is not None:
         acc = apply_profile(acc, profile)
+    # the links as the user's cluster has them (GB/s per GPU, one direction), over the catalog's and a profile's
+    links = {"intra_node_bw": intra_node_bandwidth, "inter_node_bw": inter_node_bandwidth}
+    for (field_name, value), option in zip(links.items(), ("intra-node-bandwidth", "inter-node-bandwidth")):
+        if value is not None:
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ZerokitError(f"{flag(option)} must be a positive number of GB/s, got {value!r}")
+            acc = replace(acc, **{field_name: float(value)})
     if gpu_memory is not None:
         mem = parse_size(gpu_memory, flag("gpu-memory"))
         if mem <= 0:
@@ -410,6 +433,8 @@ class HardwareOptions:
     nvme_size: str | None = None
     hardware_profile: str | None = None
     dist_backend: str | None = None  # --dist-backend; None: DeepSpeed's default for the accelerator
+    intra_node_bandwidth: float | None = None  # GB/s per GPU over the catalog's (--intra-node-bandwidth)
+    inter_node_bandwidth: float | None = None
 
     def build(self) -> Cluster:
         return build_cluster(**asdict(self))

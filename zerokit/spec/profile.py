@@ -380,6 +380,12 @@ def apply_profile(accelerator, profile: "HardwareProfile | str | os.PathLike"):
     if _pos(prof["device"].get("memory_bytes")):
         changes["memory_bytes"] = int(prof["device"]["memory_bytes"])
     fields = {f.name for f in dataclasses.fields(accelerator)}
+    if getattr(accelerator, "matmul_fraction", 0) and mt.get("bf16") and accelerator.bf16_tflops:
+        # the GPU time model's rates are fractions of the peak: the measured matmul rate is the matmul's (1.0), and
+        # the attention kernels keep their published rate over the measured peak
+        changes["matmul_fraction"] = 1.0
+        changes["attention_fraction"] = min(1.0, accelerator.attention_fraction * accelerator.bf16_tflops
+                                            / float(mt["bf16"]))
     for key in ("cpu_adam_params_per_s", "torch_adamw_params_per_s"):
         if key in fields and _pos(prof.get(key)):
             changes[key] = float(prof[key])

@@ -1,0 +1,192 @@
+"""Step time on a GPU without a calibration: each kind of work at the rate published for it, not one efficiency.
+
+A rank's micro step is priced as the sum of what bounds each part of it (docs/time-model.md):
+
+- dense matmuls (every Linear: forward, both backward GEMMs, recompute; timing.flops_per_token at seq_len 0) at the
+  accelerator's Maximum Achievable Matmul FLOPS: the best matmul a brute-force search over shapes reached, per GPU
+  (stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"), held
+  in gpus.json as matmul_fraction = MAMF / the datasheet peak;
+- attention's score matmuls as the kernel runs them: FlashAttention-2 and sdpa's flash backend skip the masked half of
+  a causal product and recompute the scores in backward (2 matmuls forward, 5 backward: backward FLOPs = 2.5 x
+  forward, the FA2 paper's own accounting, Dao 2023, section 4.1), at gpus.json attention_fraction of the peak;
+  eager attention computes every score with batched matmuls and writes them to memory;
+- memory-bound element-wise work (norms, rotary, activations, residual adds, dropout, eager softmax, the loss over
+  the vocabulary) at the datasheet HBM bandwidth, counting the bytes each op of the transformers module reads and
+  writes (elementwise_bytes_per_token);
+- the optimizer step on the rank's partition, memory-bound (optimizer_bytes_per_param).
+
+Communication overlaps compute as DeepSpeed schedules it (exposed_communication). Host-side costs (kernel launches,
+ZeRO-3's per-module hooks, the data loader) are not priced: on small models they are what the measured runs have
+and this model lacks (bench/results/published_runs.txt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerokit.spec.hardware import Accelerator
+from zerokit.spec.model import ModelSpec
+from zerokit.spec.optimizer import Optimizer
+from zerokit.spec.setup import ZeroSetup, bytes_per_element
+
+# FlashAttention-2's backward runs 5 matmuls to the forward's 2 (it recomputes the scores): 2.5 x the forward's FLOPs
+# (Dao 2023, "FlashAttention-2", section 4.1). Eager attention's backward is two matmuls per forward matmul.
+FLASH_BACKWARD_FLOPS = 2.5
+EAGER_BACKWARD_FLOPS = 2.0
+# An element-wise op's backward reads the gradient and the saved input and writes the input's gradient (3 tensors)
+# where its forward read one and wrote one (2); a binary op 5 to 3. The backward moves ~1.5x the forward's bytes.
+ELEMENTWISE_BACKWARD_BYTES = 1.5
+# Activations whose transformers module is a chain of separate element-wise kernels (tensor passes, each op's reads
+# and writes, per intermediate element): NewGELUActivation (gelu_new) is
+# 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))): pow, 2 scalar muls, add, tanh, scalar add, 2 muls = 18;
+# FastGELUActivation (gelu_fast) one pass fewer; QuickGELUActivation x * sigmoid(1.702 x): scalar mul, sigmoid, mul = 7.
+# Every other activation (silu, gelu, gelu_pytorch_tanh, relu) is one fused torch kernel: read and write, 2.
+UNFUSED_ACTIVATION_PASSES = {"gelu_new": 18, "gelu_fast": 16, "quick_gelu": 7}
+
+
+@dataclass(frozen=True)
+class GpuCompute:
+    """One rank's compute per optimizer step, by what bounds it (seconds)."""
+
+    matmul_seconds: float
+    attention_seconds: float
+    memory_seconds: float  # element-wise work and the loss at HBM bandwidth
+    optimizer_seconds: float
+    backward_seconds: float  # the part of the first three that runs in backward (what gradient reduction hides behind)
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.matmul_seconds + self.attention_seconds + self.memory_seconds
+
+
+def attention_flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bool, attention: str,
+                              backward_layers: int | None = None) -> tuple[float, float]:
+    """(forward, backward incl. recompute) FLOPs of the score matmuls per token, as the kernel runs them.
+
+    Forward: QK^T and PV, 2 x 2 s a d per layer over the keys each query attends. A flash kernel (flash, sdpa) skips
+    the blocks a causal mask hides, about half (the FA2 paper divides causal FLOPs by 2); a sliding window of w keys
+    caps them at w. Eager computes all s scores and masks them afterwards. backward_layers: layers that run a backward
+    (a fine-tune frozen below its first trainable layer runs fewer), all by default."""
+    layers = model.num_layers
+    backward_layers = layers if backward_layers is None else backward_layers
+    ad = model.num_attention_heads * model.head_dim
+    if attention == "eager":
+        per_layer = [4.0 * seq_len * ad] * layers
+        backward = EAGER_BACKWARD_FLOPS
+    else:
+        window = model.sliding_window or seq_len
+        sliding = min(model.sliding_window_layers, layers) if model.sliding_window else 0
+        per_layer = ([4.0 * ad * min(seq_len / 2, window)] * sliding
+                     + [4.0 * ad * seq_len / 2] * (layers - sliding))
+        backward = FLASH_BACKWARD_FLOPS
+    forward = sum(per_layer)
+    mean = forward / layers if layers else 0.0
+    back = backward * mean * backward_layers + (forward if activation_checkpointing else 0.0)
+    return forward, back
+
+
+def elementwise_bytes_per_token(model: ModelSpec, seq_len: int, precision: str, attention: str) -> float:
+    """Bytes one token's forward moves through HBM in element-wise work, all layers, from the transformers modules:
+
+    - norms, per hidden element: LlamaRMSNorm in 16 bits casts to fp32 (read e, write 4), squares (4 + 4), means (4),
+      scales (4 + 4), casts back (4 + e), multiplies by the weight (e + e): 20 + 4 + 4e + 4 = 36 bytes at e = 2, 28 in
+      fp32 (no casts; the weight multiply 4 + 4); a LayerNorm is one fused kernel, read and write: 2e;
+    - two residual adds a layer (read 2, write 1: 3e each, per hidden element);
+    - rotary on q and k (apply_rotary_pos_emb: q * cos, rotate_half's negate and cat, * sin, add: 12e per element of
+      q and k), for rotary models (not learned position tables, not ALiBi);
+    - the MLP's activation (fused: 2e; UNFUSED_ACTIVATION_PASSES) and a gated MLP's gate * up (3e), per intermediate
+      element of each routed expert; an MoE layer also copies every token in and out of its k experts (4e h k);
+    - dropout where the config trains with it (read, write and a 1-byte mask per element): two on the residual
+      branches;
+    - eager attention, per score (all s keys): the score write and its read by the PV matmul (2e), scaling (2e), the
+      mask (3e), softmax into fp32 and back (e + 4 + 4 + e), attention dropout (2e + 1).
+    """
+    e = bytes_per_element(precision)
+    h, layers = model.hidden_size, model.num_layers
+    if model.norm == "rmsnorm":
+        norm = 28.0 if e == 4 else 20 + 4 + 4 * e + 4 + 2 * e  # the two casts and the 16-bit weight multiply
+    else:
+        norm = 2.0 * e
+    per_layer = model.norms_per_layer * norm * h + 2 * 3 * e * h
+    if not model.learned_positions and model.supports_sdpa:  # rotary (BLOOM's ALiBi has no sdpa path and no rotary)
+        per_layer += 12 * e * (model.num_attention_heads + model.num_kv_heads) * model.head_dim
+    inter = model.intermediate_size * model.experts_per_token
+    passes = UNFUSED_ACTIVATION_PASSES.get(model.mlp_activation, 2)
+    per_layer += passes * e * inter + (3 * e * inter if model.gated_mlp else 0)
+    if model.num_experts > 1:
+        per_layer += 4 * e * h * model.experts_per_token
+    if model.hidden_dropout > 0:
+        per_layer += 2 * (2 * e + 1) * h
+    if attention == "eager":
+        score = 2 * e + 2 * e + 3 * e + (e + 4 + 4 + e) + ((2 * e + 1) if model.attention_dropout > 0 else 0)
+        per_layer += score * model.num_attention_heads * seq_len
+    return layers * per_layer
+
+
+def logit_bytes_per_token(model: ModelSpec, precision: str) -> float:
+    """Bytes the loss moves per token over the vocabulary, forward and backward: transformers' ForCausalLMLoss upcasts
+    the logits (read e, write 4), cross_entropy's log_softmax reads and writes them (4 + 4), its backward reads the
+    output and the gradient and writes one (12), and the cast's backward writes the 16-bit gradient (4 + e)."""
+    e = bytes_per_element(precision)
+    return model.vocab_size * (e + 4 + 8 + 12 + 4 + e)
+
+
+def optimizer_bytes_per_param(optimizer: Optimizer, precision: str) -> float:
+    """Bytes a GPU optimizer step moves per trainable parameter it updates: the fp32 master weight read and written
+    (8), the optimizer's state read and written (2 x state_bytes: Adam's two moments, 16), the fp32 gradient read (4);
+    in mixed precision the 16-bit gradient cast into fp32 (e + 4) and the updated master copied back to 16 bits
+    (4 + e). DeepSpeed's FusedAdam is one pass over these (multi_tensor_adam)."""
+    e = bytes_per_element(precision)
+    moved = 8 + 2 * optimizer.state_bytes + 4
+    if e != 4:
+        moved += (e + 4) + (4 + e)
+    return float(moved)
+
+
+def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: int, attention: str,
+                optimizer: Optimizer, dense_flops_per_token: float, dense_forward_flops_per_token: float,
+                zero_ranks: int) -> GpuCompute:
+    """One rank's compute per optimizer step (model: what the rank holds, an AutoTP shard; dense_flops_per_token:
+    timing.flops_per_token at seq_len 0 plus what a tiled MLP recomputes; dense_forward_flops_per_token: its forward,
+    2 per matmul weight). Tokens per rank: the micro batch's, less
+    what Ulysses hands the other SP ranks (each rank then attends all s keys for its share of the heads: the same
+    FLOPs as its share of the tokens over all heads)."""
+    tokens = setup.micro_batch_size * seq_len / setup.sequence_parallel
+    accum = setup.gradient_accumulation_steps
+    peak = acc.peak_flops(setup.precision)
+    matmul_rate = peak * acc.matmul_fraction
+    attention_rate = peak * acc.attention_fraction
+    hbm = acc.hbm_gbps * 1e9
+    grad_layers = model.num_layers - min(model.trained.grad_start_layer, model.num_layers) \
+        if model.trained.trainable_matmul_params is not None and not setup.activation_checkpointing else model.num_layers
+    attn_fwd, attn_bwd = attention_flops_per_token(model, seq_len, setup.activation_checkpointing, attention, grad_layers)
+    dense_fwd = dense_forward_flops_per_token  # the rest of flops_per_token is backward and recompute
+    dense_bwd = max(0.0, dense_flops_per_token - dense_fwd)
+    element_fwd = elementwise_bytes_per_token(model, seq_len, setup.precision, attention)
+    back_share = grad_layers / model.num_layers if model.num_layers else 0.0
+    element_bwd = element_fwd * (ELEMENTWISE_BACKWARD_BYTES * back_share + (1 if setup.activation_checkpointing else 0))
+    logits = logit_bytes_per_token(model, setup.precision)
+    matmul = accum * tokens * (dense_fwd + dense_bwd) / matmul_rate
+    attn = accum * tokens * (attn_fwd + attn_bwd) / attention_rate
+    memory = accum * tokens * (element_fwd + element_bwd + logits) / hbm
+    backward = accum * tokens * (dense_bwd / matmul_rate + attn_bwd / attention_rate + element_bwd / hbm)
+    share = model.trainable / (zero_ranks if setup.zero_stage >= 1 else 1)
+    opt = share * optimizer_bytes_per_param(optimizer, setup.precision) / hbm if setup.offload_optimizer == "none" else 0.0
+    return GpuCompute(matmul, attn, memory, opt, backward)
+
+
+def exposed_communication(stage: int, overlap_comm: bool, gradient_seconds: float, parameter_seconds: float,
+                          compute: GpuCompute) -> float:
+    """What of ZeRO's communication the step waits for, as DeepSpeed schedules it.
+
+    Stage 0: the gradient all-reduce runs after backward (DeepSpeedEngine.allreduce_gradients), all of it exposed.
+    Stages 1-2 with overlap_comm: each gradient bucket is reduced on a side stream while backward goes on
+    (stage_1_and_2.py reduce_ipg_grads), hidden up to the backward's length; the updated partitions are gathered
+    after the optimizer step, exposed. Stage 3 with overlap_comm: the next modules' parameters are prefetched while
+    the current ones compute and the gradients reduce-scattered on a side stream (stage3.py, partitioned_param_
+    coordinator.py), hidden up to the whole compute. Without overlap_comm every byte waits."""
+    if not overlap_comm or stage == 0:
+        return gradient_seconds + parameter_seconds
+    if stage in (1, 2):
+        return max(0.0, gradient_seconds - compute.backward_seconds) + parameter_seconds
+    return max(0.0, gradient_seconds + parameter_seconds - compute.compute_seconds)
