@@ -32,7 +32,21 @@ def _small(model_type: str, **kw) -> dict:
         base.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
     else:
         base.update(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4)
+    if model_type == "smollm3":
+        base.update(pad_token_id=0)  # SmolLM3Config's pad_token_id 128004 is past the small vocabulary
     base.update(kw)
+    return base
+
+
+def _deepseek(model_type: str, drop: tuple = (), **kw) -> dict:
+    """A small MLA + MoE config: q LoRA 48, kv LoRA 32, rope 8 + nope 16 query head dims, v 16, four routed experts
+    of 32 and one shared, one dense layer of three; `drop` removes keys (the class default or an alias applies)."""
+    base = _small(model_type, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32, n_routed_experts=4,
+                  n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1)
+    base.update(kw)
+    for key in drop:
+        base.pop(key)
     return base
 
 
@@ -121,6 +135,57 @@ VARIANTS = {
     "gpt2-tied": _small("gpt2"),
     "gpt2-untied-inner": _small("gpt2", tie_word_embeddings=False, n_inner=96, activation_function="relu",
                                 attn_pdrop=0.0, resid_pdrop=0.2),
+    # OLMo 2: q_norm / k_norm over heads x head_dim (both hidden-size with MHA), post-attention/feedforward norms
+    "olmo2-defaults-mha": _small("olmo2"),
+    "olmo2-gqa-bias-tied": _small("olmo2", num_key_value_heads=2, attention_bias=True, tie_word_embeddings=True),
+    "olmo2-head-dim-mqa-partial-rotary": _small("olmo2", head_dim=32, num_key_value_heads=1, partial_rotary_factor=0.5),
+    # Granite: Llama-shaped, multipliers without parameters
+    "granite-multipliers": _small("granite", embedding_multiplier=12.0, residual_multiplier=0.22,
+                                  attention_multiplier=0.015625, logits_scaling=8.0),
+    "granite-biases-gqa-tied": _small("granite", attention_bias=True, mlp_bias=True, num_key_value_heads=2,
+                                      tie_word_embeddings=True),
+    "granite-head-dim-yarn-no-original": _small("granite", head_dim=32, original_max_position_embeddings=512,
+                                                rope_scaling={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
+    # SmolLM3: NoPE every 4th layer, sliding attention (when enabled) on the NoPE layers only
+    "smollm3-defaults-tied": _small("smollm3", num_hidden_layers=4),
+    "smollm3-sliding-nope-interval-2": _small("smollm3", num_hidden_layers=4, use_sliding_window=True,
+                                              sliding_window=32, no_rope_layer_interval=2, tie_word_embeddings=False),
+    "smollm3-no-rope-list-biases": _small("smollm3", no_rope_layers=[1, 0], use_sliding_window=True, sliding_window=16,
+                                          attention_bias=True, mlp_bias=True, num_key_value_heads=1),
+    "smollm3-window-not-used": _small("smollm3", num_hidden_layers=4, sliding_window=32),
+    # Cohere 2: one CohereLayerNorm a layer (parallel attention + MLP), tied, sliding 3 layers of 4
+    "cohere2-defaults-pattern-4": _small("cohere2", num_hidden_layers=5, sliding_window=32),
+    "cohere2-untied-bias-gqa-pattern-2": _small("cohere2", num_hidden_layers=4, sliding_window=16,
+                                                sliding_window_pattern=2, num_key_value_heads=2, attention_bias=True,
+                                                tie_word_embeddings=False),
+    "cohere2-no-window-head-dim-key": _small("cohere2", sliding_window=None, head_dim=32, num_key_value_heads=1),
+    "cohere2-layer-types": _small("cohere2", sliding_window=8, layer_types=["full_attention", "sliding_attention"]),
+    # GPT-OSS: attention biases and sinks, router with bias, fused experts with biases, sliding on even layers
+    "gpt-oss-defaults-window": _small("gpt_oss", num_hidden_layers=3, num_key_value_heads=2, num_local_experts=4,
+                                      num_experts_per_tok=2),
+    "gpt-oss-no-bias-tied-num-experts": _small("gpt_oss", head_dim=32, num_key_value_heads=1, num_experts=3,
+                                                 attention_bias=False, tie_word_embeddings=True, sliding_window=None),
+    "gpt-oss-one-expert-rope-dict": _small("gpt_oss", num_local_experts=1, num_experts_per_tok=1, head_dim=8,
+                                           num_key_value_heads=4, rope_parameters={"rope_type": "default",
+                                                                                   "rope_theta": 1e4}),
+    # DeepSeek-V3: MLA with a q LoRA (or a plain q_proj), dense layers then routed + shared experts
+    "deepseek-v3-dense-then-moe": _deepseek("deepseek_v3"),
+    "deepseek-v3-q-proj-tied-all-moe": _deepseek("deepseek_v3", q_lora_rank=None, first_k_dense_replace=0,
+                                                 tie_word_embeddings=True, n_shared_experts=2),
+    "deepseek-v3-bias-ranks-hidden-yarn": _deepseek("deepseek_v3", attention_bias=True, q_lora_rank=64,
+                                                    kv_lora_rank=64, head_dim=16, num_key_value_heads=None,
+                                                    max_position_embeddings=512,
+                                                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                  "original_max_position_embeddings": 256}),
+    "deepseek-v3-all-dense-num-local-experts": _deepseek("deepseek_v3", drop=("n_routed_experts",),
+                                                          first_k_dense_replace=5, num_local_experts=6),
+    # DeepSeek-V2: mlp_bias, greedy top-k default (num_experts_per_tok None), first_k_dense_replace 0 by default
+    "deepseek-v2-defaults-moe": _deepseek("deepseek_v2", drop=("first_k_dense_replace", "n_group", "topk_group"),
+                                          num_experts_per_tok=None),
+    "deepseek-v2-dense-first-mlp-bias-q-proj": _deepseek("deepseek_v2", drop=("n_routed_experts",), mlp_bias=True,
+                                                         attention_bias=True, q_lora_rank=None, num_experts=5,
+                                                         tie_word_embeddings=True),
+    "deepseek-v2-head-dim-key-ignored": _deepseek("deepseek_v2", head_dim=40, partial_rotary_factor=0.5),
 }
 
 
@@ -159,10 +224,27 @@ def test_published_counts():
                                     {"model_type": "gemma3", "vision_config": {"image_size": [224, 224]}},
                                     _small("falcon", head_dim=16), _small("gemma3_text", sliding_window_pattern=0),
                                     _small("qwen3_moe", num_experts=4, mlp_only_layers=[0]),
-                                    _small("qwen3_moe", num_experts=4, decoder_sparse_step=2)],
+                                    _small("qwen3_moe", num_experts=4, decoder_sparse_step=2),
+                                    _small("olmo2", head_dim=None), _small("smollm3", no_rope_layers=[1]),
+                                    _small("smollm3", no_rope_layer_interval=0),
+                                    _small("cohere2", sliding_window_pattern=0),
+                                    _small("cohere2", head_dim=None),
+                                    _small("granite", rope_parameters={"full_attention": {"rope_type": "default"}}),
+                                    _small("gpt_oss", layer_types=["attention", "full_attention"]),
+                                    _small("gpt_oss", sliding_window=8, layer_types=["full_attention"]),
+                                    _small("gpt_oss", head_dim=None),
+                                    _deepseek("deepseek_v3", first_k_dense_replace=None),
+                                    _deepseek("deepseek_v3", v_head_dim=None), _deepseek("deepseek_v3", head_dim=None),
+                                    _deepseek("deepseek_v2", hidden_size=66)],
                          ids=["t5", "unknown", "string-size", "cross-attention", "bad-layer-types", "str",
                               "gemma3-other-vision", "gemma3-list-image-size", "falcon-head-dim-key", "gemma3-pattern-0",
-                              "qwen3-moe-dense-layers", "qwen3-moe-sparse-step"])
+                              "qwen3-moe-dense-layers", "qwen3-moe-sparse-step", "olmo2-null-head-dim",
+                              "smollm3-short-no-rope-layers", "smollm3-interval-0", "cohere2-pattern-0",
+                              "cohere2-null-head-dim", "granite-nested-rope", "gpt-oss-legacy-layer-type",
+                              "gpt-oss-layer-types-length", "gpt-oss-null-head-dim", "deepseek-v3-null-first-dense",
+                              "deepseek-v3-null-v-head-dim",
+                              "deepseek-v3-null-head-dim",
+                              "deepseek-v2-heads-do-not-divide"])
 def test_what_it_does_not_model_falls_back(config):
     assert count_params_from_config(config) is None
 
@@ -193,3 +275,20 @@ def test_counting_imports_neither_torch_nor_transformers_and_is_fast():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
     out = json.loads(r.stdout)
     assert out["n"] == len(SUPPORTED_BUNDLED) and not out["heavy"] and out["seconds"] < 0.1, out
+
+
+def test_moe_layers_count_the_dense_ones_out_of_the_active_parameters():
+    # DeepSeek-V3 (config.json on the hub: 61 layers, first_k_dense_replace 3, 256 routed experts of 2048, 8 per token,
+    # one shared expert): 671B parameters, 37B activated per token (the DeepSeek-V3 technical report, arXiv 2412.19437,
+    # abstract). Without the 3 dense layers out of the idle-expert count it came to 4.8B.
+    from zerokit.spec.model import ModelSpec
+
+    v3 = dict(model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+              moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+              n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8, first_k_dense_replace=3,
+              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    counted = count_params_from_config(v3)
+    assert counted["moe_layers"] == 58
+    spec = ModelSpec(name="deepseek-v3", **{k: v for k, v in counted.items() if k in ModelSpec.__dataclass_fields__})
+    assert spec.params == pytest.approx(671e9, rel=0.01)
+    assert spec.active_params == pytest.approx(37e9, rel=0.03)

@@ -8,9 +8,17 @@ synthetic variants alike, equal to the meta-device count on every ModelSpec fiel
 
 The config is read the way transformers reads it: the config class's defaults (written out per model_type below,
 from configuration_<type>.py), then every key of config.json (extra keys become attributes too), then what the
-class derives in __post_init__ (head_dim, num_key_value_heads, Qwen2's sliding window, Qwen2/Gemma 2/Gemma 3
-layer_types, Falcon's kv heads and FFN size). The multimodal Gemma 3 adds its SigLIP vision tower and projector. The field
-reading itself (config_fields) is shared with the meta-device path, so the two cannot drift apart.
+class derives in __post_init__ (head_dim, num_key_value_heads, Qwen2's sliding window, Qwen2/Gemma 2/Gemma 3/
+SmolLM3/Cohere 2/GPT-OSS layer_types, Falcon's kv heads and FFN size, DeepSeek's head_dim, the rope parameters as
+convert_rope_params_to_dict leaves them for the families added with transformers 5's config classes). The
+multimodal Gemma 3 adds its SigLIP vision tower and projector. The field reading itself (config_fields) is shared
+with the meta-device path, so the two cannot drift apart.
+
+Families: Llama-shaped decoders (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Gemma 1/2/3, Granite, SmolLM3, OLMo 2),
+Cohere 2, GPT-OSS, DeepSeek-V2/V3 (multi-head latent attention, routed and shared experts after dense layers), Phi,
+Phi-3, Falcon, GPT-2, OPT, BLOOM, GPT-NeoX. Declined (None, the meta device counts): a config value of the wrong type
+or a feature a counter does not model (each counter says which), such as Qwen3-MoE's dense layers among sparse ones,
+per-layer-type (nested) rope parameters, or layer_types with other than full and sliding attention.
 """
 
 from __future__ import annotations
@@ -78,6 +86,44 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                  add_cross_attention=False, tie_word_embeddings=True),
+    # Olmo2Config, GraniteConfig, SmolLM3Config: Llama-shaped; Granite's four multipliers are plain floats (no
+    # parameters), SmolLM3's no_rope_layers only decide its layer_types (below)
+    "olmo2": dict(max_position_embeddings=2048, vocab_size=50304, hidden_size=4096, intermediate_size=11008,
+                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None, hidden_act="silu",
+                  tie_word_embeddings=False, rope_parameters=None, attention_bias=False, attention_dropout=0.0),
+    "granite": dict(max_position_embeddings=2048, vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None, hidden_act="silu",
+                    tie_word_embeddings=False, rope_parameters=None, attention_bias=False, attention_dropout=0.0,
+                    mlp_bias=False),
+    "smollm3": dict(max_position_embeddings=32768, vocab_size=128256, hidden_size=2048, intermediate_size=11008,
+                    num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4, hidden_act="silu",
+                    rope_parameters=None, use_sliding_window=False, sliding_window=None, no_rope_layers=None,
+                    no_rope_layer_interval=4, layer_types=None, attention_bias=False, attention_dropout=0.0,
+                    mlp_bias=False, tie_word_embeddings=True),
+    "cohere2": dict(max_position_embeddings=8192, vocab_size=256000, hidden_size=8192, intermediate_size=22528,
+                    num_hidden_layers=40, num_attention_heads=64, num_key_value_heads=None, hidden_act="silu",
+                    tie_word_embeddings=True, rope_parameters=None, attention_bias=False, attention_dropout=0.0,
+                    sliding_window=4096, layer_types=None),
+    "gpt_oss": dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
+                    intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                    sliding_window=128, tie_word_embeddings=False, hidden_act="silu", max_position_embeddings=131072,
+                    rope_parameters=None, attention_dropout=0.0, num_experts_per_tok=4, layer_types=None,
+                    attention_bias=True),
+    # DeepseekV3Config / DeepseekV2Config: multi-head latent attention (the ranks and head dims), routed and shared
+    # experts after first_k_dense_replace dense layers
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+                        n_routed_experts=256, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+                        v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=8, first_k_dense_replace=3,
+                        hidden_act="silu", max_position_embeddings=4096, tie_word_embeddings=False,
+                        rope_parameters=None, attention_bias=False, attention_dropout=0.0),
+    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                        num_attention_heads=32, num_key_value_heads=None, hidden_act="silu",
+                        max_position_embeddings=2048, tie_word_embeddings=False, rope_parameters=None,
+                        attention_bias=False, attention_dropout=0.0, mlp_bias=False, first_k_dense_replace=0,
+                        kv_lora_rank=512, q_lora_rank=1536, n_routed_experts=64, n_shared_experts=2,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts_per_tok=None,
+                        moe_intermediate_size=1407),
 }
 ALIASES: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
@@ -85,6 +131,9 @@ ALIASES: dict[str, dict[str, str]] = {
     "mixtral": {"num_experts": "num_local_experts"},
     "qwen3_moe": {"num_experts": "num_local_experts"},
     "bloom": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    "gpt_oss": {"num_experts": "num_local_experts"},
+    "deepseek_v3": {"num_local_experts": "n_routed_experts"},
+    "deepseek_v2": {"num_experts": "n_routed_experts"},
 }
 # Modeling modules that build a sliding-window mask whenever config.sliding_window is set (MistralModel,
 # MixtralModel: create_sliding_window_causal_mask); spec/model.py _activation_traits reads the same thing from
@@ -109,7 +158,15 @@ SIZE_LIMITS = {
     "head_dim": "MAX_DIMENSION", "kv_channels": "MAX_DIMENSION", "num_local_experts": "MAX_DIMENSION",
     "num_experts": "MAX_DIMENSION", "n_routed_experts": "MAX_DIMENSION", "num_experts_per_tok": "MAX_DIMENSION",
     "moe_top_k": "MAX_DIMENSION", "max_position_embeddings": "MAX_SEQ_LEN", "n_positions": "MAX_SEQ_LEN",
+    # DeepSeek's multi-head latent attention and shared experts (q_lora_rank None: a plain q_proj, not checked)
+    "q_lora_rank": "MAX_DIMENSION", "kv_lora_rank": "MAX_DIMENSION", "qk_nope_head_dim": "MAX_DIMENSION",
+    "qk_rope_head_dim": "MAX_DIMENSION", "v_head_dim": "MAX_DIMENSION", "n_shared_experts": "MAX_DIMENSION",
 }
+# Not here, though the counts read them: first_k_dense_replace (DeepSeek) is a layer index, not a size (any value
+# past the layers only makes every layer dense, and 0, DeepseekV2Config's default, is valid, which the positive-
+# integer rule of check_config_bounds would refuse); SmolLM3's no_rope_layer_interval and Cohere 2's
+# sliding_window_pattern are periods over the layers. The counters check each itself and decline what is not a
+# plain integer.
 _SHAPE_KEYS = frozenset(SIZE_LIMITS)
 
 
@@ -151,6 +208,20 @@ def _positive_or_none(v) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
+def moe_layer_count(tc, layers: int) -> int | None:
+    """Decoder layers whose MLP is the routed experts, when some are dense (None: all of them). DeepSeek-V2/V3
+    (DeepseekV3DecoderLayer: experts from layer first_k_dense_replace on; V2 also every moe_layer_freq-th), Qwen2/3-MoE
+    (Qwen3MoeDecoderLayer: not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0)."""
+    first = first_attr(tc, ["first_k_dense_replace"], 0)
+    freq = first_attr(tc, ["moe_layer_freq"], 1)
+    only = first_attr(tc, ["mlp_only_layers"], None) or ()
+    step = first_attr(tc, ["decoder_sparse_step"], 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (first, freq, step)) or freq < 1 or step < 1:
+        return None  # not a layout this reads: every layer counted as MoE, as before
+    count = sum(1 for i in range(layers) if i >= first and i % freq == 0 and i not in only and (i + 1) % step == 0)
+    return None if count == layers else count
+
+
 def config_fields(tc) -> dict:
     """The ModelSpec fields read from the (text) config, with their fallbacks: shared by the meta-device count
     (spec/model.py _measure, on the transformers config) and the arithmetic below (on a ConfigView)."""
@@ -177,6 +248,7 @@ def config_fields(tc) -> dict:
     if not isinstance(inter, int) or inter <= 0:
         inter = 4 * hidden  # GPT-2 n_inner=None, BLOOM, Falcon: 4h
     return dict(
+        moe_layers=moe_layer_count(tc, layers) if experts > 1 else None,
         hidden_size=hidden, num_layers=layers, num_attention_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
         intermediate_size=int(inter), num_experts=experts, experts_per_token=top_k,
         # the longest sequence the positions support (learned tables, rope's design length, raised by the config's
@@ -324,7 +396,106 @@ def _effective(config: dict) -> ConfigView | None:
             values["layer_types"] = [
                 "sliding_attention" if values["sliding_window"] is not None and isinstance(window_from, int)
                 and i >= window_from else "full_attention" for i in range(values["num_hidden_layers"])]
+    if model_type in _ROPE_DICT_MODELS and not _later_post_init(model_type, config, values):
+        return None
     return ConfigView(model_type, values)
+
+
+# The families whose config classes are read by _later_post_init: each __post_init__ as transformers 5.23 writes
+# it, then PreTrainedConfig's convert_rope_params_to_dict (_rope_parameters).
+_ROPE_DICT_MODELS = ("olmo2", "granite", "smollm3", "cohere2", "gpt_oss", "deepseek_v3", "deepseek_v2")
+# GptOssConfig.__post_init__'s rope_parameters when the config gives none
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                 "original_max_position_embeddings": 4096}
+_ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def _later_post_init(model_type: str, config: dict, values: dict) -> bool:
+    """values as the __post_init__ of Olmo2Config, GraniteConfig, SmolLM3Config, Cohere2Config, GptOssConfig,
+    DeepseekV3Config and DeepseekV2Config leave them (in place); False for what they would refuse or what
+    this module leaves to transformers."""
+    layers, hidden = values.get("num_hidden_layers"), values.get("hidden_size")
+    heads = values.get("num_attention_heads")
+    if values.get("num_key_value_heads") is None:  # every one of them: kv heads default to the query heads
+        values["num_key_value_heads"] = heads
+    if model_type in ("olmo2", "granite", "smollm3") and "head_dim" in values and values["head_dim"] is None:
+        return False  # their attention takes getattr(config, "head_dim", hidden // heads): a null would be used
+    if model_type == "smollm3":  # SmolLM3Config.__post_init__: NoPE on every no_rope_layer_interval-th layer
+        if not _positive_ints(layers):
+            return False
+        no_rope = values.get("no_rope_layers")
+        if no_rope is None:
+            interval = values.get("no_rope_layer_interval")
+            if not _positive_ints(interval):
+                return False  # 0 divides by zero there
+            no_rope = values["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(layers)]
+        elif (not isinstance(no_rope, list) or len(no_rope) < layers
+              or any(not isinstance(x, int) or isinstance(x, bool) for x in no_rope)):
+            return False  # SmolLM3Attention indexes it by layer
+        if values.get("layer_types") is None:  # sliding attention only on the NoPE layers
+            sliding = bool(values.get("use_sliding_window")) and values.get("sliding_window") is not None
+            values["layer_types"] = ["sliding_attention" if sliding and not no_rope[i] else "full_attention"
+                                     for i in range(layers)]
+    if model_type == "cohere2":  # Cohere2Config.__post_init__: head_dim hidden // heads, unless config.json has one
+        # (its extra keys are set after __post_init__, over what it derived)
+        if "head_dim" not in config:
+            values["head_dim"] = hidden // heads if _positive_ints(hidden, heads) else None
+        elif config["head_dim"] is None:
+            return False  # Cohere2Attention would take the null
+        if values.get("layer_types") is None:
+            pattern = values.pop("sliding_window_pattern", 4)  # the hub configs' old int pattern
+            if not _positive_ints(pattern, layers):
+                return False
+            values["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                     for i in range(layers)]
+    if model_type == "gpt_oss":  # GptOssConfig.__post_init__: sliding on even layers, a YaRN rope by default
+        if config.get("head_dim", 0) is None or config.get("num_key_value_heads", 0) is None:
+            return False  # both typed int (not None) in GptOssConfig: its strict validation refuses a null
+        if values.get("layer_types") is None and _positive_ints(layers):
+            values["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+        if values.get("rope_parameters") is None:
+            values["rope_parameters"] = dict(_GPT_OSS_ROPE)
+        if "num_experts" in config:  # attribute_map: num_experts is stored as num_local_experts
+            values["num_local_experts"] = values.pop("num_experts")
+    if model_type in ("deepseek_v3", "deepseek_v2"):
+        alias = "num_local_experts" if model_type == "deepseek_v3" else "num_experts"  # their attribute_map
+        if alias in config:
+            values["n_routed_experts"] = values.pop(alias)
+        # DeepseekV3Config / DeepseekV2Config.__post_init__: head_dim is the rotary part of a query head (V2: hidden //
+        # heads were that None, which its qk_head_dim sum already refuses). V2 declares head_dim, so the derivation
+        # wins; for V3 a head_dim key of config.json is an extra attribute, set after __post_init__ (a field only:
+        # the rotary embedding's buffers are all it sizes)
+        if model_type == "deepseek_v2" or "head_dim" not in config:
+            values["head_dim"] = values.get("qk_rope_head_dim")
+        elif config["head_dim"] is None:
+            return False  # a null head_dim then reaches the rotary embedding's init (a TypeError with yarn)
+    return _rope_parameters(values)
+
+
+def _rope_parameters(values: dict) -> bool:
+    """values["rope_parameters"] as convert_rope_params_to_dict and standardize_rope_params leave it for a config
+    class that declares no partial_rotary_factor: rope_scaling wins over rope_parameters, a top-level
+    partial_rotary_factor moves into the dict (unless it has one) and leaves the config, rope_type defaults to
+    `type` or "default", and a llama3/yarn/longrope rope takes the config's original_max_position_embeddings if it
+    has one, else keeps its own, else max_position_embeddings (max_positions reads it). False for per-layer-type
+    (nested) rope parameters or a rope that is no dict: left to transformers."""
+    rope = values.pop("rope_scaling", None) or values.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+        return False
+    rope = dict(rope)
+    partial = values.pop("partial_rotary_factor", None)
+    if partial is not None:
+        rope.setdefault("partial_rotary_factor", partial)
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    if rope["rope_type"] in ("llama3", "yarn", "longrope"):
+        # the config's own key wins: the model's rope init (modeling_rope_utils _compute_yarn_parameters and its
+        # kin) runs standardize_rope_params again once config.json's extra keys are attributes, and assigns it
+        if "original_max_position_embeddings" in values:
+            rope["original_max_position_embeddings"] = values["original_max_position_embeddings"]
+        else:
+            rope.setdefault("original_max_position_embeddings", values.get("max_position_embeddings"))
+    values["rope_parameters"] = rope
+    return True
 
 
 # The activation traits (spec/model.py _activation_traits) of a plain dense decoder block: two hidden-size norms
@@ -564,10 +735,192 @@ def _falcon(cfg: ConfigView, f: dict) -> dict | None:
     )
 
 
+def _rope_partial_as_read(cfg: ConfigView) -> bool:
+    """attention_output_copy as spec/model.py _activation_traits reads it from the config transformers built: the
+    rope dict's partial_rotary_factor (_rope_parameters moved a top-level one there), else a rotary_pct key."""
+    rope = cfg.rope_parameters
+    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    if partial is None:
+        partial = first_attr(cfg, ["partial_rotary_factor", "rotary_pct"], 1.0)
+    return isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1
+
+
+def _sliding(cfg: ConfigView, layers: int, mask_module: bool) -> tuple[int | None, int] | None:
+    """(sliding_window, sliding_window_layers) as spec/model.py _activation_traits reads them: the layers
+    layer_types names "sliding_attention" when the config has a positive sliding_window, else (no layer_types) every
+    layer of a model whose module builds a sliding-window mask (mask_module), else none. None when layer_types is
+    not a list of the model's layers of full and sliding attention (transformers refuses it, or remaps legacy names):
+    the meta device decides."""
+    types = cfg.layer_types
+    if types is not None and (not isinstance(types, (list, tuple)) or len(types) != layers
+                              or any(t not in _ATTENTION_TYPES for t in types)):
+        return None
+    window = cfg.sliding_window
+    if not _positive_ints(window):
+        return None, 0
+    n = sum(1 for t in types if t == "sliding_attention") if types is not None else (layers if mask_module else 0)
+    return (int(window) if n else None), n
+
+
+def _olmo2_granite_smollm3(cfg: ConfigView, f: dict) -> dict | None:
+    """Olmo2ForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM: embed_tokens; per layer q/k/v/o_proj (head_dim
+    from the config, else hidden // heads; bias = attention_bias) and the MLP's gate/up/down_proj (Granite, SmolLM3:
+    bias = mlp_bias; Olmo 2: none). Granite and SmolLM3 keep Llama's input_layernorm and post_attention_layernorm
+    (Granite's embedding/attention/residual multipliers and logits_scaling are floats, SmolLM3's NoPE layers only
+    skip the rotary: no parameters); Olmo 2 has no input norm but Olmo2Attention's q_norm and k_norm over the whole
+    q and k projections (heads x head_dim, not one head as Qwen3's) and post_attention_ and
+    post_feedforward_layernorm on each branch's output. The final norm; lm_head unless tied (SmolLM3: tied by
+    default)."""
+    mt = cfg.model_type
+    h, layers, a, k, i, v = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                             cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size)
+    if not _positive_ints(h, layers, a, k, i, v):
+        return None
+    # the module's head size: config_fields would also read a kv_channels or attention_head_size key, the attention
+    # only head_dim
+    d = cfg.head_dim if cfg.head_dim is not None else h // a
+    if not _positive_ints(d):
+        return None
+    bias = bool(cfg.attention_bias)
+    mlp_bias = bool(cfg.mlp_bias) if mt != "olmo2" else False  # Olmo2MLP: bias=False
+    attn = [_linear(h, a * d, bias), _linear(h, k * d, bias), _linear(h, k * d, bias), _linear(a * d, h, bias)]
+    mlp = [_linear(h, i, mlp_bias), _linear(h, i, mlp_bias), _linear(i, h, mlp_bias)]
+    head_norms = [a * d, k * d] if mt == "olmo2" else []
+    sliding = _sliding(cfg, layers, mask_module=mt == "smollm3")  # SmolLM3Model: create_sliding_window_causal_mask
+    if sliding is None:
+        return None
+    tied = bool(cfg.tie_word_embeddings)
+    # hidden-size norms of a layer (_activation_traits counts a norm whose weight has hidden_size entries): Olmo 2's
+    # q_norm / k_norm when heads x head_dim happens to be the hidden size (q_norm usually is, k_norm with GQA not)
+    norms = 2 + sum(1 for n in head_norms if n == h)
+    return dict(
+        params=v * h + layers * (sum(attn) + sum(mlp) + sum(head_norms) + 2 * h) + h + (0 if tied else v * h),
+        largest_layer_params=max(v * h, *attn, *mlp, *head_norms, h), vocab_size=v, tied_embeddings=tied,
+        gated_mlp=True, embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", norms_per_layer=norms,
+        norm_inputs_per_layer=norms, attention_output_copy=_rope_partial_as_read(cfg),
+        sliding_window=sliding[0], sliding_window_layers=sliding[1],
+    )
+
+
+def _cohere2(cfg: ConfigView, f: dict) -> dict | None:
+    """Cohere2ForCausalLM (Command R7B, Command A): embed_tokens; per layer ONE input_layernorm (Cohere2LayerNorm: a
+    weight, no bias, mean-centred, multiplied in fp32: `self.weight.to(torch.float32) * hidden_states`) whose output
+    attention and MLP read in parallel, q/k/v/o_proj (bias = attention_bias; head_dim: config.json's, else hidden //
+    heads from Cohere2Config.__post_init__) and gate/up/down_proj without bias; the final norm; lm_head,
+    tied by default (logit_scale is a float). Sliding-window attention on the layers layer_types names (from
+    sliding_window_pattern, default 4: three sliding layers of four)."""
+    h, layers, a, k, d, i, v = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                                cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+    if not _positive_ints(h, layers, a, k, d, i, v):
+        return None
+    bias = bool(cfg.attention_bias)
+    attn = [_linear(h, a * d, bias), _linear(h, k * d, bias), _linear(h, k * d, bias), _linear(a * d, h, bias)]
+    mlp = [h * i, h * i, i * h]
+    sliding = _sliding(cfg, layers, mask_module=True)
+    if sliding is None:
+        return None
+    tied = bool(cfg.tie_word_embeddings)
+    return dict(
+        params=v * h + layers * (sum(attn) + sum(mlp) + h) + h + (0 if tied else v * h),
+        largest_layer_params=max(v * h, *attn, *mlp, h), vocab_size=v, tied_embeddings=tied, gated_mlp=True,
+        embedding_params=v * h + (0 if tied else v * h), norm="layernorm", norms_per_layer=1,
+        norm_inputs_per_layer=1, norm_fp32_weight=True, attention_output_copy=_rope_partial_as_read(cfg),
+        sliding_window=sliding[0], sliding_window_layers=sliding[1],
+    )
+
+
+def _gpt_oss(cfg: ConfigView, f: dict) -> dict | None:
+    """GptOssForCausalLM: embed_tokens; per layer input_layernorm, q/k/v/o_proj (bias = attention_bias, True by
+    default) and GptOssAttention's own sinks [heads], post_attention_layernorm, GptOssMLP: GptOssTopKRouter's weight
+    [E, h] and bias [E], GptOssExperts' fused gate_up_proj [E, h, 2i] with gate_up_proj_bias [E, 2i] and down_proj
+    [E, i, h] with down_proj_bias [E, h] (i = intermediate_size: there is no moe_intermediate_size); the final norm;
+    lm_head, untied by default. GptOssPreTrainedModel._supports_sdpa is False (sdpa has no attention sinks);
+    sliding-window attention on the even layers (layer_types)."""
+    h, layers, a, k, d, v = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+                             cfg.head_dim, cfg.vocab_size)
+    i, e = cfg.intermediate_size, cfg.num_local_experts
+    if not _positive_ints(h, layers, a, k, d, v, i, e):
+        return None
+    bias = bool(cfg.attention_bias)
+    # q, k, v, o, then the attention module's own direct parameter: one sink logit per head
+    attn = [_linear(h, a * d, bias), _linear(h, k * d, bias), _linear(h, k * d, bias), _linear(a * d, h, bias), a]
+    router = e * h + e
+    experts = e * h * 2 * i + e * 2 * i + e * i * h + e * h  # one module: all experts' weights and biases
+    sliding = _sliding(cfg, layers, mask_module=True)
+    if sliding is None:
+        return None
+    tied = bool(cfg.tie_word_embeddings)
+    return dict(
+        params=v * h + layers * (sum(attn) + router + experts + 2 * h) + h + (0 if tied else v * h),
+        largest_layer_params=max(v * h, *attn, router, experts, h), vocab_size=v, tied_embeddings=tied,
+        gated_mlp=True, embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", supports_sdpa=False,
+        attention_output_copy=_rope_partial_as_read(cfg), sliding_window=sliding[0], sliding_window_layers=sliding[1],
+    )
+
+
+def _deepseek(cfg: ConfigView, f: dict) -> dict | None:
+    """DeepseekV3ForCausalLM, DeepseekV2ForCausalLM: embed_tokens; per layer input_layernorm, multi-head latent
+    attention (DeepseekV3Attention / DeepseekV2Attention: with a q_lora_rank r, q_a_proj h -> r (bias =
+    attention_bias), q_a_layernorm [r] and q_b_proj r -> a (nope + rope) without bias, else one q_proj h -> a (nope +
+    rope) without bias; kv_a_proj_with_mqa h -> kv_lora_rank + rope (bias = attention_bias), kv_a_layernorm
+    [kv_lora_rank], kv_b_proj kv_lora_rank -> a (nope + v_head_dim) without bias; o_proj a v_head_dim -> h (bias =
+    attention_bias)), post_attention_layernorm and the MLP: layers below first_k_dense_replace a dense
+    gate/up/down_proj of intermediate_size, the others the MoE (DeepseekV3MoE / DeepseekV2Moe: the router's weight
+    [E, h]; the experts' fused gate_up_proj [E, 2m, h] and down_proj [E, h, m], m = moe_intermediate_size;
+    shared_experts, a dense MLP of m x n_shared_experts). V2's MLPs take bias = mlp_bias, V3's none. The final norm;
+    lm_head unless tied. DeepseekV3TopkRouter's e_score_correction_bias is an nn.Buffer, not a parameter, so it is
+    not counted (nor does DeepSpeed partition it); no multi-token-prediction layers are built."""
+    v2 = cfg.model_type == "deepseek_v2"
+    h, layers, a, k, v = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+                          cfg.vocab_size)
+    q_rank, kv_rank, nope, rope, v_dim = (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
+                                          cfg.qk_rope_head_dim, cfg.v_head_dim)
+    i, m, e, n_shared, first_moe = (cfg.intermediate_size, cfg.moe_intermediate_size, cfg.n_routed_experts,
+                                    cfg.n_shared_experts, cfg.first_k_dense_replace)
+    if not _positive_ints(h, layers, a, k, v, kv_rank, nope, rope, v_dim, i, m, e, n_shared):
+        return None  # (k: the attention divides the heads by it)
+    if q_rank is not None and not _positive_ints(q_rank):
+        return None
+    if not isinstance(first_moe, int) or isinstance(first_moe, bool):
+        return None  # DeepseekV3DecoderLayer compares the layer index with it
+    if v2 and h % a:
+        return None  # DeepseekV2Config.validate_architecture refuses it
+    bias = bool(cfg.attention_bias)
+    qk = nope + rope
+    # a norm's weight is its module's direct parameters (q_a_layernorm, kv_a_layernorm)
+    q = [_linear(h, q_rank, bias), q_rank, q_rank * a * qk] if q_rank is not None else [h * a * qk]
+    attn = [*q, _linear(h, kv_rank + rope, bias), kv_rank, kv_rank * a * (nope + v_dim), _linear(a * v_dim, h, bias)]
+    mlp_bias = bool(cfg.mlp_bias) if v2 else False
+    dense_mlp = [_linear(h, i, mlp_bias), _linear(h, i, mlp_bias), _linear(i, h, mlp_bias)]
+    s = m * n_shared
+    moe_mlp = [e * h, e * 2 * m * h + e * h * m, _linear(h, s, mlp_bias), _linear(h, s, mlp_bias),
+               _linear(s, h, mlp_bias)]
+    dense = min(max(first_moe, 0), layers)  # layer_idx >= first_k_dense_replace: MoE
+    sliding = _sliding(cfg, layers, mask_module=False)  # DeepseekV3Model builds a causal mask only
+    if sliding is None:
+        return None
+    tied = bool(cfg.tie_word_embeddings)
+    params = (v * h + layers * (sum(attn) + 2 * h) + dense * sum(dense_mlp) + (layers - dense) * sum(moe_mlp) + h
+              + (0 if tied else v * h))
+    # ModelSpec keeps one MLP shape: config_fields' (the routed experts' moe_intermediate_size, num_experts E), on
+    # the meta device as here; the first_k_dense_replace dense layers are in params and largest_layer_params only
+    largest = max(v * h, *attn, h, *(dense_mlp if dense else ()), *(moe_mlp if dense < layers else ()))
+    # hidden-size norms of a layer: the two, and q_a_layernorm / kv_a_layernorm when a rank equals the hidden size
+    norms = 2 + (q_rank == h) + (kv_rank == h)
+    return dict(
+        params=params, largest_layer_params=largest, vocab_size=v, tied_embeddings=tied, gated_mlp=True,
+        embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", norms_per_layer=norms,
+        norm_inputs_per_layer=norms, attention_output_copy=_rope_partial_as_read(cfg),
+        sliding_window=sliding[0], sliding_window_layers=sliding[1],
+    )
+
+
 _COUNTERS = {"llama": _llama_family, "mistral": _llama_family, "mixtral": _llama_family, "qwen2": _llama_family,
              "qwen3": _llama_family, "gemma": _llama_family, "gemma2": _llama_family,
              "gemma3_text": _llama_family, "qwen3_moe": _llama_family, "falcon": _falcon, "phi3": _phi3, "gpt2": _gpt2, "opt": _opt, "bloom": _bloom,
-             "gpt_neox": _gpt_neox, "phi": _phi}
+             "gpt_neox": _gpt_neox, "phi": _phi, "olmo2": _olmo2_granite_smollm3, "granite": _olmo2_granite_smollm3,
+             "smollm3": _olmo2_granite_smollm3, "cohere2": _cohere2, "gpt_oss": _gpt_oss, "deepseek_v3": _deepseek,
+             "deepseek_v2": _deepseek}
 
 
 # SiglipVisionConfig's defaults (transformers 5.23 configuration_siglip.py), the keys the vision tower's count reads

@@ -67,6 +67,9 @@ class ModelSpec:
     gated_mlp: bool = True  # Llama-style gate/up/down (3 matrices) vs GPT-2 style (2)
     num_experts: int = 1  # routed experts per MoE layer (1 = dense)
     experts_per_token: int = 1
+    # decoder layers with routed experts when some have a dense MLP instead (DeepSeek's first_k_dense_replace, Qwen-MoE's
+    # mlp_only_layers); None: every layer. The shape fields describe the experts; the dense layers count in params only
+    moe_layers: int | None = None
     embedding_params: int = 0  # input embedding (+ untied LM head) parameters: no matmul FLOPs for the input side
     model_type: str = "unknown"  # HF model_type, e.g. "llama"; "params" for a bare count
     norm: str = "rmsnorm"  # rmsnorm | layernorm
@@ -130,12 +133,13 @@ class ModelSpec:
 
     @property
     def active_params(self) -> int:
-        """Parameters touched per token (MoE runs experts_per_token of num_experts experts)."""
+        """Parameters touched per token (MoE runs experts_per_token of num_experts experts, in its MoE layers)."""
         if self.num_experts <= 1:
             return self.params
         mlp_mats = 3 if self.gated_mlp else 2
         per_expert = mlp_mats * self.hidden_size * self.intermediate_size
-        idle = (self.num_experts - self.experts_per_token) * per_expert * self.num_layers
+        moe_layers = self.num_layers if self.moe_layers is None else self.moe_layers
+        idle = (self.num_experts - self.experts_per_token) * per_expert * moe_layers
         return self.params - idle
 
     def tensor_parallel_params(self) -> int:
@@ -193,7 +197,8 @@ class ModelSpec:
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
 # extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
 # 10: learned_positions; max_positions raised by a config's rope scaling.
-_SCHEMA_VERSION = 10
+# 11: moe_layers (the layers with routed experts, when some are dense).
+_SCHEMA_VERSION = 11
 
 
 # --------------------------------------------------------------------------------------------
