@@ -2,8 +2,8 @@
 
 Each row is the published setup, pinned as far as zerokit plans it, searched with `zerokit plan --seq-len max --json`
 on the catalog's figures (`--hardware-profile none`). zerokit's answer and the published maximum are printed side by
-side with the ratio. Where zerokit cannot plan a setup (Ulysses across nodes: zerokit keeps SP inside a node), the row
-says so.
+side with the ratio. Where zerokit cannot plan a setup, the row says so (Ulysses across whole nodes is planned: its
+all-to-alls priced over the nodes' links).
 
 Sources:
 - ALST paper, arXiv 2506.13996, abstract: "ALST supports training Meta's Llama 8B model with 500K sequence length on a

@@ -321,3 +321,30 @@ def test_bad_accelerate_configs_are_one_line(tmp_path, capsys, yaml_text, needle
     (tmp_path / "a.yaml").write_text(yaml_text)
     rc, out, err = run(["check", str(tmp_path / "a.yaml"), "--model", "llama-3.1-8b", "--gpu", "h100-80gb"], capsys)
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_ulysses_across_whole_nodes_is_planned_over_the_nodes_links(capsys):
+    # ALST (arXiv 2506.13996) trains Llama-3.1-8B with SP 32 over 4 nodes of 8 H100: a pinned SP degree that spans
+    # whole nodes is planned; its all-to-alls are priced at the link between nodes, not NVLink
+    from zerokit.estimate.timing import link_bandwidth, model_parallel_bytes
+
+    spec = load_model_spec("llama-3.1-8b")
+    four = Cluster(accelerator=accelerator("h100-80gb"), gpus_per_node=8, nodes=4)
+    w = Workload(seq_len=32768 * 32)
+    setup = ZeroSetup(zero_stage=3, sequence_parallel=32, activation_checkpointing=True, tiled_loss=True,
+                      tiled_mlp=True, offload_optimizer="cpu")
+    one_node = ZeroSetup(**{**setup.__dict__, "sequence_parallel": 8})
+    across = estimate_time(spec, four, setup, w)
+    inside = estimate_time(spec, four, one_node, w)
+    mp = model_parallel_bytes(spec, setup, w.seq_len)
+    assert link_bandwidth(four) == 50e9  # the catalog's H100 share of a node's NICs
+    assert across.communication_seconds >= mp / link_bandwidth(four)
+    assert across.communication_seconds > inside.communication_seconds
+    base = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--nodes", "4", "--seq-len",
+            "1048576", "--stage", "3", "--micro-batch", "1", "--json"]
+    assert main([*base, "--sequence-parallel", "32"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["choice"]["sequence_parallel"] == 32
+    # neither a divisor of a node nor whole nodes: one line naming both fixes
+    assert main([*base, "--sequence-parallel", "12"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("warning:")]
+    assert len(err) == 1 and "--sequence-parallel 12 neither divides the 8 GPUs of a node nor spans whole nodes" in err[0]

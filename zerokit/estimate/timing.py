@@ -646,7 +646,9 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     link = link_bandwidth(cluster)
     moved = collective_bytes(full_model, cluster, setup, knobs)
     comm = (moved.gradients + moved.parameters) / link
-    comm += (moved.intra_node + model_parallel_bytes(full_model, setup, workload.seq_len)) / intra_node_bandwidth(cluster)
+    # Ulysses over more GPUs than a node has (whole nodes) sends its all-to-alls over the nodes' links
+    mp_link = link_bandwidth(cluster) if setup.sequence_parallel > cluster.gpus_per_node else intra_node_bandwidth(cluster)
+    comm += moved.intra_node / intra_node_bandwidth(cluster) + model_parallel_bytes(full_model, setup, workload.seq_len) / mp_link
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.cpu_adam_params_per_s:
         cpu_adam = terms.cpu_adam_params_per_s

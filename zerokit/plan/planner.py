@@ -85,15 +85,21 @@ def simplicity(setup: ZeroSetup) -> tuple:
 def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, tensor_parallel: int = 1,
                      sequence_parallel: int = 1) -> str | None:
     """Why a TP or SP degree cannot run this model on this cluster (one line naming the fix), or None.
-    Both stay inside a node: their collectives run every layer (timing.model_parallel_bytes), on the node's links.
+    TP stays inside a node: its all-reduces run every layer (timing.model_parallel_bytes), on the node's links. Ulysses
+    SP may span whole nodes, as ALST trains Llama-3.1-8B with SP 32 over 4 nodes of 8 H100 (arXiv 2506.13996): its
+    all-to-alls then cross the nodes' links (priced there); the planner only tries in-node degrees unless pinned.
     AutoTP splits the heads and KV heads between its ranks (module_inject tp_shard.get_shard_size over the heads);
     Ulysses' own refusals are spec.setup.ulysses_problems; it also needs an sdpa or flash kernel
     (register_with_transformers refuses eager)."""
     gpn = cluster.gpus_per_node
     a, k = model.num_attention_heads, model.num_kv_heads
-    for degree, d in ((flag("tensor-parallel"), tensor_parallel), (flag("sequence-parallel"), sequence_parallel)):
-        if d > 1 and gpn % d:
-            return f"{degree} {d} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
+    if tensor_parallel > 1 and gpn % tensor_parallel:
+        return f"{flag('tensor-parallel')} {tensor_parallel} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
+    sp = sequence_parallel
+    if sp > 1 and gpn % sp and (sp % gpn or cluster.world_size % sp):
+        return (f"{flag('sequence-parallel')} {sp} neither divides the {gpn} GPUs of a node nor spans whole nodes of the "
+                f"{cluster.world_size} GPUs: use a divisor of {gpn}, or a multiple of {gpn} that divides "
+                f"{cluster.world_size}")
     if tensor_parallel > 1:
         if a % tensor_parallel or k % tensor_parallel:
             return (f"{flag('tensor-parallel')} {tensor_parallel} does not divide the model's {a} attention heads "
