@@ -29,10 +29,13 @@ demo: setup
 # tests/conftest.py's order, the files with the most real multi-rank jobs first, not xdist's most-tests-first), then
 # the calibrations (-m timed) alone: they fit what they time and refuse a busy machine. The other tests count and
 # compare, so a second file beside them costs time, not correctness.
+# PYTHONDONTWRITEBYTECODE (set on some machines) is cleared for the tests: the suite starts hundreds of rank processes,
+# and each would compile zerokit's modules (and pytest rewrite the tests) again instead of reading the cached bytecode.
 test: setup
 	ruff check .
-	python -m pytest -q -p no:cacheprovider -m "not timed" -n 2 --dist loadfile --no-loadscope-reorder
-	python -m pytest -q -p no:cacheprovider -m timed
+	PYTHONDONTWRITEBYTECODE= python -m pytest -q -p no:cacheprovider -m "not timed" -n 2 --dist loadfile \
+		--no-loadscope-reorder --durations=25
+	PYTHONDONTWRITEBYTECODE= python -m pytest -q -p no:cacheprovider -m timed --durations=10
 
 bench: setup
 	python bench/plan_latency.py
