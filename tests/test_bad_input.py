@@ -94,6 +94,14 @@ ROWS = [
     ("launch-seq-len-max", ["launch", "--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len",
                             "max", "--plan", "--output-dir", "run"], {}, 2, "answered by plan and check"),
     ("global-batch-zero", ["plan", *P, "--global-batch", "0"], {}, 2, "--global-batch"),
+    # the cluster's links (issue 27): a positive number of GB/s per GPU, or one line
+    ("inter-node-bandwidth-negative", ["plan", *P, "--nodes", "2", "--inter-node-bandwidth=-3"], {}, 2,
+     "--inter-node-bandwidth"),
+    ("inter-node-bandwidth-text", ["plan", *P, "--nodes", "2", "--inter-node-bandwidth", "infiniband"], {}, 2,
+     "--inter-node-bandwidth"),
+    ("intra-node-bandwidth-infinite", ["plan", *P, "--intra-node-bandwidth", "inf"], {}, 2, "--intra-node-bandwidth"),
+    ("sequence-parallel-across-part-of-a-node", ["plan", *P, "--gpus-per-node", "8", "--nodes", "2",
+                                                 "--sequence-parallel", "12"], {}, 2, "nor spans whole nodes"),
     ("samples-negative", ["plan", *P, "--samples=-3"], {}, 2, "--samples"),
     ("global-batch-indivisible", ["plan", *P, "--gpus-per-node", "8", "--global-batch", "12"], {}, 2, "divisible"),
     # ---- setup pins
