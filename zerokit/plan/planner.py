@@ -97,6 +97,8 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
         return f"{flag('tensor-parallel')} {tensor_parallel} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
     sp = sequence_parallel
     if sp > 1 and gpn % sp and (sp % gpn or cluster.world_size % sp):
+        if cluster.nodes == 1:
+            return f"{flag('sequence-parallel')} {sp} does not divide the {gpn} GPUs of a node: use a divisor of {gpn}"
         return (f"{flag('sequence-parallel')} {sp} neither divides the {gpn} GPUs of a node nor spans whole nodes of the "
                 f"{cluster.world_size} GPUs: use a divisor of {gpn}, or a multiple of {gpn} that divides "
                 f"{cluster.world_size}")
