@@ -19,6 +19,7 @@ Usage: python bench/published_runs.py [--only REGEX] [--out bench/results/publis
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
@@ -105,8 +106,6 @@ CALIBRATED_TABLES = ("accuracy_cpu", "accuracy_cpu_parallel", "accuracy_cpu_fine
 
 def calibrated_ratios() -> list[float]:
     """predicted / measured step time of every rank row in CALIBRATED_TABLES (1 + time_err)."""
-    import json
-
     rows = []
     for name in CALIBRATED_TABLES:
         rows += json.loads((REPO / "bench" / "results" / f"{name}.json").read_text())["rows"]
@@ -203,8 +202,6 @@ def main(argv: list[str] | None = None) -> int:
         if a.only:
             print("--write-range takes the whole set: drop --only", file=sys.stderr)
             return 2
-        import json
-
         (REPO / "zerokit" / "data" / "time_range.json").write_text(json.dumps(range_data(zk, RANGE_COMMAND), indent=2) + "\n")
     return 0
 

@@ -15,9 +15,9 @@ A rank's micro step is priced as the sum of what bounds each part of it (docs/ti
   writes (elementwise_bytes_per_token);
 - the optimizer step on the rank's partition, memory-bound (optimizer_bytes_per_param).
 
-Communication overlaps compute as DeepSpeed schedules it (exposed_communication). Host-side costs (kernel launches,
-ZeRO-3's per-module hooks, the data loader) are not priced: on small models they are what the measured runs have
-and this model lacks (bench/results/published_runs.txt).
+Communication overlaps compute as DeepSpeed schedules it (exposed_communication). The host's side (PyTorch's
+dispatch, DeepSpeed's hooks) is timing.gpu_host_seconds, from a calibration on one H200 node; the data loader and the
+training loop around the engine are not priced.
 """
 
 from __future__ import annotations
@@ -57,6 +57,15 @@ class GpuCompute:
     @property
     def compute_seconds(self) -> float:
         return self.matmul_seconds + self.attention_seconds + self.memory_seconds
+
+
+def backward_layers(model: ModelSpec, activation_checkpointing: bool) -> int:
+    """Decoder layers that run a backward: all of them, but a fine-tune's layers below its first trainable parameter
+    get no gradient (Trained.grad_start_layer), unless checkpointing, whose enable_input_require_grads sends the
+    gradient down to the embeddings (memory.activation_terms)."""
+    if model.trained.trainable_matmul_params is None or activation_checkpointing:
+        return model.num_layers
+    return model.num_layers - min(model.trained.grad_start_layer, model.num_layers)
 
 
 def attention_flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bool, attention: str,
@@ -157,8 +166,7 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
     matmul_rate = peak * acc.matmul_fraction
     attention_rate = peak * acc.attention_fraction
     hbm = acc.hbm_gbps * 1e9
-    grad_layers = model.num_layers - min(model.trained.grad_start_layer, model.num_layers) \
-        if model.trained.trainable_matmul_params is not None and not setup.activation_checkpointing else model.num_layers
+    grad_layers = backward_layers(model, setup.activation_checkpointing)
     attn_fwd, attn_bwd = attention_flops_per_token(model, seq_len, setup.activation_checkpointing, attention, grad_layers)
     dense_fwd = dense_forward_flops_per_token  # the rest of flops_per_token is backward and recompute
     dense_bwd = max(0.0, dense_flops_per_token - dense_fwd)

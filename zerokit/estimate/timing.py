@@ -39,7 +39,7 @@ from functools import lru_cache
 from zerokit.core.errors import ZerokitError
 from zerokit.core.resources import bundled_data
 
-from zerokit.estimate.gpu_time import exposed_communication, gpu_compute
+from zerokit.estimate.gpu_time import backward_layers, exposed_communication, gpu_compute
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
@@ -190,7 +190,7 @@ def flops_per_token(model: ModelSpec, seq_len: int, activation_checkpointing: bo
     active = model.active_params / max(1, model.params)  # MoE: the active share (the counts are of every expert)
     trainable = model.trained.trainable_matmul_params * active
     backward_input = p if activation_checkpointing else min(p, model.trained.backward_matmul_params * active)
-    grad_layers = model.num_layers if activation_checkpointing else model.num_layers - min(model.trained.grad_start_layer, model.num_layers)
+    grad_layers = backward_layers(model, activation_checkpointing)
     flops = 2 * p + 2 * backward_input + 2 * trainable + 4 * model.num_layers * s_ad + 8 * grad_layers * s_ad
     if activation_checkpointing:
         flops += 2 * p + 4 * model.num_layers * s_ad

@@ -507,9 +507,14 @@ _PLAIN_BLOCK_TRAITS = dict(supports_sdpa=True, norms_per_layer=2, norm_inputs_pe
 
 
 def _partial_rotary(cfg: ConfigView) -> bool:
-    """Rotary on part of the head (standardised into rope_parameters): `torch.cat((q_rot, q_pass))` leaves q
-    contiguous in (b, a, s, d), so o_proj reads a copy of the attention output (attention_output_copy)."""
-    partial = (cfg.rope_parameters or {}).get("partial_rotary_factor")
+    """Rotary on part of the head: `torch.cat((q_rot, q_pass))` leaves q contiguous in (b, a, s, d), so o_proj reads a
+    copy of the attention output (attention_output_copy). Read as spec/model.py _activation_traits reads it from the
+    config transformers built: the rope dict's partial_rotary_factor (_standardise_rope and _rope_parameters moved a
+    top-level one there), else a partial_rotary_factor or rotary_pct key."""
+    rope = cfg.rope_parameters
+    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    if partial is None:
+        partial = first_attr(cfg, ["partial_rotary_factor", "rotary_pct"], 1.0)
     return isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1
 
 
@@ -735,16 +740,6 @@ def _falcon(cfg: ConfigView, f: dict) -> dict | None:
     )
 
 
-def _rope_partial_as_read(cfg: ConfigView) -> bool:
-    """attention_output_copy as spec/model.py _activation_traits reads it from the config transformers built: the
-    rope dict's partial_rotary_factor (_rope_parameters moved a top-level one there), else a rotary_pct key."""
-    rope = cfg.rope_parameters
-    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-    if partial is None:
-        partial = first_attr(cfg, ["partial_rotary_factor", "rotary_pct"], 1.0)
-    return isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1
-
-
 def _sliding(cfg: ConfigView, layers: int, mask_module: bool) -> tuple[int | None, int] | None:
     """(sliding_window, sliding_window_layers) as spec/model.py _activation_traits reads them: the layers
     layer_types names "sliding_attention" when the config has a positive sliding_window, else (no layer_types) every
@@ -797,7 +792,7 @@ def _olmo2_granite_smollm3(cfg: ConfigView, f: dict) -> dict | None:
         params=v * h + layers * (sum(attn) + sum(mlp) + sum(head_norms) + 2 * h) + h + (0 if tied else v * h),
         largest_layer_params=max(v * h, *attn, *mlp, *head_norms, h), vocab_size=v, tied_embeddings=tied,
         gated_mlp=True, embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", norms_per_layer=norms,
-        norm_inputs_per_layer=norms, attention_output_copy=_rope_partial_as_read(cfg),
+        norm_inputs_per_layer=norms, attention_output_copy=_partial_rotary(cfg),
         sliding_window=sliding[0], sliding_window_layers=sliding[1],
     )
 
@@ -824,7 +819,7 @@ def _cohere2(cfg: ConfigView, f: dict) -> dict | None:
         params=v * h + layers * (sum(attn) + sum(mlp) + h) + h + (0 if tied else v * h),
         largest_layer_params=max(v * h, *attn, *mlp, h), vocab_size=v, tied_embeddings=tied, gated_mlp=True,
         embedding_params=v * h + (0 if tied else v * h), norm="layernorm", norms_per_layer=1,
-        norm_inputs_per_layer=1, norm_fp32_weight=True, attention_output_copy=_rope_partial_as_read(cfg),
+        norm_inputs_per_layer=1, norm_fp32_weight=True, attention_output_copy=_partial_rotary(cfg),
         sliding_window=sliding[0], sliding_window_layers=sliding[1],
     )
 
@@ -854,7 +849,7 @@ def _gpt_oss(cfg: ConfigView, f: dict) -> dict | None:
         params=v * h + layers * (sum(attn) + router + experts + 2 * h) + h + (0 if tied else v * h),
         largest_layer_params=max(v * h, *attn, router, experts, h), vocab_size=v, tied_embeddings=tied,
         gated_mlp=True, embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", supports_sdpa=False,
-        attention_output_copy=_rope_partial_as_read(cfg), sliding_window=sliding[0], sliding_window_layers=sliding[1],
+        attention_output_copy=_partial_rotary(cfg), sliding_window=sliding[0], sliding_window_layers=sliding[1],
     )
 
 
@@ -910,7 +905,7 @@ def _deepseek(cfg: ConfigView, f: dict) -> dict | None:
     return dict(
         params=params, largest_layer_params=largest, vocab_size=v, tied_embeddings=tied, gated_mlp=True,
         embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", norms_per_layer=norms,
-        norm_inputs_per_layer=norms, attention_output_copy=_rope_partial_as_read(cfg),
+        norm_inputs_per_layer=norms, attention_output_copy=_partial_rotary(cfg),
         sliding_window=sliding[0], sliding_window_layers=sliding[1],
     )
 

@@ -363,8 +363,8 @@ def build_cluster(
     if profile is not None:
         acc = apply_profile(acc, profile)
     # the links as the user's cluster has them (GB/s per GPU, one direction), over the catalog's and a profile's
-    links = {"intra_node_bw": intra_node_bandwidth, "inter_node_bw": inter_node_bandwidth}
-    for (field_name, value), option in zip(links.items(), ("intra-node-bandwidth", "inter-node-bandwidth")):
+    for field_name, value, option in (("intra_node_bw", intra_node_bandwidth, "intra-node-bandwidth"),
+                                      ("inter_node_bw", inter_node_bandwidth, "inter-node-bandwidth")):
         if value is not None:
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ZerokitError(f"{flag(option)} must be a positive number of GB/s, got {value!r}")
