@@ -20,6 +20,9 @@ python3 -c "import deepspeed" 2>/dev/null || {
     deepspeed hjson pydantic >/dev/null && python3 -m pip install -q --no-index --no-deps --find-links .gpu_wheels \
     transformers >/dev/null || { echo "gpu_lend: cannot install from .gpu_wheels (run scripts/gpu_wheels.sh here and carry it)"; exit 2; }
 }
+# The lent image sets TORCH_CUDA_ARCH_LIST=9.0a, which DeepSpeed 0.19's JIT op builder cannot parse (launch's check
+# refuses it, DeepSpeed#8619): the plain architecture builds the same FusedAdam for these jobs.
+case "${TORCH_CUDA_ARCH_LIST:-}" in *[0-9]a*) export TORCH_CUDA_ARCH_LIST=$(echo "$TORCH_CUDA_ARCH_LIST" | sed 's/\([0-9]\)a/\1/g');; esac
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 PROFILE=$RES/gpu_profile_$STAMP.json

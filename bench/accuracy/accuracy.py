@@ -25,7 +25,7 @@ TERM_GROUPS = {
     "forward": ("activations", "activations_checkpoints", "activations_final_norm", "activations_recompute",
                 "logits_and_loss", "logits_output", "stage3_live_params", "stage3_prefetch"),
     "backward": ("logits_grad", "loss_backward_transient"),
-    "step": ("fp32_gradients", "optimizer_step_temporaries"),
+    "step": ("fp32_gradients", "optimizer_step_temporaries", "gradient_flat_copy", "fp16_flatten_copies"),
 }
 MEASURED_GROUPS = {
     "params": ("parameters", "buffers"),

@@ -251,9 +251,11 @@ ONE_GPU = [
 # tiny models measure the host, not the GPU). In the order the script runs them: a lend that runs out keeps the first.
 LEND = [
     J("gpu-1b", 0, "bf16", 4, 2048, ranks=1),
+    J("gpu-3b", 2, "bf16", 2, 2048, ckpt=True, ranks=1),
+    J("gpu-3b", 2, "bf16", 4, 2048, ft="lora", ranks=1),  # the H200 lend's worst re-prediction was LoRA at ZeRO-2
+    J("gpu-1b", 3, "bf16", 1, 16384, ckpt=True, ranks=1),  # a long sequence: attention and the loss grow, weights do not
     J("gpu-1b", 2, "bf16", 4, 2048, ckpt=True, ranks=1),
     J("gpu-1b", 3, "bf16", 2, 4096, ranks=1),
-    J("gpu-3b", 2, "bf16", 2, 2048, ckpt=True, ranks=1),
     J("gpu-3b", 3, "bf16", 1, 4096, ckpt=True, ranks=1),
     J("gpu-1b", 1, "bf16", 8, 2048, ckpt=True, ranks=1),
     J("gpu-3b", 0, "bf16", 1, 2048, ranks=1),
@@ -614,7 +616,7 @@ def main(argv=None) -> int:
     if spreads:
         summary["repeat_spread_median"] = statistics.median(spreads)
         summary["repeat_spread_max"] = max(spreads)
-    grid = "--full" if args.full else "--one-gpu" if args.one_gpu else "--quick"
+    grid = "--full" if args.full else "--one-gpu" if args.one_gpu else "--lend" if args.lend else "--quick"
     cmd = f"python bench/accuracy/run.py {grid}" + (f" --only '{args.only}'" if args.only else "") + (
         f" --limit {args.limit}" if args.limit else "") + (f" --repeat {args.repeat}" if args.repeat > 1 else "") + (
         f" --hardware-profile {args.hardware_profile}" if args.hardware_profile else "")

@@ -24,6 +24,8 @@ TERM_LABELS = {
     "loss_backward_transient": "loss backward (nll gradient)",
     "logits_output": "logits held by the outputs",
     "optimizer_step_temporaries": "optimizer step temporaries",
+    "gradient_flat_copy": "flattened gradient copy (step)",
+    "fp16_flatten_copies": "fp16 optimizer's fp32 gradient copies (step)",
     "stage3_live_params": "stage-3 gathered parameters",
     "fp32_gradients_offloaded": "fp32 gradients (offloaded)",
     "offload_grad_buffer": "offload gradient buffers",
