@@ -280,3 +280,15 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert on_disk["cpu_adam_params_per_s"] is None or on_disk["cpu_adam_params_per_s"] > 0
     acc = apply_profile(hardware.accelerator("cpu"), str(out))
     assert acc.fp32_tflops == on_disk["matmul_tflops"]["fp32"] and acc.efficiency == 1.0
+    # quick mode's engines: the plain ones once, every stage, in the precision a plan here picks (the fastest matmul);
+    # the fit's terms >= 0, each stage's two depths measured
+    from zerokit.measure.engine_fit import QUICK_RUNS, STAGES
+
+    fastest = max((p for p in on_disk["matmul_tflops"] if on_disk["matmul_tflops"][p] and p not in slow),
+                  key=lambda p: on_disk["matmul_tflops"][p])
+    engines = on_disk["engine_overhead"]["by_precision"]
+    assert list(engines) == [fastest] and sorted(engines[fastest]) == [str(s) for s in STAGES]
+    for fit in engines[fastest].values():
+        assert len(fit["runs"]) == len(QUICK_RUNS) and all(r["seconds"] > 0 for r in fit["runs"])
+        assert fit["per_step_s"] >= 0 and fit["per_layer_micro_s"] >= 0 and "offload" not in fit
+    assert any(n.startswith(f"engine costs: one pass of the plain engines in {fastest}") for n in on_disk["notes"])

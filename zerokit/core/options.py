@@ -394,7 +394,7 @@ OPTIONS: tuple[Option, ...] = (
            "(its measured step time beside the prediction) into the profile it was planned on, or -o PROFILE; the "
            "next plans near it on that hardware use it (launch does this itself at the end of a run planned on a "
            "profile)", metavar="RUN_DIR"),
-    Option("quick", ("calibrate",), "fewer and smaller points, no engine costs (~2 min on 2 cores)", type=None),
+    Option("quick", ("calibrate",), "fewer and smaller points, one pass of the plain DeepSpeed engines in one precision (~2 min on 2 cores)", type=None),
     Option("if-missing", ("calibrate",), "do nothing when the output already holds a profile measured on this machine "
            "(a full one, unless --quick)", type=None),
 )

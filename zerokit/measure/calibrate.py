@@ -471,7 +471,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
                     adapters: bool = True, gated_mlp: bool | None = None) -> dict:
     """Measure this machine; write the profile JSON to output_path (if given) and return it.
     world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
-    quick=True: small sizes and short timings (110 s on a 2-core CPU machine with peft and bitsandbytes, measured; the
+    quick=True: small sizes and short timings, the plain engines once (~130 s on a 2-core CPU machine with peft and bitsandbytes; the
     full calibration 554 s, with the LoRA and QLoRA models, the engines (2 passes), the TP / SP engines and the 4-rank
     ZeRO-3 ones).
     precisions: measure these only (fp32 always: every profile prices its matmul); adapters=False: no LoRA/QLoRA
@@ -479,8 +479,8 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     gated_mlp: time what a plan of such a model prices, no more: its block family only (compute_fit.FAMILIES; the
     profile's other family falls back to it, TimingTerms.compute_coefficients), and of the 16-bit precisions only the
     one whose matmul is fastest here (the planner never prefers a slower one at equal memory; the others are left
-    unmeasured, so plans on this profile do not choose them). `make demo` measures so for its model, in about a
-    minute on 2 cores."""
+    unmeasured, so plans on this profile do not choose them). `make demo` measures so for its model, in about 1.5
+    minutes on 2 cores."""
     import torch
 
     say = log or (lambda msg: None)
@@ -711,18 +711,22 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "torch_adamw_device": device.type,
         "notes": notes,
     }
-    if quick:
-        notes.append("engine costs: skipped in quick mode (real DeepSpeed engines per ZeRO stage and precision, ~4 min)")
-    else:
-        from zerokit.measure.engine_fit import measure_engine_overhead
+    from zerokit.measure.engine_fit import measure_engine_overhead
 
-        precs = [p for p in PRECISIONS if tflops.get(p) and p not in slow]  # slow ones are never planned
-        try:
-            # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
-            profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,
-                                                                 offload=cpu_adam is not None)
-        except ZerokitError as e:
-            notes.append(f"engine costs: {e}")
+    precs = [p for p in PRECISIONS if tflops.get(p) and p not in slow]  # slow ones are never planned
+    if quick:  # the precision a plan here picks (the fastest matmul); the others borrow its fit (timing.engine_fits)
+        precs = [max(precs, key=lambda p: tflops[p])]
+    try:
+        # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
+        profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,
+                                                             offload=cpu_adam is not None and not quick, quick=quick)
+    except ZerokitError as e:
+        notes.append(f"engine costs: {e}")
+    else:
+        if quick:
+            notes.append(f"engine costs: one pass of the plain engines in {precs[0]} (quick mode; other precisions "
+                         "borrow it): no recompute, offload, LoRA, TP/SP or 4-rank terms (the full calibration, "
+                         "~10 min, measures them)")
         else:
             measure_peft_modules(profile, precs, world_size, threads, notes, say)
             measure_model_parallel(profile, precs, world_size, threads, notes, say)

@@ -38,6 +38,10 @@ from zerokit.core.process import finish_rank
 # checkpointed run; optimizer offload (ZeRO-1..3) its own per-step and per-layer costs at two depths
 RUNS = ((1, 1, False, "none"), (4, 1, False, "none"), (4, 2, False, "none"), (4, 1, True, "none"))
 OFFLOAD_RUNS = ((1, 1, False, "cpu"), (4, 1, False, "cpu"))
+# `calibrate --quick`: the two depths alone, one pass. Without them a quick profile priced no engine at all, and the
+# demo's ZeRO-0 bf16 step (tiny-llama, 2 ranks) came out 1.5-2.0x slower than predicted: DeepSpeed's BF16_Optimizer
+# step and its gradient all-reduce took ~20 ms of a ~77 ms step (wall_clock_breakdown) that no other term prices
+QUICK_RUNS = ((1, 1, False, "none"), (4, 1, False, "none"))
 STAGES = (0, 1, 2, 3)
 # Stages whose engine cost is fitted per collective call of the step instead of per layer and micro step: ZeRO-1/2's
 # gradient hooks copy into buckets and every bucket's reduce waits on the other rank, which the 4 KiB back-to-back
@@ -407,17 +411,18 @@ def measure_zero_ring_calls(profile: dict, precisions: list[str], threads: int |
 
 
 def measure_engine_overhead(profile: dict, precisions: list[str], world_size: int = 2, threads: int | None = None,
-                            timeout_s: float = 900.0, log=None, offload: bool = True) -> dict:
+                            timeout_s: float = 900.0, log=None, offload: bool = True, quick: bool = False) -> dict:
     """Run the synthetic engines on `world_size` local ranks and fit each stage's engine terms against the
     prediction made with `profile` (the rest of the calibration). Returns {"by_precision": {precision:
     {stage: {per_step_s, per_layer_micro_s, per_layer_recompute_s, offload: {per_step_s, per_layer_micro_s},
     runs: [...]}}}} (ZeRO-1/2: per_call_s too, per_layer_micro_s 0) plus the shapes and world size (offload=False: no
-    offloaded runs, no "offload" terms)."""
+    offloaded runs, no "offload" terms). quick=True (`calibrate --quick`): QUICK_RUNS once, no offload: the per-step
+    and per-layer (per-call) terms, ~15 s per precision on 2 cores; recompute and offload are then not priced."""
     # ENGINE_PASSES passes, each engine's fastest kept: one slow run moves a two-point slope (single passes fitted
     # ZeRO-3 fp32's recompute at 4.7 and 16.3 ms a layer on the same machine)
-    rows = _fastest_of(ENGINE_PASSES, lambda: _run_engines(
-        profile, precisions, STAGES, lambda stage: RUNS + (OFFLOAD_RUNS if stage and offload else ()), world_size,
-        threads, timeout_s, log))
+    runs_of = (lambda stage: QUICK_RUNS) if quick else (lambda stage: RUNS + (OFFLOAD_RUNS if stage and offload else ()))
+    rows = _fastest_of(1 if quick else ENGINE_PASSES, lambda: _run_engines(
+        profile, precisions, STAGES, runs_of, world_size, threads, timeout_s, log))
     out: dict = {"world_size": world_size, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "by_precision": {}}
     for precision in precisions:
         fits = out["by_precision"][precision] = {}
