@@ -220,7 +220,14 @@ def test_slow_precision_is_recorded_as_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "measure_matmul",
                         lambda prec, size=2048, *a, **k: (sizes.append((prec, size)), fake(prec, size, *a, **k))[1])
     out = tmp_path / "p.json"
-    # the slow path, nothing else: bf16 (and fp32), no LoRA models, one block family
+    # the slow path, nothing else: bf16 (and fp32), no LoRA models, one block family, no engines (the quick engines
+    # are test_calibrate.py's test_quick_calibration_end_to_end)
+    from zerokit.measure import engine_fit
+
+    def no_engines(*a, **k):
+        raise ZerokitError("not run in this test")
+
+    monkeypatch.setattr(engine_fit, "measure_engine_overhead", no_engines)
     calibrate.run_calibration(out, quick=True, precisions=("bf16",), adapters=False, gated_mlp=True)
     prof = load_profile(out)
     assert prof["matmul_tflops"]["bf16"] == pytest.approx(3.0e-4)
@@ -231,6 +238,7 @@ def test_slow_precision_is_recorded_as_measured(tmp_path, monkeypatch):
     assert all(sorted(v) == ["bf16", "fp32"] for v in prof["compute_timing"].values())
     assert any(n.startswith("bf16: matmul measured at 256^3 only") for n in prof["notes"])
     assert any(n.startswith("bf16: compute benchmark on the 4 smallest shapes only") for n in prof["notes"])
+    assert "engine_overhead" not in prof and "engine costs: not run in this test" in prof["notes"]
 
 
 def test_slow_precision_is_never_planned_unless_pinned(tmp_path):
