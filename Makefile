@@ -14,7 +14,8 @@ setup:
 
 # The demo's step-time prediction rests on this machine's figures for what its plan prices, measured once (~1.5 min):
 # the tiny Llama's block family, fp32 and the fastest 16-bit precision, a full fine-tune (no LoRA models), one pass of
-# DeepSpeed's plain engines per ZeRO stage in that 16-bit precision. The whole profile is `zerokit calibrate` (~10 min), an explicit command.
+# DeepSpeed's plain engines per ZeRO stage in that 16-bit precision. The whole profile is `zerokit calibrate`
+# (~10 min), an explicit command.
 demo: setup
 	@rm -rf $(DEMO)
 	zerokit calibrate --quick --model tiny-llama --finetune full --if-missing

@@ -8,6 +8,7 @@ memory model for the longest sequence."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 
@@ -351,7 +352,9 @@ def test_ulysses_across_whole_nodes_is_planned_over_the_nodes_links(capsys):
 
 
 # ------------------------------------------------------------------------------------------ ALST's published lengths
+@functools.cache
 def _alst_rows():
+    """bench/alst_max_seq.py, imported once (its ROWS parametrize the test below and its `longest` runs them)."""
     import sys
     from pathlib import Path
 

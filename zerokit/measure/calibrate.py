@@ -719,7 +719,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     try:
         # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
         profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,
-                                                             offload=cpu_adam is not None and not quick, quick=quick)
+                                                             offload=cpu_adam is not None, quick=quick)
     except ZerokitError as e:
         notes.append(f"engine costs: {e}")
     else:
