@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} ZEROKIT_CACHE_DIR=/tmp/zerokit-cache
 RES=${OUT:-bench/results}
 STAMP=$(date +%Y%m%d_%H%M)
-BUDGET_S=${BUDGET_S:-450}  # stop starting jobs after this; each job takes well under a minute
+BUDGET_S=${BUDGET_S:-420}  # stop starting jobs after this; each job takes about a minute
 t0=$(date +%s)
 python3 -c "import deepspeed" 2>/dev/null || {
   DS_BUILD_OPS=0 python3 -m pip install -q --no-index --find-links .gpu_wheels --no-build-isolation \
@@ -31,8 +31,15 @@ timeout 180 python3 -m zerokit calibrate --quick --model bench/accuracy/models/g
 RUNS=/tmp/zerokit-lend
 for name in $(python3 -c "import sys; sys.path.insert(0, 'bench/accuracy'); import run; print(' '.join(j.name for j in run.LEND))"); do
   if [ $(( $(date +%s) - t0 )) -gt "$BUDGET_S" ]; then echo "gpu_lend: budget spent, $name and later not run"; break; fi
+  j0=$(date +%s)
   python3 bench/accuracy/run.py --lend --only "^${name}\$" --steps 8 --warmup 2 --runs "$RUNS" --drop-checkpoints \
     --timeout 240 --results "/tmp/lend_$name" >/dev/null 2>"/tmp/lend_$name.err" || tail -3 "/tmp/lend_$name.err"
+  # where a job's time went: the rank's start record (launch/train.py main: setup, model, engine seconds)
+  echo "gpu_lend: $name $(( $(date +%s) - j0 )) s; rank 0 startup $(python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r.get('event') == 'start': print({k: round(v, 1) for k, v in (r.get('startup_phases_s') or {}).items()})" \
+    "$RUNS/lend/$name/metrics/rank0.jsonl" 2>/dev/null)"
 done
 # the jobs that ran (--reuse alone would run the others now)
 ran=$(cd "$RUNS/lend" 2>/dev/null && ls -d */metrics/rank0.jsonl 2>/dev/null | cut -d/ -f1 | paste -sd'|')

@@ -150,6 +150,12 @@ def test_stage2_fp32_trains_and_writes_everything(workdir):
         assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
         assert all(r["step_time"] > 0 and r["tokens_per_s"] > 0 for r in recs)
         assert all(r.get("peak_allocated_bytes", 0) > 0 for r in recs), recs[-1]
+    # the start record says where the startup went (main's named steps), the parts within the whole
+    start = next(json.loads(line) for line in (out / "metrics" / "rank0.jsonl").read_text().splitlines()
+                 if json.loads(line).get("event") == "start")
+    phases = start["startup_phases_s"]
+    assert set(phases) == {"setup", "model", "engine"} and all(v > 0 for v in phases.values()), phases
+    assert sum(phases.values()) <= start["startup_s"]
     assert read_latest(out / "checkpoints") == f"step{STEPS}"
     assert (out / "checkpoints" / "step4").is_dir()
     # final/: a save_pretrained directory that transformers loads

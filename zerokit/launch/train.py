@@ -87,9 +87,13 @@ def _causal_lm_class(config):
         return AutoModelForCausalLM  # remote code etc.: let the auto class resolve it
 
 
-def build_model(model: str, ds_config: dict, seed: int):
+def build_model(model: str, ds_config: dict, seed: int, device: str | None = None):
     """The HF causal LM in fp32. Under ZeRO-3 transformers enters deepspeed.zero.Init itself (it sees
-    the HfDeepSpeedConfig held by the caller); the model class is imported before that context."""
+    the HfDeepSpeedConfig held by the caller); the model class is imported before that context. A random-init model
+    is built on `device` when given (a GPU rank: torch's default init and reinit_deterministic run there, not on the
+    host, where a 3B model's two fp32 inits took most of a lent GPU job's minute)."""
+    from contextlib import nullcontext
+
     import torch
     from transformers import AutoConfig
 
@@ -104,12 +108,13 @@ def build_model(model: str, ds_config: dict, seed: int):
     torch.manual_seed(seed)
     if kind == "weights":
         return cls.from_pretrained(src, dtype=torch.float32)
-    if cls.__name__ == "AutoModelForCausalLM":
-        m = cls.from_config(config, dtype=torch.float32)
-    else:
-        m = cls._from_config(config, dtype=torch.float32)
     zero3 = int((ds_config.get("zero_optimization") or {}).get("stage", 0) or 0) == 3
-    reinit_deterministic(m, seed, zero3)
+    with torch.device(device) if device and not zero3 else nullcontext():
+        if cls.__name__ == "AutoModelForCausalLM":
+            m = cls.from_config(config, dtype=torch.float32)
+        else:
+            m = cls._from_config(config, dtype=torch.float32)
+        reinit_deterministic(m, seed, zero3)
     return m
 
 
@@ -203,9 +208,13 @@ def base_source(args: RankOptions, out: Path, rank: int) -> str:
         shutil.rmtree(base, ignore_errors=True)
         # build_model reseeds torch's global generator: rank 0 alone must not leave with another RNG stream
         with torch.random.fork_rng(devices=[]):
-            model = build_model(args.model, {}, args.seed)  # fp32; the same weights as a full run's at any stage
+            # fp32; the same weights as a full run's at any stage (on a GPU rank, built there: build_model)
+            model = build_model(args.model, {}, args.seed,
+                                device=f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else None)
         model.save_pretrained(str(tmp), safe_serialization=True)
         del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         _copy_tokenizer(args, tmp)
         os.replace(tmp, base)  # atomic: a crash mid-write leaves no half base for a restart to load
     dist.barrier()
@@ -420,6 +429,7 @@ class Run:
     # main (base_source) and build_model_for
     base_src: str | None = None  # LoRA/QLoRA: the base the adapter trains on
     keep_alive: list = field(default_factory=list)  # ZeRO-3: the HfDeepSpeedConfig transformers' zero.Init reads
+    startup_phases_s: dict = field(default_factory=dict)  # main: seconds in setup (imports included), model, engine
     # make_engine
     engine: Any = None
     head_switch: Any = None  # --tiled-loss: parallel.HeadSwitch over the LM head
@@ -553,7 +563,8 @@ def build_model_for(run: Run):
             from transformers.integrations import HfDeepSpeedConfig
 
             run.keep_alive.append(HfDeepSpeedConfig(run.ds_config))
-        model = build_model(run.base_src or args.model, run.ds_config, args.seed)
+        model = build_model(run.base_src or args.model, run.ds_config, args.seed,
+                            device=f"cuda:{run.local_rank}" if run.on_cuda else None)
     if args.gradient_checkpointing:
         # use_reentrant=False: reentrant checkpointing gives no gradient to parameters inside a block whose inputs do
         # not require grad, the case of adapters over a frozen base (transformers' _activation_checkpointing_enable
@@ -621,6 +632,11 @@ def make_engine(run: Run, model) -> None:
     # included), and bnb's Linear4bit.forward takes its inference path (a bf16 CPU kernel) in eval mode.
     # DeepSpeedEngine.train() sets module.train(True), as the HF Trainer does each epoch
     engine.train()
+    if run.on_cuda:
+        # a model built on the GPU (build_model) left its fp32 copy in the caching allocator once DeepSpeed cast it
+        # (engine._configure_distributed_model casts before it moves a host-built model): release it, so the reserved
+        # and nvidia-smi figures measured are those of a model loaded in 16 bits or from the host
+        torch.cuda.empty_cache()
     run.phases = StepPhaseMeter(run.meter, run.on_cuda)
     run.init_peak = run.phases.init_peak()
 
@@ -705,7 +721,8 @@ def start_metrics(run: Run, data: Data, pos: Position) -> MetricsLog:
         "total_steps": data.total_steps, "zero_stage": run.stage, "precision": run.precision,
         "micro_batch": data.mb, "grad_accum": data.ga, "seq_len": int(data.dataset[0]["input_ids"].numel()),
         "samples": len(data.dataset),
-        "memory_method": run.mem_method, "startup_s": time.time() - run.t_start, "time": time.time(),
+        "memory_method": run.mem_method, "startup_s": time.time() - run.t_start,
+        "startup_phases_s": run.startup_phases_s, "time": time.time(),
         "init_peak_bytes": run.init_peak, "memory_steps": args.memory_steps, "torch_threads": torch.get_num_threads(),
         # the backend asked for (None: DeepSpeed's default) and the one the process group really runs
         "dist_backend_requested": args.dist_backend, "dist_backend": torch.distributed.get_backend(),
@@ -981,8 +998,12 @@ def main(args: RankOptions) -> int:
     if run is None:
         return EXIT_INVALID
     setup_process(run)
+    run.startup_phases_s["setup"] = time.time() - t_start
     run.base_src = base_source(args, run.out, run.rank) if args.finetune.uses_lora else None
-    make_engine(run, build_model_for(run))
+    model = build_model_for(run)
+    run.startup_phases_s["model"] = time.time() - t_start - sum(run.startup_phases_s.values())
+    make_engine(run, model)
+    run.startup_phases_s["engine"] = time.time() - t_start - sum(run.startup_phases_s.values())
     data = make_data(args, run.layout.data_parallel, run.layout.data_rank, run.engine.train_micro_batch_size_per_gpu(),
                      run.engine.gradient_accumulation_steps())
     pos = resume_position(run, data)
