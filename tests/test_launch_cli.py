@@ -161,6 +161,15 @@ def test_unreachable_host(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_no_save_with_what_needs_a_checkpoint(tmp_path):
+    for extra, needle in ((["--max-restarts", "1"], "--no-save writes no checkpoint or weights, and --max-restarts"),
+                          (["--save-every", "2"], "--save-every needs them"),
+                          (["--resume"], "--resume needs them")):
+        p = zk(*BASE, "--plan", "--no-save", *extra, "--output-dir", tmp_path / "run")
+        assert_one_line_error(p, 2, needle)
+        assert not (tmp_path / "run").exists()
+
+
 def test_resume_without_checkpoint(tmp_path):
     p = zk(*BASE, "--plan", "--resume", "--output-dir", tmp_path / "run")
     assert_one_line_error(p, 2, "--resume")

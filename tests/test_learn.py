@@ -58,10 +58,13 @@ def test_a_second_plan_after_a_run_predicts_it_within_10_percent(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     r = subprocess.run([sys.executable, "-m", "zerokit", "launch", "--model", "tiny-llama", "--plan", *hw,
-                        "--global-batch", "8", "--steps", "12", "--dist-backend", "gloo", "--output-dir", str(out)],
+                        "--global-batch", "8", "--steps", "12", "--dist-backend", "gloo", "--no-save", "--output-dir", str(out)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learned: " in r.stdout, r.stdout[-2000:]
+    # --no-save: learning needs the metrics only; the ranks wrote no checkpoint and no final weights
+    assert "nothing saved (--no-save)" in r.stdout and json.loads((out / "rank_options.json").read_text())["no_save"]
+    assert not any((out / "checkpoints").glob("*")) and not (out / "final").exists()
     # --dist-backend given reaches the ranks (rank_options.json) and is what torch.distributed runs on every rank
     assert json.loads((out / "launch.json").read_text())["dist_backend"] == "gloo"
     assert json.loads((out / "rank_options.json").read_text())["dist_backend"] == "gloo"

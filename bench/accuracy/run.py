@@ -340,7 +340,7 @@ def render(job: Job, cluster, steps: int) -> dict:
 
 
 def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, steps: int,
-                   profile: str | None = None) -> list[str]:
+                   profile: str | None = None, no_save: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "zerokit", "launch", "--model", MODELS[job.model], "--config", str(cfg)]
     if device == "cpu":
         cmd += ["--gpu", "cpu"]
@@ -350,11 +350,13 @@ def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, step
             "--output-dir", str(out)]
     if job.ckpt:
         cmd += ["--activation-checkpointing", "on"]
+    if no_save:  # nothing of it is measured: a 3B model's checkpoint is 48 GB written, its export another 12
+        cmd += ["--no-save"]
     return cmd + job.finetune_args() + job.tiled_args()
 
 
 def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, memory_steps: int,
-            timeout: int, profile: str | None = None, drop_checkpoints: bool = False) -> dict:
+            timeout: int, profile: str | None = None, no_save: bool = False) -> dict:
     import shutil
 
     out = runs / job.name
@@ -363,7 +365,7 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
     out.mkdir(parents=True)
     cfg = runs / f"{job.name}.ds_config.json"
     cfg.write_text(json.dumps(render(job, cluster, steps), indent=2) + "\n")
-    cmd = launch_command(job, cfg, out, device, ranks, steps, profile)
+    cmd = launch_command(job, cfg, out, device, ranks, steps, profile, no_save)
     env = dict(os.environ, ZEROKIT_MEMORY_STEPS=str(memory_steps) if device == "cpu" else "0")
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(rank_threads(job.ranks))
@@ -375,11 +377,6 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
             rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    if drop_checkpoints:  # nothing here is measured, and a 250M-parameter job's checkpoint is 4 GB of disk
-        from zerokit.launch.checkpoints import CKPT_SUBDIR, FINAL_SUBDIR
-
-        for sub in (CKPT_SUBDIR, FINAL_SUBDIR):
-            shutil.rmtree(out / sub, ignore_errors=True)
     return {"returncode": rc, "wall_s": time.perf_counter() - t0, "command": shlex.join(cmd)}
 
 
@@ -516,8 +513,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", help="catalog accelerator for the prediction (CUDA; default: detected memory)")
     ap.add_argument("--reuse", action="store_true", help="do not run jobs whose metrics exist; re-predict only (on the "
                                                          "device the runs recorded, also from another machine)")
-    ap.add_argument("--drop-checkpoints", action="store_true", help="delete each job's checkpoints and final weights "
-                                                                    "once it ends (large models fill the disk)")
+    ap.add_argument("--no-save", action="store_true", help="launch each job with --no-save: no checkpoint, no final "
+                                                           "weights (large models fill the disk and the time)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per job")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the grid this many times, round-robin, and keep each job's fastest median step time "
@@ -578,7 +575,7 @@ def main(argv=None) -> int:
                 tag = f" (repeat {r}/{args.repeat})" if args.repeat > 1 else ""
                 print(f"[{i}/{len(jobs)}] {job.name}{tag} ...", file=sys.stderr, flush=True)
                 run = run_job(job, rdir, device, ranks, cluster_of(job), args.steps, args.memory_steps, args.timeout,
-                              fp16_profile if cluster_of(job) is fp16_cluster else None, args.drop_checkpoints)
+                              fp16_profile if cluster_of(job) is fp16_cluster else None, args.no_save)
                 print(f"    rc={run['returncode']} {run['wall_s']:.1f} s", file=sys.stderr, flush=True)
                 run_of.setdefault(job.name, run)
     from zerokit.config.read import load_config_file

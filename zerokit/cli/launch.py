@@ -76,7 +76,7 @@ def request_from_args(args):
         master_addr=args.master_addr, sbatch=args.sbatch, time_limit=args.time_limit, partition=args.partition,
         k8s=args.k8s, k8s_image=args.k8s_image, k8s_volume=args.k8s_volume, gpus_per_pod=args.gpus_per_pod,
         dry_run=args.dry_run, script_command=tuple(script_command(args)), samples=args.samples, profile=args.profile,
-        finetune=finetune_from_args(args), merge=args.merge,
+        finetune=finetune_from_args(args), merge=args.merge, no_save=args.no_save,
         report_to=tuple(args.report_to or ()), report_dir=args.report_dir,
     )
 

@@ -347,6 +347,8 @@ OPTIONS: tuple[Option, ...] = (
            group=_RUN, rank=True),
     Option("save-every", ("launch",), "checkpoint every K steps (default: 10 checkpoints when --max-restarts > 0, "
            "else only the last)", type=nonneg_int, metavar="K", group=_RUN, rank=True),
+    Option("no-save", ("launch",), "write no checkpoint and no final weights: a run that measures time or memory, "
+           "with nothing to resume or keep", type=None, group=_RUN, rank=True),
     Option("resume", ("launch",), "continue the run in --output-dir from its latest checkpoint; on another number of "
            "GPUs it is converted to DeepSpeed's universal checkpoint and the global batch is held", type=None,
            group=_RUN, rank=True),

@@ -87,6 +87,7 @@ class LaunchRequest:
     # loop applies it in the ranks; a user's script applies it itself (it only sizes the plan then)
     finetune: Finetune = Finetune()
     merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base weights)
+    no_save: bool = False  # write no checkpoint and no final weights (zerokit's loop)
     report_to: tuple[str, ...] = ()  # --report-to: tensorboard, wandb, csv (config/trackers.py); () or none: none
     report_dir: str | None = None  # where the trackers write; None: the run directory
 
@@ -163,7 +164,7 @@ class LaunchPlan:
             tiled_mlp=self.setup.tiled_mlp, check_config=not self.deepspeed_checked,
             dist_backend=self.cluster.dist_backend,  # deepspeed.init_distributed(dist_backend=...) in the ranks
             finetune=self.request.finetune,  # the ranks freeze / wrap in peft / quantize (train.py apply_finetune)
-            merge=self.request.merge, resume=resume)
+            merge=self.request.merge, resume=resume, no_save=self.request.no_save)
 
     def script_args(self, resume: bool) -> list[str]:
         """The rank entrypoint's one argument, its options file (a restart resumes by itself: RankOptions.load), or
@@ -289,6 +290,13 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
     checks that need no counting: --merge only merges LoRA adapters, and only zerokit's loop writes them; QLoRA needs
     bitsandbytes importable. With the user's script the fine-tune only sizes the plan: the script builds its model."""
     finetune = req.finetune
+    if req.no_save:
+        # a run that keeps nothing: nothing to restart from, merge or resume
+        kept = [f for f, v in ((flag("save-every"), req.save_every), (flag("max-restarts"), req.max_restarts or None),
+                               (flag("merge"), req.merge or None), (flag("resume"), req.resume or None)) if v is not None]
+        if kept:
+            raise ZerokitError(f"{flag('no-save')} writes no checkpoint or weights, and {', '.join(kept)} "
+                               f"need{'s' * (len(kept) == 1)} them: drop one or the other")
     if req.merge and not finetune.uses_lora:
         raise ZerokitError(f"{flag('merge')} merges LoRA adapters into the base weights: it needs {flag('finetune')} "
                            "lora or qlora")
@@ -532,7 +540,8 @@ def check_user_script(req: LaunchRequest) -> "user_script.UserCommand":
                                           (flag("save-every"), req.save_every), (flag("resume"), req.resume or None),
                                           (flag("lr"), req.lr), (flag("warmup-steps"), req.warmup_steps),
                                           (flag("data-format"), req.data_format), (flag("packing"), req.packing),
-                                          (flag("data-split"), req.data_split), (flag("data-config"), req.data_config))
+                                          (flag("data-split"), req.data_split), (flag("data-config"), req.data_config),
+                                          (flag("no-save"), req.no_save or None))
                  if value is not None]
     if loop_only:
         raise ZerokitError(f"{', '.join(loop_only)} set zerokit's own training loop; your script decides them: drop them "

@@ -44,7 +44,7 @@ class RankOptions:
     # (launch/ckpt_offload.py, around each step's forward and backward)
     checkpoint_offload: bool = False
     lr: float = 1e-3  # only when the config has no optimizer block
-    no_export: bool = False  # skip writing final/ weights
+    no_save: bool = False  # no checkpoint and no final/ weights (a run that only measures)
     no_memory_meter: bool = False  # CPU: skip the live-tensor-byte meter
     memory_steps: int | None = None  # CPU: stop the meter after this many steps; None: ZEROKIT_MEMORY_STEPS or its default
     log_every: int = 1
@@ -64,6 +64,8 @@ class RankOptions:
             raise ZerokitError("rank options: checkpoint_offload needs gradient_checkpointing")
         if self.merge and not self.finetune.uses_lora:
             raise ZerokitError("rank options: merge needs a LoRA or QLoRA finetune")
+        if self.no_save and (self.save_every or self.merge or self.resume):
+            raise ZerokitError("rank options: no_save excludes save_every, merge and resume")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
+from zerokit.core.options import flag
 from zerokit.launch.checkpoints import (
     CKPT_SUBDIR,
     FINAL_SUBDIR,
@@ -891,7 +892,7 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
 
     train_time = time.time() - train_t0
     # the final checkpoint (resumable, and ZeRO-3's export reads it)
-    if last_saved != step:
+    if last_saved != step and not args.no_save:
         save_checkpoint(run, data, step, e_cur, b_cur)
     return Trained(step, train_time, peak_alloc, (it, batch, loss_, out_) if steps_run else (it,))
 
@@ -957,12 +958,12 @@ def final_figures(out: Path) -> list[tuple[str, float]]:
 
 
 def export(run: Run, step: int) -> None:
-    """final/ (export_final's weights, or a LoRA's export_adapter) unless --no-export; every rank meets at a barrier."""
+    """final/ (export_final's weights, or a LoRA's export_adapter) unless --no-save; every rank meets at a barrier."""
     from deepspeed import comm as dist
 
     args = run.args
     final_tag = tag_for_step(step)
-    if not args.no_export:
+    if not args.no_save:
         if args.finetune.uses_lora:
             export_adapter(run.engine, run.out, run.stage, run.bf16, run.rank, args, run.base_src)
         else:
@@ -987,7 +988,8 @@ def finish(run: Run, metrics: MetricsLog, trained: Trained) -> None:
     metrics.write(end)
     metrics.close()
     if run.rank == 0:
-        print(f"done: {trained.step} steps in {trained.train_time:.1f} s; final weights in {run.out / FINAL_SUBDIR}",
+        kept = f"nothing saved ({flag('no-save')})" if run.args.no_save else f"final weights in {run.out / FINAL_SUBDIR}"
+        print(f"done: {trained.step} steps in {trained.train_time:.1f} s; {kept}",
               flush=True)
 
 
