@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} ZEROKIT_CACHE_DIR=/tmp/zerokit-cache
 RES=${OUT:-bench/results}
 STAMP=$(date +%Y%m%d_%H%M)
-BUDGET_S=${BUDGET_S:-420}  # stop starting jobs after this; each job takes about a minute
+BUDGET_S=${BUDGET_S:-480}  # stop starting jobs after this; a job took 34-76 s on an H200 (run with timeout_s 600)
 t0=$(date +%s)
 python3 -c "import deepspeed" 2>/dev/null || {
   DS_BUILD_OPS=0 python3 -m pip install -q --no-index --find-links .gpu_wheels --no-build-isolation \
@@ -26,7 +26,7 @@ case "${TORCH_CUDA_ARCH_LIST:-}" in *[0-9]a*) export TORCH_CUDA_ARCH_LIST=$(echo
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 PROFILE=$RES/gpu_profile_$STAMP.json
-CALIBRATE_S=${CALIBRATE_S:-180}  # 0: no calibration (a second short lend: the rows only)
+CALIBRATE_S=${CALIBRATE_S:-240}  # 0: no calibration (a second short lend: the rows only); >180 s on an H200
 [ "$CALIBRATE_S" -gt 0 ] && { timeout "$CALIBRATE_S" python3 -m zerokit calibrate --quick --model bench/accuracy/models/gpu-1b \
   -o "$PROFILE" || echo "gpu_lend: calibrate did not finish in $CALIBRATE_S s; the runs are predicted on the catalog only"; }
 RUNS=/tmp/zerokit-lend

@@ -248,16 +248,20 @@ ONE_GPU = [
     J("gpt2", 3, "fp32", 4, 1024, ckpt=True, ranks=1),
 ]
 # bench/gpu_lend.sh's rows, one GPU: 1B-3B at seq 2048-4096, ZeRO-0..3, bf16, checkpointing on and off (issue 27:
-# tiny models measure the host, not the GPU). In the order the script runs them until its time is spent: the rows no
-# lend has measured first (the 2026-11-27 lend ran the last three: bench/results/accuracy_gpu_lend_20261127_0251.txt).
+# tiny models measure the host, not the GPU). In the order the script runs them until its time is spent. First one
+# ZeRO-3 model at three lengths, the same host work over 2K-16K tokens of device work: the 2026-11-27 lends priced 16K
+# at +65-79% by adding the host to a GPU-bound step (docs/time-model.md), so where the host stops adding is the next
+# thing to measure; then the rows no lend has measured.
 LEND = [
+    J("gpu-1b", 3, "bf16", 1, 2048, ckpt=True, ranks=1),
+    J("gpu-1b", 3, "bf16", 1, 8192, ckpt=True, ranks=1),
     J("gpu-1b", 3, "bf16", 1, 16384, ckpt=True, ranks=1),  # a long sequence: attention and the loss grow, weights do not
-    J("gpu-1b", 1, "bf16", 8, 2048, ckpt=True, ranks=1),
-    J("gpu-3b", 3, "bf16", 2, 2048, ranks=1),
     J("gpu-1b", 2, "bf16", 4, 2048, ckpt=True, ranks=1),
     J("gpu-3b", 0, "bf16", 1, 2048, ranks=1),
     J("gpu-1b", 3, "bf16", 2, 4096, ranks=1),
     J("gpu-3b", 3, "bf16", 1, 4096, ckpt=True, ranks=1),
+    J("gpu-1b", 1, "bf16", 8, 2048, ckpt=True, ranks=1),
+    J("gpu-3b", 3, "bf16", 2, 2048, ranks=1),
     J("gpu-1b", 0, "bf16", 4, 2048, ranks=1),
     J("gpu-3b", 2, "bf16", 2, 2048, ckpt=True, ranks=1),
     J("gpu-3b", 2, "bf16", 4, 2048, ft="lora", ranks=1),  # the H200 lend's worst re-prediction was LoRA at ZeRO-2
