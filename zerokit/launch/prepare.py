@@ -285,18 +285,22 @@ def check_cuda_arch_list(cluster: Cluster, ranks_here: bool) -> None:
             return
 
 
+def check_no_save(req: LaunchRequest) -> None:
+    """--no-save keeps nothing: no checkpoint to restart from or resume, no adapter to merge."""
+    if not req.no_save:
+        return
+    kept = [f for f, v in ((flag("save-every"), req.save_every), (flag("max-restarts"), req.max_restarts or None),
+                           (flag("merge"), req.merge or None), (flag("resume"), req.resume or None)) if v is not None]
+    if kept:
+        raise ZerokitError(f"{flag('no-save')} writes no checkpoint or weights, and {', '.join(kept)} "
+                           f"need{'s' * (len(kept) == 1)} them: drop one or the other")
+
+
 def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
     """The ModelSpec as fine-tuned (spec.finetune.trainable_split: peft's own count on the meta device), after the
     checks that need no counting: --merge only merges LoRA adapters, and only zerokit's loop writes them; QLoRA needs
     bitsandbytes importable. With the user's script the fine-tune only sizes the plan: the script builds its model."""
     finetune = req.finetune
-    if req.no_save:
-        # a run that keeps nothing: nothing to restart from, merge or resume
-        kept = [f for f, v in ((flag("save-every"), req.save_every), (flag("max-restarts"), req.max_restarts or None),
-                               (flag("merge"), req.merge or None), (flag("resume"), req.resume or None)) if v is not None]
-        if kept:
-            raise ZerokitError(f"{flag('no-save')} writes no checkpoint or weights, and {', '.join(kept)} "
-                               f"need{'s' * (len(kept) == 1)} them: drop one or the other")
     if req.merge and not finetune.uses_lora:
         raise ZerokitError(f"{flag('merge')} merges LoRA adapters into the base weights: it needs {flag('finetune')} "
                            "lora or qlora")
@@ -618,6 +622,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     from zerokit.spec.model import load_model_spec
 
     k8s.check_request(req)  # --k8s and its options, before anything slow
+    check_no_save(req)
     model = resolve_model(req.model)
     config = model.read_config()
     cluster, hosts, multi_node = resolve_cluster(req)
