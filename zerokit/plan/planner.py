@@ -152,7 +152,8 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
     else:
         hpzs = [1] + ([gpn] if cluster.nodes > 1 and gpn > 1 else [])
     tiled_mlp = [pins["tiled_mlp"]] if "tiled_mlp" in pins else [False] + ([True] if model.trained.trainable_params is None else [])
-    tiled_loss = [pins["tiled_loss"]] if "tiled_loss" in pins else [False, True]
+    # a Liger model's loss is Liger's fused one already (memory.activation_terms refuses a tiled loss beside it)
+    tiled_loss = [pins["tiled_loss"]] if "tiled_loss" in pins else [False] if model.liger_kernels else [False, True]
     return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm)
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 

@@ -43,8 +43,8 @@ TERM_LABELS = {
     "optimizer_swap_buffers": "optimizer swap buffers",
     "param_swap_buffers": "parameter swap buffers",
     "hpz_secondary_partition": "hpZ secondary parameter partition",
-    "tiled_loss_input_grad": "tiled loss: hidden-state gradient",
-    "tiled_loss_head_grad": "tiled loss: LM head gradient",
+    "tiled_loss_input_grad": "tiled/fused loss: hidden-state gradient",
+    "tiled_loss_head_grad": "tiled/fused loss: LM head gradient",
     "tiled_mlp_backward": "tiled MLP backward (one slice)",
     "sp_all_to_all_buffers": "Ulysses all-to-all buffers (one layer)",
 }
@@ -172,6 +172,7 @@ def format_plan(plan) -> str:
            if c.world_size > 1 else ""),
         *link_lines(c),
         f"workload  seq {w.seq_len}, attention {w.attention}"
+        + (", Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)" if m.liger_kernels else "")
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         *finetune_lines(plan.finetune, plan.model),
         "",

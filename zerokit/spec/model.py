@@ -93,6 +93,10 @@ class ModelSpec:
     # indexes past it (an IndexError in the embedding), so max_positions is a hard limit; otherwise (rotary, computed
     # from the position ids) it is what the model was trained on, and a longer sequence runs (spec/arch_params.py)
     learned_positions: bool = False
+    # the user's script loads the model with Liger-Kernel (with_liger_kernels): its RMSNorm, SwiGLU/GEGLU and fused linear
+    # cross-entropy replace transformers' modules and loss, and save less for backward (estimate/memory.py). Set by the
+    # --liger-kernels option, not read from a config (not cached)
+    liger_kernels: bool = False
     # what a fine-tune trains (spec/trained.py); the default: every weight, nothing quantized (a full fine-tune).
     # Set by with_finetune (spec/finetune.py)
     trained: Trained = FULL
@@ -178,6 +182,15 @@ class ModelSpec:
                        intermediate_size=self.intermediate_size // tp,
                        embedding_params=self.embedding_params - (0 if self.tied_embeddings else vh - vh // tp))
 
+    def with_liger_kernels(self) -> "ModelSpec":
+        """This model as Liger-Kernel patches it (AutoLigerKernelForCausalLM / apply_liger_kernel_to_<model type>), for
+        the model types Liger patches (LIGER_MODEL_TYPES); the rest are refused, as Liger would leave them unpatched."""
+        if self.model_type not in LIGER_MODEL_TYPES:
+            what = "a bare parameter count" if self.model_type == "params" else f"model type {self.model_type!r}"
+            raise ZerokitError(f"{flag('liger-kernels')} on: Liger-Kernel has no kernels for {what} (it patches "
+                               f"{', '.join(sorted(LIGER_TEXT_TYPES))}): drop {flag('liger-kernels')}")
+        return replace(self, liger_kernels=True)
+
     def with_trained(self, **changes) -> "ModelSpec":
         """This spec with some of what trains changed (spec/trained.py Trained's fields)."""
         return replace(self, trained=replace(self.trained, **changes))
@@ -189,6 +202,15 @@ class ModelSpec:
         d["active_params"] = self.active_params
         d["trainable_params"] = self.trainable
         return d
+
+
+# The model types Liger-Kernel patches: liger_kernel/transformers/monkey_patch.py MODEL_TYPE_TO_APPLY_LIGER_FN of v0.6.1,
+# the oldest release ArcticTraining accepts (model/liger_factory.py: liger_version_min "0.6.1", "int64 indexing"). Each
+# applies RMSNorm, SwiGLU (GEGLU for Gemma) and the fused linear cross-entropy by default; all are RMSNorm models.
+LIGER_TEXT_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "glm4", "granite", "llama", "llama4_text", "mistral",
+                              "mixtral", "olmo2", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3"})
+LIGER_MODEL_TYPES = LIGER_TEXT_TYPES | {"gemma3", "llama4", "llava", "mllama", "mllama_text_model", "qwen2_vl",
+                                        "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "paligemma"}
 
 
 # Bump when the counting or field-reading rules change: old cache entries then stop matching.
@@ -217,7 +239,8 @@ def _cache_key(config: dict, trust_remote_code: bool) -> str:
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-_SPEC_FIELDS = {f.name for f in fields(ModelSpec)} - {"trained"}  # a counted model: what trains is set later
+# a counted model: what trains and the kernels it runs are set later
+_SPEC_FIELDS = {f.name for f in fields(ModelSpec)} - {"trained", "liger_kernels"}
 
 
 def _cache_read(key: str, name: str) -> ModelSpec | None:
@@ -239,6 +262,7 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
     data = asdict(spec)
     data.pop("name")
     data.pop("trained")
+    data.pop("liger_kernels")
     entry = {
         "schema": _SCHEMA_VERSION,
         "key": key,

@@ -1,0 +1,130 @@
+"""`--liger-kernels on` (issue 28): the model as Liger-Kernel patches it (AutoLigerKernelForCausalLM, ArcticTraining's
+`type: liger`), priced in plan and check.
+
+Oracles: Liger-Kernel's own source for what its functions keep (LigerRMSNormFunction and LigerSiLUMulFunction's
+save_for_backward, fused_linear_cross_entropy_forward's chunk rule and the worked example in its comment); for the
+whole model, ArcticTraining's H200 recipes that ran Llama-3.1-8B with and without Liger at the edge of the GPU's memory
+(bench/alst_max_seq.py, held within 15% by tests/test_long_context.py). Liger's Triton kernels need a GPU: they cannot
+run here, so no CPU rank measures them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zerokit.cli import main
+from zerokit.estimate.memory import (activation_bytes_per_layer, activation_terms, estimate_memory,
+                                     final_norm_bytes_per_token, liger_loss_chunk_tokens)
+from zerokit.spec.hardware import Cluster, accelerator
+from zerokit.spec.model import load_model_spec
+from zerokit.spec.setup import Workload, ZeroSetup
+
+H200 = Cluster(accelerator("h200"), gpus_per_node=1)
+
+
+def run(argv, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_loss_chunk_is_ligers_rule():
+    # fused_linear_cross_entropy_forward's comment: "BT = 4096*4, V = 32000, H = 4096 ==> inc_factor = 8, chunk_size = 2048"
+    assert liger_loss_chunk_tokens(4096 * 4, 32000, 4096) == 2048
+    # Llama-3.1 (V 128256, H 4096): inc_factor 32; 1.2M tokens: cdiv 37,500, next power of two 65,536
+    assert liger_loss_chunk_tokens(1_200_000, 128256, 4096) == 65536
+    assert liger_loss_chunk_tokens(100, 128256, 4096) == 4
+    assert liger_loss_chunk_tokens(3, 32000, 4096) == 1  # never more than the tokens
+
+
+def test_a_layer_keeps_what_ligers_functions_save():
+    hf = load_model_spec("llama-3.1-8b")
+    liger = hf.with_liger_kernels()
+    h, i, tokens = hf.hidden_size, hf.intermediate_size, 1000
+    saved_hf = activation_bytes_per_layer(hf, tokens, tokens, "bf16", "flash")
+    saved_liger = activation_bytes_per_layer(liger, tokens, tokens, "bf16", "flash")
+    # per norm, transformers' RMSNorm keeps its fp32 input copy, the bf16 cast the weight multiplies and its output
+    # (4h + 2h + 2h + a fp32 rsqrt); Liger's its input, a fp32 rstd and its output (2h + 2h + 4): 4h less, two norms.
+    # MLP: gate, act(gate), up, product (4 x 2i) against Liger's gate, up, product (3 x 2i)
+    assert saved_hf - saved_liger == tokens * (2 * 4 * h + 2 * i)
+    assert final_norm_bytes_per_token(liger, "bf16") == 2 * 2 * h + 4
+
+
+def test_under_checkpointing_the_first_norm_keeps_the_checkpointed_input():
+    liger = load_model_spec("llama-3.1-8b").with_liger_kernels()
+    tokens, e = 8192, 2
+    setup = ZeroSetup(zero_stage=3, precision="bf16", activation_checkpointing=True)
+    acts = activation_terms(liger, setup, Workload(seq_len=tokens, attention="flash"), on_cpu=False)
+    layer = activation_bytes_per_layer(liger, tokens, tokens, "bf16", "flash")
+    final = tokens * final_norm_bytes_per_token(liger, "bf16")
+    assert acts["activations_recompute"] == layer - tokens * liger.hidden_size * e + final
+
+
+def test_the_fused_loss_keeps_a_chunk_of_logits_and_the_gradients_it_made_in_forward():
+    liger = load_model_spec("llama-3.1-8b").with_liger_kernels()
+    h, v, tokens = liger.hidden_size, liger.vocab_size, 32768
+    setup = ZeroSetup(zero_stage=3, precision="bf16", offload_optimizer="cpu", offload_param="cpu",
+                      activation_checkpointing=True)
+    workload = Workload(seq_len=tokens, attention="flash")
+    acts = activation_terms(liger, setup, workload)
+    chunk = liger_loss_chunk_tokens(tokens, v, h)
+    assert chunk == 1024
+    # the chunk's bf16 logits (the kernel writes their gradient over them) and a fp32 loss per token; grad_input kept
+    assert acts["logits_and_loss"] == chunk * v * 2 + 4 * tokens
+    assert acts["logits_grad"] == 0 and acts["tiled_loss_input_grad"] == tokens * h * 2
+    phases = estimate_memory(liger, H200, setup, workload).phase_terms
+    assert phases["backward"]["tiled_loss_head_grad"] == 2 * v * h  # grad_weight, made in forward
+    assert phases["backward"]["loss_backward_transient"] == 0
+    assert all("logits_output" not in terms for terms in phases.values())  # skip_logits: no logits returned
+    # transformers' loss at the same length holds the whole logits and their fp32 gradient
+    hf = activation_terms(load_model_spec("llama-3.1-8b"), setup, workload)
+    assert hf["logits_and_loss"] > 20 * acts["logits_and_loss"]
+
+
+def test_plan_says_it_and_json_carries_it(capsys):
+    argv = ["plan", "llama-3.1-8b", "--gpu", "h200", "--gpus-per-node", "1", "--seq-len", "max", "--stage", "3",
+            "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "1", "--precision", "bf16",
+            "--activation-checkpointing", "on", "--tiled-mlp", "off", "--hardware-profile", "none"]
+    rc, out, err = run([*argv, "--liger-kernels", "on", "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["model"]["liger_kernels"] is True and not d["choice"]["tiled_loss"]
+    with_liger = d["workload"]["max_seq_len"]
+    rc, out, err = run([*argv, "--tiled-loss", "off", "--json"], capsys)
+    without = json.loads(out)["workload"]["max_seq_len"]
+    # ArcticTraining's H200 recipes: 65K without Liger, 300K with it (checkpointing, no offload of the checkpoints)
+    assert without < 80_000 < 280_000 < with_liger
+    rc, out, err = run([*argv, "--liger-kernels", "on"], capsys)
+    assert rc == 0 and "Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)" in out
+
+
+def test_check_prices_a_liger_script(tmp_path, capsys):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    argv = ["check", str(tmp_path / "ds.json"), "--model", "llama-3.1-8b", "--gpu", "h200", "--gpus-per-node", "1",
+            "--seq-len", "max", "--activation-checkpointing", "on", "--hardware-profile", "none", "--json"]
+    lengths = {}
+    for liger in ("off", "on"):
+        rc, out, err = run([*argv, "--liger-kernels", liger], capsys)
+        assert rc == 0, err
+        d = json.loads(out)
+        assert d["fits"]
+        lengths[liger] = d["workload"]["max_seq_len"]
+    assert lengths["on"] > 3 * lengths["off"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--params", "7B"], "a bare parameter count"),
+    (["gpt2"], "model type 'gpt2'"),
+    (["llama-3.1-8b", "--tiled-loss", "on"], "drop --tiled-loss"),
+    (["tiny-llama", "--trace"], "drop --trace or --liger-kernels"),
+])
+def test_what_liger_cannot_run_is_one_line(extra, needle, capsys):
+    rc, out, err = run(["plan", *extra, "--gpu", "h100-80gb", "--liger-kernels", "on"], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert "Traceback" not in err
