@@ -233,6 +233,15 @@ PARALLEL = [
     J("tiny-llama", 3, "bf16", 1, 256, sp=2, tl=True),
 ]
 QUICK += PARALLEL
+# Ulysses against data parallelism at the same tokens per rank (--long-sp; issue 28): ALST's SP rows on GPUs come out
+# 1.2-1.4x too long, one-GPU rows within 9%. What the Ulysses wrapper adds per rank at 4,096 tokens, with and without
+# checkpointing, on CPU ranks.
+LONG_SP = [
+    J("tiny-llama", 3, "bf16", 1, 8192, ckpt=True, sp=2, tl=True),
+    J("tiny-llama", 3, "bf16", 1, 4096, ckpt=True, sp=1, tl=True),
+    J("tiny-llama", 3, "bf16", 1, 8192, sp=2, tl=True),
+    J("tiny-llama", 3, "bf16", 1, 4096, sp=1, tl=True),
+]
 # One GPU (--one-gpu): the rows a single CUDA device runs, at sizes where the model's own terms, not the allocator's
 # fixed costs, make the peak. Every stage, bf16 and fp32, checkpointing, LoRA, QLoRA, Llama and GPT-2.
 ONE_GPU = [
@@ -506,6 +515,8 @@ def main(argv=None) -> int:
     g.add_argument("--full", action="store_true", help="the whole grid")
     g.add_argument("--one-gpu", action="store_true", help="the rows sized for one CUDA device (ONE_GPU)")
     g.add_argument("--lend", action="store_true", help="bench/gpu_lend.sh's 1B-3B rows for one GPU (LEND)")
+    g.add_argument("--long-sp", action="store_true", help="Ulysses SP 2 against data parallelism at 4,096 tokens per "
+                                                           "rank (LONG_SP)")
     ap.add_argument("--only", help="regex on job names")
     ap.add_argument("--limit", type=int, help="at most this many jobs")
     ap.add_argument("--steps", type=int, default=12, help="optimizer steps per job (the first metered, then warm-up, then timed)")
@@ -525,12 +536,14 @@ def main(argv=None) -> int:
                          "(a shared machine's interference only adds time); the spread is reported")
     args = ap.parse_args(argv)
 
-    jobs = full_grid() if args.full else list(ONE_GPU) if args.one_gpu else list(LEND) if args.lend else list(QUICK)
+    jobs = (full_grid() if args.full else list(ONE_GPU) if args.one_gpu else list(LEND) if args.lend
+            else list(LONG_SP) if args.long_sp else list(QUICK))
     if args.only:
         jobs = [j for j in jobs if re.search(args.only, j.name)]
     if args.limit:
         jobs = jobs[: args.limit]
-    runs = Path(args.runs) / ("full" if args.full else "one-gpu" if args.one_gpu else "lend" if args.lend else "quick")
+    runs = Path(args.runs) / ("full" if args.full else "one-gpu" if args.one_gpu else "lend" if args.lend
+                              else "long-sp" if args.long_sp else "quick")
     runs.mkdir(parents=True, exist_ok=True)
     # the device the jobs ran on, so that --reuse re-predicts GPU runs on a machine without one
     device_file = runs / "device.json"
@@ -618,8 +631,10 @@ def main(argv=None) -> int:
     if spreads:
         summary["repeat_spread_median"] = statistics.median(spreads)
         summary["repeat_spread_max"] = max(spreads)
-    grid = "--full" if args.full else "--one-gpu" if args.one_gpu else "--lend" if args.lend else "--quick"
+    grid = ("--full" if args.full else "--one-gpu" if args.one_gpu else "--lend" if args.lend
+            else "--long-sp" if args.long_sp else "--quick")
     cmd = f"python bench/accuracy/run.py {grid}" + (f" --only '{args.only}'" if args.only else "") + (
+        f" --steps {args.steps}" if args.steps != 12 else "") + (f" --warmup {args.warmup}" if args.warmup != 2 else "") + (
         f" --limit {args.limit}" if args.limit else "") + (f" --repeat {args.repeat}" if args.repeat > 1 else "") + (
         f" --hardware-profile {args.hardware_profile}" if args.hardware_profile else "")
     method = next((m["memory_method"] for j in jobs_out for m in j["measured"].values()), None)
