@@ -194,6 +194,7 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
       ReLU's backward reads its own output, which the next Linear keeps anyway: E i), plus three
       i-wide intermediates when the activation is a Python tanh-GELU (gelu_new, gelu_fast).
     - residual dropout: a mask per branch (2h masks per token).
+    - q_norm / k_norm on the projected queries and keys (Qwen3, Gemma 3): _head_norm_bytes_per_token.
     """
     e = dtype_bytes(precision)
     mask = e if on_cpu else 1  # bytes per dropout-mask element
@@ -240,6 +241,7 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
             # h-wide tensor fewer than the flash path; no log-sum-exp. Measured on real tensors with
             # zerokit.measure.meter (GPT-2 shapes, seq 128 and 512): 12.0 B/score + 6h (bf16) / -4h (fp32) - 4a.
             per_token += 12 * scores + (-4 if precision == "fp32" else 6) * h - 4 * a
+    per_token += _head_norm_bytes_per_token(model, precision)
     per_token += _mlp_bytes_per_token(model, precision)
     if model.num_experts > 1:
         per_token += 4 * model.num_experts  # router logits (fp32)
@@ -317,6 +319,26 @@ def _norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
     return 2 * e * h + 2 * e
 
 
+def _head_norm_bytes_per_token(model: ModelSpec, precision: str) -> int:
+    """What the q_norm / k_norm of one layer keep per token (model.head_norm_elements normalised in head_norm_rows
+    vectors): an RMSNorm's saves less its output, which the rotary embedding after it does not keep (q * cos saves cos;
+    rotate_half saves nothing): the fp32 input copy and the cast the weight multiplies (Gemma: the fp32 normalised
+    input), in fp32 the input and the normalised input, a fp32 rsqrt per vector; Liger's RMSNorm its input and rstd.
+    Traced (tests/test_activation_trace.py, Qwen3 with 8 heads, 2 KV heads, head dim 64): 3,880 B per token per layer
+    in bf16, 5,160 in fp32, which the analytic model missed before."""
+    n, rows = model.head_norm_elements, model.head_norm_rows
+    if not n:
+        return 0
+    e = dtype_bytes(precision)
+    if model.liger_kernels:
+        per_element = e
+    elif precision == "fp32":
+        per_element = 8
+    else:
+        per_element = 4 + (4 if model.norm_fp32_weight else e)
+    return per_element * n + 4 * rows
+
+
 def _is_finetune_layout(model: ModelSpec) -> bool:
     """Whether the spec carries a fine-tune's module layout (with_finetune) that changes what autograd saves."""
     t = model.trained
@@ -386,7 +408,10 @@ def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cp
         if not saved[k] and not (k == 2 and model.norms_per_layer == 1):
             delta -= e * widths[k]
     if model.trained.frozen_norms:
+        # the q/k norms' weights are frozen with the others: per element as a hidden-size norm's
         delta += model.norms_per_layer * _frozen_norm_delta(model, precision)
+        if model.head_norm_elements and model.hidden_size:
+            delta += _frozen_norm_delta(model, precision) // model.hidden_size * model.head_norm_elements
     r = model.trained.lora_r
     for k in range(4):
         delta += adapters[k] * r * e

@@ -503,7 +503,7 @@ def _rope_parameters(values: dict) -> bool:
 # broadcast K/V, full rotary. Each counter returns only what its architecture changes.
 _PLAIN_BLOCK_TRAITS = dict(supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
                            sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-                           attention_output_copy=False)
+                           attention_output_copy=False, head_norm_elements=0, head_norm_rows=0)
 
 
 def _partial_rotary(cfg: ConfigView) -> bool:
@@ -582,6 +582,9 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         # only when the head dim happens to equal the hidden size
         norms_per_layer=hidden_norms + (2 if head_norms and d == h else 0),
         norm_inputs_per_layer=hidden_norms + (2 if head_norms and d == h else 0),
+        # the others: q_norm over the a heads' queries, k_norm over the k heads' keys, one head per row
+        head_norm_elements=(a + k) * d if head_norms and d != h else 0,
+        head_norm_rows=a + k if head_norms and d != h else 0,
         # Gemma(2/3)RMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
         norm_fp32_weight=mt in _GEMMAS,
         # Gemma2PreTrainedModel._supports_sdpa = False (sdpa has no logit soft-capping)
@@ -793,6 +796,8 @@ def _olmo2_granite_smollm3(cfg: ConfigView, f: dict) -> dict | None:
         largest_layer_params=max(v * h, *attn, *mlp, *head_norms, h), vocab_size=v, tied_embeddings=tied,
         gated_mlp=True, embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", norms_per_layer=norms,
         norm_inputs_per_layer=norms, attention_output_copy=_partial_rotary(cfg),
+        # the others (Olmo 2's k_norm with GQA): each over the whole projection, one row per token
+        head_norm_elements=sum(n for n in head_norms if n != h), head_norm_rows=sum(1 for n in head_norms if n != h),
         sliding_window=sliding[0], sliding_window_layers=sliding[1],
     )
 

@@ -87,6 +87,10 @@ class ModelSpec:
     sdpa_mask: bool = False  # the model always passes an explicit (b, 1, s, s) mask to sdpa (Falcon)
     sdpa_broadcast_kv: bool = False  # sdpa gets fewer K/V heads than query heads without enable_gqa (Falcon MQA)
     attention_output_copy: bool = False  # o_proj reads a copy of the attention output (q reaches the kernel in (b, a, s, d) layout)
+    # q_norm / k_norm on the projected queries and keys, where not hidden-size (Qwen3, Gemma 3: per head; Olmo 2's k_norm
+    # over the whole keys): the elements they normalise and the vectors (rows) they normalise them in, per token per layer
+    head_norm_elements: int = 0
+    head_norm_rows: int = 0
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
     # a learned absolute position table (GPT-2's wpe of n_positions rows, OPT's embed_positions): a longer sequence
@@ -177,6 +181,8 @@ class ModelSpec:
         if largest > vh:  # the largest module is a split Linear (else the replicated embedding)
             largest = max(vh, largest // tp)
         return replace(self, params=self.params - split + split // tp, largest_layer_params=largest,
+                       head_norm_elements=self.head_norm_elements // tp,
+                       head_norm_rows=max(1, self.head_norm_rows // tp) if self.head_norm_rows else 0,
                        num_attention_heads=self.num_attention_heads // tp,
                        num_kv_heads=max(1, self.num_kv_heads // tp),
                        intermediate_size=self.intermediate_size // tp,
@@ -219,8 +225,8 @@ LIGER_MODEL_TYPES = LIGER_TEXT_TYPES | {"gemma3", "llama4", "llava", "mllama", "
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
 # extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
 # 10: learned_positions; max_positions raised by a config's rope scaling.
-# 11: moe_layers (the layers with routed experts, when some are dense).
-_SCHEMA_VERSION = 11
+# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows.
+_SCHEMA_VERSION = 12
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,6 +453,23 @@ def _activation_traits(model, tc, model_type: str, hidden: int, layers: int) -> 
               and getattr(tc, "num_ln_in_parallel_attn", None) in (None, 2)) or (
         model_type == "gpt_neox" and bool(getattr(tc, "use_parallel_residual", False)))
     out["norm_inputs_per_layer"] = 1 if shared else out["norms_per_layer"]
+    # Norms on the projected queries and keys (Qwen3Attention, Gemma3Attention: `self.q_norm(self.q_proj(x).view(
+    # hidden_shape))` over the head dim; Olmo2Attention over the whole projection), before the rotary embedding, which
+    # keeps none of their output. One whose weight is hidden-size is already a hidden-size norm above.
+    a = getattr(tc, "num_attention_heads", None) or 0
+    k = getattr(tc, "num_key_value_heads", None) or a
+    d = getattr(tc, "head_dim", None) or (hidden // a if a else 0)
+    elements = rows = 0
+    if layer is not None and a:
+        for name, sub in layer.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            w = getattr(sub, "weight", None)
+            if leaf not in ("q_norm", "k_norm") or w is None or not hasattr(w, "numel") or w.numel() in (0, hidden):
+                continue
+            n = (a if leaf == "q_norm" else k) * d
+            elements += n
+            rows += max(1, n // w.numel())
+    out["head_norm_elements"], out["head_norm_rows"] = elements, rows
     return out
 
 
