@@ -50,6 +50,16 @@ falcon = arch("falcon", hidden_size=512, num_attention_heads=8, vocab_size=4096,
 phi = arch("phi", hidden_size=640, intermediate_size=2560, num_attention_heads=8, vocab_size=4096,
            partial_rotary_factor=0.4, embd_pdrop=0.0, attention_dropout=0.0)  # resid_pdrop 0.1 by default
 qwen3 = arch("qwen3", **_GQA, head_dim=64)  # q_norm / k_norm over the head dim
+
+
+def gemma3(num_hidden_layers=2, **kw):
+    """Gemma 3's text stack: four norms a layer (two of them on the sublayers' outputs) and q/k norms per head; full
+    attention on every layer (the sliding layers' mask is the Mistral rule, traced above)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("gemma3_text", num_hidden_layers=num_hidden_layers, hidden_size=512,
+                                intermediate_size=1408, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                vocab_size=4096, layer_types=["full_attention"] * num_hidden_layers, **kw)
 gemma = arch("gemma", hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=1,
              head_dim=64, vocab_size=4096)
 
@@ -79,13 +89,15 @@ CASES = {
     # RMSNorm on the queries and keys of every head, before the rotary embedding (which keeps none of its output)
     "qwen3-qk-norm-bf16": (qwen3, {}, "bf16", "sdpa"),
     "qwen3-qk-norm-fp32": (qwen3, {}, "fp32", "sdpa"),
+    "gemma3-bf16": (gemma3, {}, "bf16", "sdpa"),
+    "gemma3-fp32": (gemma3, {}, "fp32", "sdpa"),
     "gemma-bf16": (gemma, {}, "bf16", "sdpa"),
     "gemma-fp32": (gemma, {}, "fp32", "sdpa"),
 }
 # the new rules, pinned per layer (2-layer minus 1-layer trace): each is exact in the trace
 PER_LAYER = ["mistral-window-reached-bf16", "mistral-window-reached-fp32", "mistral-window-not-reached-bf16",
              "falcon-mqa-bf16", "falcon-mqa-fp32", "falcon-new-bf16", "phi-bf16", "gemma-bf16", "gemma-fp32",
-             "qwen3-qk-norm-bf16", "qwen3-qk-norm-fp32"]
+             "qwen3-qk-norm-bf16", "qwen3-qk-norm-fp32", "gemma3-bf16", "gemma3-fp32"]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -503,7 +503,8 @@ def _rope_parameters(values: dict) -> bool:
 # broadcast K/V, full rotary. Each counter returns only what its architecture changes.
 _PLAIN_BLOCK_TRAITS = dict(supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
                            sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
-                           attention_output_copy=False, head_norm_elements=0, head_norm_rows=0)
+                           attention_output_copy=False, head_norm_elements=0, head_norm_rows=0,
+                           post_norms_per_layer=0)
 
 
 def _partial_rotary(cfg: ConfigView) -> bool:
@@ -585,6 +586,9 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         # the others: q_norm over the a heads' queries, k_norm over the k heads' keys, one head per row
         head_norm_elements=(a + k) * d if head_norms and d != h else 0,
         head_norm_rows=a + k if head_norms and d != h else 0,
+        # Gemma2/3DecoderLayer: post_attention_layernorm and post_feedforward_layernorm normalise a sublayer's output
+        # into the residual add
+        post_norms_per_layer=2 if hidden_norms == 4 else 0,
         # Gemma(2/3)RMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
         norm_fp32_weight=mt in _GEMMAS,
         # Gemma2PreTrainedModel._supports_sdpa = False (sdpa has no logit soft-capping)

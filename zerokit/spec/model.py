@@ -91,6 +91,9 @@ class ModelSpec:
     # over the whole keys): the elements they normalise and the vectors (rows) they normalise them in, per token per layer
     head_norm_elements: int = 0
     head_norm_rows: int = 0
+    # hidden-size norms on a sublayer's output that feeds the residual add, beside a norm on its input (Gemma 2/3's
+    # post_attention_layernorm and post_feedforward_layernorm): no Linear keeps their output
+    post_norms_per_layer: int = 0
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
     # a learned absolute position table (GPT-2's wpe of n_positions rows, OPT's embed_positions): a longer sequence
@@ -225,8 +228,8 @@ LIGER_MODEL_TYPES = LIGER_TEXT_TYPES | {"gemma3", "llama4", "llava", "mllama", "
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
 # extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
 # 10: learned_positions; max_positions raised by a config's rope scaling.
-# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows.
-_SCHEMA_VERSION = 12
+# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows. 13: post_norms_per_layer.
+_SCHEMA_VERSION = 13
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,6 +473,14 @@ def _activation_traits(model, tc, model_type: str, hidden: int, layers: int) -> 
             elements += n
             rows += max(1, n // w.numel())
     out["head_norm_elements"], out["head_norm_rows"] = elements, rows
+    # Post-norms beside pre-norms (Gemma2DecoderLayer, Gemma3DecoderLayer: `hidden_states = self.post_attention_layernorm(
+    # hidden_states); hidden_states = residual + hidden_states`, and pre_/post_feedforward_layernorm around the MLP): the
+    # add keeps nothing, so their output is not saved. Olmo 2 has post-norms only (no input norm): its attention and MLP
+    # read the residual itself, saved by their Linears in place of a norm's output: nothing to take off there.
+    names = {n.rsplit(".", 1)[-1] for n, _ in layer.named_modules()} if layer is not None else set()
+    pre_and_post = "pre_feedforward_layernorm" in names and "input_layernorm" in names
+    out["post_norms_per_layer"] = sum(1 for n in ("post_attention_layernorm", "post_feedforward_layernorm")
+                                      if n in names) if pre_and_post else 0
     return out
 
 
