@@ -101,6 +101,37 @@ ROWS = [
 ]
 
 
+# The memory the recipes noted at their length (ArcticTraining prints GB as bytes / 2**30: arctic_training/debug/utils.py
+# see_memory_usage; "NV" is its nvidia-smi reading, the others do not say which of its readings they quote), against
+# zerokit's allocated peak and its nvidia-smi estimate at that length: (label, model, gpu, pins, tokens, GiB noted, note)
+PEAKS = [
+    ("Llama-3.1-8B, 1 x H200, ALST (ckpt offload, tiled MLP)", "llama-3.1-8b", "h200",
+     ["--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, 136.15, "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml"),
+    ("Llama-3.1-8B, 1 x H200, Liger + ckpt offload", "llama-3.1-8b", "h200",
+     ["--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000, 126.81,
+     "run-h200-sp1-llama-8b-liger-offload.yml"),
+    ("Llama-3.1-8B, 1 x H200, Liger", "llama-3.1-8b", "h200",
+     ["--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, 134.96,
+     "run-h200-sp1-llama-8b-liger.yml"),
+    ("Llama-3.1-8B, 1 x H200, HF baseline", "llama-3.1-8b", "h200",
+     ["--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, 137.36, "run-h200-sp1-llama-8b-baseline.yml"),
+    ("Llama-3.1-8B, 1 x H100, HF baseline", "llama-3.1-8b", "h100-80gb",
+     ["--offload-param", "cpu", "--sequence-parallel", "1", *HF], 32_000, 71.91,
+     "run-h100-sp1-llama-8b-baseline.yml (\"NV 71.91 GB\": nvidia-smi)"),
+]
+
+
+def peak_at(model: str, gpu: str, extra: list[str], tokens: int) -> tuple[float, float]:
+    """(allocated peak, nvidia-smi estimate) in GiB of `zerokit plan` at `tokens` on one GPU."""
+    argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", "1", "--seq-len",
+            str(tokens), "--hardware-profile", "none", *ALST, *extra, "--json"]
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if p.returncode != 0:
+        raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
+    m = json.loads(p.stdout)["memory"]["per_gpu"]
+    return m["total_bytes"] / 2**30, m["nvidia_smi_bytes"] / 2**30
+
+
 def longest(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> tuple[int | None, str]:
     argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", str(gpn),
             "--nodes", str(nodes), "--seq-len", "max", "--hardware-profile", "none", *ALST, *extra, "--json"]
@@ -129,6 +160,13 @@ def main() -> int:
     lines.append("")
     lines.append(f"maxima (max, full) within 15%: {within} of {len(maxima)}; lengths that ran, planned at their length by "
                  f"zerokit: {sum(1 for r in ran if r >= 1)} of {len(ran)}")
+    lines += ["", "memory at a recipe's length: what its comment noted (GiB) against zerokit's allocated peak and nvidia-smi "
+              "estimate", f"{'setup':52} {'tokens':>10} {'noted':>7} {'alloc':>7} {'ratio':>6} {'smi':>7} {'ratio':>6}  "
+              "recipe"]
+    for label, model, gpu, extra, tokens, noted, source in PEAKS:
+        alloc, smi = peak_at(model, gpu, extra, tokens)
+        lines.append(f"{label:52} {tokens:>10,} {noted:>7.2f} {alloc:>7.2f} {alloc / noted:>5.2f}x {smi:>7.2f} "
+                     f"{smi / noted:>5.2f}x  {source}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:
