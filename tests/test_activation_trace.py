@@ -50,6 +50,8 @@ falcon = arch("falcon", hidden_size=512, num_attention_heads=8, vocab_size=4096,
 phi = arch("phi", hidden_size=640, intermediate_size=2560, num_attention_heads=8, vocab_size=4096,
            partial_rotary_factor=0.4, embd_pdrop=0.0, attention_dropout=0.0)  # resid_pdrop 0.1 by default
 qwen3 = arch("qwen3", **_GQA, head_dim=64)  # q_norm / k_norm over the head dim
+# post-norms only, the weight multiplied in fp32, q_norm over the whole queries (hidden-size), k_norm over the keys
+olmo2 = arch("olmo2", **_GQA)
 
 
 def gemma3(num_hidden_layers=2, **kw):
@@ -89,6 +91,8 @@ CASES = {
     # RMSNorm on the queries and keys of every head, before the rotary embedding (which keeps none of its output)
     "qwen3-qk-norm-bf16": (qwen3, {}, "bf16", "sdpa"),
     "qwen3-qk-norm-fp32": (qwen3, {}, "fp32", "sdpa"),
+    "olmo2-bf16": (olmo2, {}, "bf16", "sdpa"),
+    "olmo2-fp32": (olmo2, {}, "fp32", "sdpa"),
     "gemma3-bf16": (gemma3, {}, "bf16", "sdpa"),
     "gemma3-fp32": (gemma3, {}, "fp32", "sdpa"),
     "gemma-bf16": (gemma, {}, "bf16", "sdpa"),
@@ -97,7 +101,7 @@ CASES = {
 # the new rules, pinned per layer (2-layer minus 1-layer trace): each is exact in the trace
 PER_LAYER = ["mistral-window-reached-bf16", "mistral-window-reached-fp32", "mistral-window-not-reached-bf16",
              "falcon-mqa-bf16", "falcon-mqa-fp32", "falcon-new-bf16", "phi-bf16", "gemma-bf16", "gemma-fp32",
-             "qwen3-qk-norm-bf16", "qwen3-qk-norm-fp32", "gemma3-bf16", "gemma3-fp32"]
+             "qwen3-qk-norm-bf16", "qwen3-qk-norm-fp32", "gemma3-bf16", "gemma3-fp32", "olmo2-bf16", "olmo2-fp32"]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -241,8 +241,9 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
             # h-wide tensor fewer than the flash path; no log-sum-exp. Measured on real tensors with
             # zerokit.measure.meter (GPT-2 shapes, seq 128 and 512): 12.0 B/score + 6h (bf16) / -4h (fp32) - 4a.
             per_token += 12 * scores + (-4 if precision == "fp32" else 6) * h - 4 * a
-    # a post-norm's output goes into the residual add, which keeps nothing (Gemma 2/3: traced, -2 E h per layer)
-    per_token -= model.post_norms_per_layer * e * h
+    # a norm whose output no Linear reads (Gemma 2/3's post-norms into the residual add, Olmo 2's hidden-size q_norm into
+    # the rotary embedding) keeps no output: traced, exact per layer
+    per_token -= model.norm_outputs_unkept * e * h
     per_token += _head_norm_bytes_per_token(model, precision)
     per_token += _mlp_bytes_per_token(model, precision)
     if model.num_experts > 1:

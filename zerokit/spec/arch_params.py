@@ -504,7 +504,7 @@ def _rope_parameters(values: dict) -> bool:
 _PLAIN_BLOCK_TRAITS = dict(supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
                            sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
                            attention_output_copy=False, head_norm_elements=0, head_norm_rows=0,
-                           post_norms_per_layer=0)
+                           norm_outputs_unkept=0)
 
 
 def _partial_rotary(cfg: ConfigView) -> bool:
@@ -587,8 +587,8 @@ def _llama_family(cfg: ConfigView, f: dict) -> dict | None:
         head_norm_elements=(a + k) * d if head_norms and d != h else 0,
         head_norm_rows=a + k if head_norms and d != h else 0,
         # Gemma2/3DecoderLayer: post_attention_layernorm and post_feedforward_layernorm normalise a sublayer's output
-        # into the residual add
-        post_norms_per_layer=2 if hidden_norms == 4 else 0,
+        # into the residual add; hidden-size q/k norms feed the rotary embedding: no Linear keeps their output
+        norm_outputs_unkept=(2 if hidden_norms == 4 else 0) + (2 if head_norms and d == h else 0),
         # Gemma(2/3)RMSNorm: `output * (1.0 + self.weight.float())` keeps the fp32 normalised input
         norm_fp32_weight=mt in _GEMMAS,
         # Gemma2PreTrainedModel._supports_sdpa = False (sdpa has no logit soft-capping)
@@ -802,6 +802,9 @@ def _olmo2_granite_smollm3(cfg: ConfigView, f: dict) -> dict | None:
         norm_inputs_per_layer=norms, attention_output_copy=_partial_rotary(cfg),
         # the others (Olmo 2's k_norm with GQA): each over the whole projection, one row per token
         head_norm_elements=sum(n for n in head_norms if n != h), head_norm_rows=sum(1 for n in head_norms if n != h),
+        # Olmo2RMSNorm: `(self.weight * hidden_states).to(input_dtype)`, the weight times the fp32 normalised input; the
+        # hidden-size q/k norms' output goes to the rotary embedding, which keeps nothing
+        norm_fp32_weight=mt == "olmo2", norm_outputs_unkept=sum(1 for n in head_norms if n == h),
         sliding_window=sliding[0], sliding_window_layers=sliding[1],
     )
 
@@ -859,6 +862,8 @@ def _gpt_oss(cfg: ConfigView, f: dict) -> dict | None:
         largest_layer_params=max(v * h, *attn, router, experts, h), vocab_size=v, tied_embeddings=tied,
         gated_mlp=True, embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", supports_sdpa=False,
         attention_output_copy=_partial_rotary(cfg), sliding_window=sliding[0], sliding_window_layers=sliding[1],
+        # GptOssRMSNorm: `(self.weight * hidden_states).to(input_dtype)`, the weight times the fp32 normalised input
+        norm_fp32_weight=True,
     )
 
 

@@ -91,9 +91,9 @@ class ModelSpec:
     # over the whole keys): the elements they normalise and the vectors (rows) they normalise them in, per token per layer
     head_norm_elements: int = 0
     head_norm_rows: int = 0
-    # hidden-size norms on a sublayer's output that feeds the residual add, beside a norm on its input (Gemma 2/3's
-    # post_attention_layernorm and post_feedforward_layernorm): no Linear keeps their output
-    post_norms_per_layer: int = 0
+    # hidden-size norms whose output no Linear keeps: Gemma 2/3's post_attention_layernorm and post_feedforward_layernorm
+    # (beside pre-norms: into the residual add), a q_norm / k_norm that is hidden-size (Olmo 2: the rotary embedding next)
+    norm_outputs_unkept: int = 0
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
     # a learned absolute position table (GPT-2's wpe of n_positions rows, OPT's embed_positions): a longer sequence
@@ -228,7 +228,7 @@ LIGER_MODEL_TYPES = LIGER_TEXT_TYPES | {"gemma3", "llama4", "llava", "mllama", "
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
 # extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
 # 10: learned_positions; max_positions raised by a config's rope scaling.
-# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows. 13: post_norms_per_layer.
+# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows. 13: norm_outputs_unkept.
 _SCHEMA_VERSION = 13
 
 
@@ -364,7 +364,9 @@ def _measure(model, cfg) -> dict:
     )
 
 
-_FP32_WEIGHT = re.compile(r"self\.weight\.float\(\)|self\.weight\.to\(torch\.float32\)")
+# Gemma: `(1.0 + self.weight.float())`; Olmo 2: `(self.weight * hidden_states).to(input_dtype)`, the fp32 normalised input
+# times the weight before the cast
+_FP32_WEIGHT = re.compile(r"self\.weight\.float\(\)|self\.weight\.to\(torch\.float32\)|\(self\.weight \* hidden_states\)\.to\(")
 
 
 def _decoder_layer(model, layers: int):
@@ -479,8 +481,12 @@ def _activation_traits(model, tc, model_type: str, hidden: int, layers: int) -> 
     # read the residual itself, saved by their Linears in place of a norm's output: nothing to take off there.
     names = {n.rsplit(".", 1)[-1] for n, _ in layer.named_modules()} if layer is not None else set()
     pre_and_post = "pre_feedforward_layernorm" in names and "input_layernorm" in names
-    out["post_norms_per_layer"] = sum(1 for n in ("post_attention_layernorm", "post_feedforward_layernorm")
-                                      if n in names) if pre_and_post else 0
+    unkept = sum(1 for n in ("post_attention_layernorm", "post_feedforward_layernorm") if n in names) if pre_and_post else 0
+    # and a hidden-size q_norm / k_norm (counted among the hidden-size norms above): the rotary embedding keeps nothing
+    unkept += sum(1 for n, sub in (layer.named_modules() if layer is not None else ())
+                  if n.rsplit(".", 1)[-1] in ("q_norm", "k_norm")
+                  and getattr(getattr(sub, "weight", None), "numel", lambda: 0)() == hidden)
+    out["norm_outputs_unkept"] = unkept
     return out
 
 
