@@ -232,6 +232,9 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
         per_token += 4 * a
         if model.attention_output_copy:
             per_token += e * a * d
+        if model.fused_qkv_kept:
+            # v, a view of the fused projection's output, keeps all of it: the q and k parts too (traced phi-3-mini)
+            per_token += e * (a + k) * d
         if attention == "sdpa" and explicit_mask:
             # integrations/sdpa_attention.py: use_gqa_in_sdpa() is False with a mask on CUDA/CPU, so
             # repeat_kv; the kernel keeps the mask it converted from bool (traced: mistral-7b, s 4096)
@@ -248,6 +251,12 @@ def activation_bytes_per_layer(model: ModelSpec, tokens: int, seq_len: int, prec
     per_token += _mlp_bytes_per_token(model, precision)
     if model.num_experts > 1:
         per_token += 4 * model.num_experts  # router logits (fp32)
+        # each routed token's copy of its hidden state that the expert's first matmul keeps, and the expert's output the
+        # routing-weight multiply keeps, with two int64 indices (transformers 5.23 MixtralExperts.forward:
+        # `current_state = hidden_states[token_idx]`, `current_hidden_states * top_k_weights[token_idx, top_k_pos, None]`;
+        # integrations/moe.py grouped_mm_experts_forward: `hidden_states[perm // num_top_k]`, `proj_out *
+        # sample_weights_g`, perm and inv_perm). Traced: Mixtral and Qwen3-MoE layers (tests/test_activation_trace.py)
+        per_token += model.experts_per_token * (2 * e * h + 16)
     if model.hidden_dropout > 0:
         per_token += 2 * h * mask
     return per_token * tokens

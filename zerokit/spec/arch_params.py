@@ -504,7 +504,7 @@ def _rope_parameters(values: dict) -> bool:
 _PLAIN_BLOCK_TRAITS = dict(supports_sdpa=True, norms_per_layer=2, norm_inputs_per_layer=2, norm_fp32_weight=False,
                            sliding_window=None, sliding_window_layers=0, sdpa_mask=False, sdpa_broadcast_kv=False,
                            attention_output_copy=False, head_norm_elements=0, head_norm_rows=0,
-                           norm_outputs_unkept=0)
+                           norm_outputs_unkept=0, fused_qkv_kept=False)
 
 
 def _partial_rotary(cfg: ConfigView) -> bool:
@@ -612,7 +612,9 @@ def _phi3(cfg: ConfigView, f: dict) -> dict | None:
     return dict(
         params=v * h + layers * (sum(layer) + 2 * h) + h + (0 if tied else v * h),
         largest_layer_params=max(v * h, *layer, h), vocab_size=v, tied_embeddings=tied, gated_mlp=True,
-        embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", attention_output_copy=_partial_rotary(cfg),
+        # Phi3's apply_rotary_pos_emb concatenates the rotated and passed parts whatever the factor (q_pass may be
+        # empty): q is contiguous in (b, a, s, d), the attention output is copied for o_proj; v stays a view of qkv
+        embedding_params=v * h + (0 if tied else v * h), norm="rmsnorm", attention_output_copy=True, fused_qkv_kept=True,
         sliding_window=int(window) if sliding else None, sliding_window_layers=layers if sliding else 0,
     )
 

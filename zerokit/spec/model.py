@@ -94,6 +94,9 @@ class ModelSpec:
     # hidden-size norms whose output no Linear keeps: Gemma 2/3's post_attention_layernorm and post_feedforward_layernorm
     # (beside pre-norms: into the residual add), a q_norm / k_norm that is hidden-size (Olmo 2: the rotary embedding next)
     norm_outputs_unkept: int = 0
+    # the fused q/k/v projection's whole output stays alive through v, a view of it, while the rotary embedding replaces
+    # q and k with new tensors (Phi3Attention: `value_states = qkv[..., query_pos + ...:]`)
+    fused_qkv_kept: bool = False
     exact: bool = True  # False when shapes were guessed from a bare parameter count
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
     # a learned absolute position table (GPT-2's wpe of n_positions rows, OPT's embed_positions): a longer sequence
@@ -228,7 +231,7 @@ LIGER_MODEL_TYPES = LIGER_TEXT_TYPES | {"gemma3", "llama4", "llava", "mllama", "
 # 7: the fine-tuning fields (quantized_bytes ... backward_matmul_params; defaults in the cache). 8: trainable_tensors,
 # extra_modules_per_layer. 9: the fine-tuning fields moved to ModelSpec.trained (spec/trained.py), not cached.
 # 10: learned_positions; max_positions raised by a config's rope scaling.
-# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows. 13: norm_outputs_unkept.
+# 11: moe_layers (the layers with routed experts, when some are dense). 12: head_norm_elements, head_norm_rows. 13: norm_outputs_unkept, fused_qkv_kept.
 _SCHEMA_VERSION = 13
 
 
@@ -451,6 +454,11 @@ def _activation_traits(model, tc, model_type: str, hidden: int, layers: int) -> 
         partial = _first(tc, ["partial_rotary_factor", "rotary_pct"], 1.0)
     partial_rotary = isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1
     out["attention_output_copy"] = partial_rotary
+    # Phi3 (modeling_phi3): its apply_rotary_pos_emb always concatenates `q_rot` and `q_pass` (so the copy above whatever
+    # the factor), and the attention's v is a view of the fused qkv_proj output, which q's and k's rotary replace
+    if model_type == "phi3":
+        out["attention_output_copy"] = True
+    out["fused_qkv_kept"] = model_type == "phi3"
     # Parallel blocks whose two norms read the same tensor (FalconDecoderLayer with the new decoder architecture
     # and num_ln_in_parallel_attn 2: ln_attn and ln_mlp; GPTNeoXLayer with use_parallel_residual): a LayerNorm
     # saves its input, so that input is kept once.
