@@ -121,26 +121,29 @@ PEAKS = [
 ]
 
 
-def peak_at(model: str, gpu: str, extra: list[str], tokens: int) -> tuple[float, float]:
-    """(allocated peak, nvidia-smi estimate) in GiB of `zerokit plan` at `tokens` on one GPU."""
-    argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", "1", "--seq-len",
-            str(tokens), "--hardware-profile", "none", *ALST, *extra, "--json"]
+def plan_json(model: str, gpu: str, gpn: int, nodes: int, seq_len: str, extra: list[str]) -> tuple[dict | None, str]:
+    """`zerokit plan --json` of a setup on the catalog's figures: (its JSON, "") or (None, its error line)."""
+    argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", str(gpn), "--nodes",
+            str(nodes), "--seq-len", seq_len, "--hardware-profile", "none", *ALST, *extra, "--json"]
     p = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     if p.returncode != 0:
-        raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
-    m = json.loads(p.stdout)["memory"]["per_gpu"]
+        return None, (p.stderr.strip().splitlines() or ["?"])[-1]
+    return json.loads(p.stdout), ""
+
+
+def peak_at(model: str, gpu: str, extra: list[str], tokens: int) -> tuple[float, float]:
+    """(allocated peak, nvidia-smi estimate) in GiB of `zerokit plan` at `tokens` on one GPU."""
+    d, why = plan_json(model, gpu, 1, 1, str(tokens), extra)
+    if d is None:
+        raise RuntimeError(why)
+    m = d["memory"]["per_gpu"]
     return m["total_bytes"] / 2**30, m["nvidia_smi_bytes"] / 2**30
 
 
 def longest(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> tuple[int | None, str]:
-    argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", str(gpn),
-            "--nodes", str(nodes), "--seq-len", "max", "--hardware-profile", "none", *ALST, *extra, "--json"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO), env=env)
-    if p.returncode != 0:
-        return None, (p.stderr.strip().splitlines() or ["?"])[-1]
-    d = json.loads(p.stdout)
-    return d["workload"]["max_seq_len"], d["choice"]["label"]
+    """`zerokit plan --seq-len max`: (the longest sequence, the setup's label) or (None, the error line)."""
+    d, why = plan_json(model, gpu, gpn, nodes, "max", extra)
+    return (None, why) if d is None else (d["workload"]["max_seq_len"], d["choice"]["label"])
 
 
 def main() -> int:

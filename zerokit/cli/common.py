@@ -121,23 +121,27 @@ def load_cluster(args):
 
 
 def load_model(args):
-    """The ModelSpec: from --params (pure arithmetic) or the model the resolver finds."""
+    """The ModelSpec: from --params (pure arithmetic) or the model the resolver finds; as Liger-Kernel patches it
+    with --liger-kernels on."""
+    model = _counted_model(args)
+    return model.with_liger_kernels() if getattr(args, "liger_kernels", None) == "on" else model
+
+
+def _counted_model(args):
     if getattr(args, "params", None):
         if getattr(args, "model", None):
             raise ZerokitError(f"give either a model or {flag('params')}, not both")
         from zerokit.core.units import parse_param_count
         from zerokit.spec.model import spec_from_params
 
-        model = spec_from_params(parse_param_count(args.params, flag("params")), hidden_size=args.hidden_size,
-                                 num_layers=args.num_layers, vocab_size=args.vocab_size)
-        return model.with_liger_kernels() if getattr(args, "liger_kernels", None) == "on" else model
+        return spec_from_params(parse_param_count(args.params, flag("params")), hidden_size=args.hidden_size,
+                                num_layers=args.num_layers, vocab_size=args.vocab_size)
     if not getattr(args, "model", None):
         raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or "
                            f"{flag('params')} N")
     from zerokit.spec.model import load_model_spec
 
-    model = load_model_spec(args.model)
-    return model.with_liger_kernels() if getattr(args, "liger_kernels", None) == "on" else model
+    return load_model_spec(args.model)
 
 
 def load_workload(args, model=None):

@@ -358,19 +358,21 @@ def _is_finetune_layout(model: ModelSpec) -> bool:
                 or t.grad_start_layer or t.grad_start_partial)
 
 
-def _frozen_norm_delta(model: ModelSpec, precision: str) -> int:
+def _frozen_norm_delta(model: ModelSpec, precision: str, width: int | None = None) -> int:
     """What one norm no longer saves per token when its weight is frozen: RMSNorm's `weight * hidden.to(dtype)` saves
     the normalised input only for the weight's gradient (torch's mul backward saves `other` only when `self` needs a
     gradient: autograd codegen's should_compute_output; measured with zerokit.measure.meter, tests/test_finetune_model.py):
     its 16-bit cast (E h), Gemma's fp32 normalised input (4 h), in fp32 the normalised input (4 h). LayerNorm's
     native_layer_norm saves input, mean and rstd for the input's gradient anyway, and so does Liger's RMSNorm (an
-    autograd.Function saves its tensors whenever any input needs a gradient): nothing."""
+    autograd.Function saves its tensors whenever any input needs a gradient): nothing. `width`: the elements it
+    normalises per token (default the hidden size; the q/k norms' head_norm_elements)."""
     if model.norm != "rmsnorm" or model.liger_kernels:
         return 0
     e = dtype_bytes(precision)
+    width = model.hidden_size if width is None else width
     if precision == "fp32" or model.norm_fp32_weight:
-        return -4 * model.hidden_size
-    return -e * model.hidden_size
+        return -4 * width
+    return -e * width
 
 
 def _norm_input_side(model: ModelSpec, precision: str, weight_frozen: bool) -> int:
@@ -422,8 +424,7 @@ def finetune_layer_delta(model: ModelSpec, precision: str, attention: str, on_cp
     if model.trained.frozen_norms:
         # the q/k norms' weights are frozen with the others: per element as a hidden-size norm's
         delta += model.norms_per_layer * _frozen_norm_delta(model, precision)
-        if model.head_norm_elements and model.hidden_size:
-            delta += _frozen_norm_delta(model, precision) // model.hidden_size * model.head_norm_elements
+        delta += _frozen_norm_delta(model, precision, model.head_norm_elements)
     r = model.trained.lora_r
     for k in range(4):
         delta += adapters[k] * r * e
