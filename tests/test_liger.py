@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from zerokit.cli import main
+from helpers import run_cli as run
 from zerokit.estimate.memory import (activation_bytes_per_layer, activation_terms, estimate_memory,
                                      final_norm_bytes_per_token, liger_loss_chunk_tokens)
 from zerokit.spec.hardware import Cluster, accelerator
@@ -21,15 +21,6 @@ from zerokit.spec.model import load_model_spec
 from zerokit.spec.setup import Workload, ZeroSetup
 
 H200 = Cluster(accelerator("h200"), gpus_per_node=1)
-
-
-def run(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_loss_chunk_is_ligers_rule():

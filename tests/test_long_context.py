@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 
 from zerokit.cli import main
+from helpers import run_cli as run
 from zerokit.core.errors import ZerokitError
 from zerokit.estimate.memory import CHECKPOINT_OFFLOAD_GPU_LAYERS, estimate_memory
 from zerokit.estimate.timing import estimate_time
@@ -25,15 +26,6 @@ from zerokit.spec.model import load_model_spec
 from zerokit.spec.setup import Workload, ZeroSetup
 
 H100x8 = Cluster(accelerator("h100-80gb"), gpus_per_node=8)
-
-
-def run(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 # ------------------------------------------------------------------------------------------- past the positions

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.cli import main, parse
+from zerokit.cli import parse
+from helpers import run_cli as run
 from zerokit.cli.plan import build_plan
 from zerokit.report.plan_text import TERM_LABELS
 
@@ -27,12 +28,6 @@ PLAN_7B = ["plan", "--params", "7e9", "--gpu", "a100-80gb", "--gpus-per-node", "
 PLAN_TINY = ["plan", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64"]
 # 70B on one 24 GB card fits only by offloading everything to 1.7 TiB of host RAM: not with 64 GB
 PLAN_TOO_BIG = ["plan", "llama-3-70b", "--gpu", "rtx4090", "--gpus-per-node", "1", "--cpu-memory", "64GB"]
-
-
-def run(argv, capsys):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def variants(plan_json: dict) -> set:
