@@ -80,6 +80,11 @@ def test_every_figure_is_there_and_sane(key):
     else:
         assert "efficiency" not in d and d["hbm_gbps"] > 0
         assert 0 < d["attention_fraction"] <= d["matmul_fraction"] <= 1  # no attention kernel beats a plain matmul
+        # FlashAttention-3 is written for Hopper (sm90): its rate only there, and faster than FlashAttention-2's
+        hopper = any(f" {part}" in d["names"][0] for part in ("H100", "H200", "H20", "GH200"))
+        assert ("flash3_fraction" in d) == hopper
+        if hopper:
+            assert d["attention_fraction"] < d["flash3_fraction"] <= d["matmul_fraction"]
         assert catalog()[key].prices_kernels
     assert d["pcie_bw"] > 0 or d.get("is_cpu")  # the CPU has no host<->device copies
 

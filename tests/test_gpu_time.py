@@ -59,6 +59,36 @@ def test_a100_attention_rate_is_the_fa2_papers():
     assert accelerator("h100-80gb").attention_fraction == pytest.approx(335 / 989, abs=0.005)
 
 
+def test_flash3_rate_is_the_fa3_papers_and_hopper_only(capsys, tmp_path):
+    # Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608), H100 SXM5, head dim 128, 16K tokens: forward (causal)
+    # 616 TFLOP/s, backward 561, of 989; the same figures put FlashAttention-2 at 335 and 322: the catalog's 34%
+    fa3 = 3.5 / (989 / 616 + 2.5 * 989 / 561)
+    assert accelerator("h100-80gb").flash3_fraction == pytest.approx(fa3, abs=0.001)
+    assert 3.5 / (989 / 335 + 2.5 * 989 / 322) == pytest.approx(accelerator("h100-80gb").attention_fraction, abs=0.015)
+    # the same FLOPs at that rate: flash3 prices attention at FA2's rate / FA3's of flash's time, nothing else changes
+    cluster = Cluster(accelerator=accelerator("h100-80gb"), gpus_per_node=8)
+    setup = ZeroSetup(zero_stage=3, activation_checkpointing=True)
+    fa2_time = estimate_time(LLAMA3_8B, cluster, setup, Workload(seq_len=16384, attention="flash"))
+    fa3_time = estimate_time(LLAMA3_8B, cluster, setup, Workload(seq_len=16384, attention="flash3"))
+    h100 = accelerator("h100-80gb")
+    assert fa3_time.attention_seconds == pytest.approx(
+        fa2_time.attention_seconds * h100.attention_fraction / h100.flash3_fraction, rel=1e-9)
+    assert fa3_time.matmul_seconds == fa2_time.matmul_seconds
+    assert fa3_time.step_seconds < fa2_time.step_seconds
+    # its kernels are Hopper's (sm90): elsewhere one line, exit 2, in plan and check
+    from helpers import run_cli
+
+    for gpu in ("a100-80gb", "cpu"):
+        rc, out, err = run_cli(["plan", "llama-3.1-8b", "--gpu", gpu, "--attention", "flash3"], capsys)
+        assert rc == 2 and not out and err.count("\n") == 1
+        assert "FlashAttention-3 runs on Hopper GPUs" in err and f"not {gpu}" in err and "--attention flash" in err
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}))
+    rc, out, err = run_cli(["check", config, "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--attention", "flash3"],
+                           capsys)
+    assert rc == 2 and not out and "FlashAttention-3 runs on Hopper GPUs" in err
+
+
 def test_matmul_time_is_the_dense_flops_at_mamf():
     cluster = Cluster(accelerator=accelerator("a100-80gb"), gpus_per_node=1)
     setup = ZeroSetup(zero_stage=0, micro_batch_size=2, gradient_accumulation_steps=3)

@@ -228,7 +228,7 @@ def test_offload_without_host_ram_does_not_fit_and_says_how_much(capsys):
 
 
 def test_the_recomputed_layers_backward_is_priced_in_its_phase():
-    """FlashAttention-2's mha_bwd buffers (GPU), the residual stream's two gradients, TiledMLP's slice: the largest
+    """FlashAttention-2's (and -3's) mha_bwd buffers (GPU), the residual stream's two gradients, TiledMLP's slice: the largest
     moment, less the second norm's saved bytes once the MLP's backward is done (memory.recompute_backward_terms)."""
     from zerokit.estimate.memory import _norm_bytes_per_token
 
@@ -246,6 +246,15 @@ def test_the_recomputed_layers_backward_is_priced_in_its_phase():
     norm2 = tokens * _norm_bytes_per_token(model, "bf16")
     assert phase["recompute_layer_backward"] == max(flash - norm2, gpu.phase_terms["backward"]["tiled_mlp_backward"])
     assert gpu.peak_phase == "backward_recompute"
+    # FlashAttention-3's mha_bwd (hopper/flash_api.cpp): dk, dv at the KV heads with fp32 dk_accum/dv_accum, and
+    # softmax_lse_log2 beside softmax_d
+    k = model.num_kv_heads
+    fa3 = estimate_memory(model, Cluster(accelerator("h100-80gb"), gpus_per_node=1), setup,
+                          Workload(seq_len=131072, attention="flash3"))
+    flash3 = tokens * (2 * e * a * d + 2 * e * k * d + 4 * a * d + 8 * k * d + 8 * a)
+    assert fa3.phase_terms["backward_recompute"]["recompute_layer_backward"] == \
+        max(flash3 - norm2, fa3.phase_terms["backward"]["tiled_mlp_backward"])
+    assert flash3 < flash  # GQA: 8 KV heads in fp32 hold less than 32 expanded in bf16
     # on CPU ranks the flash moment is not added (torch's CPU kernel differs; the measured CPU rows are the oracle)
     cpu = estimate_memory(model, Cluster(accelerator("cpu"), gpus_per_node=1), setup, w)
     assert cpu.phase_terms["backward_recompute"].get("recompute_layer_backward", 0) == \

@@ -125,6 +125,8 @@ def number(text) -> float:
 
 
 ON_OFF = ("on", "off")
+# the attention kernels zerokit prices (estimate/memory.py, estimate/gpu_time.py): sdpa, FlashAttention-2, -3, eager
+ATTENTION_IMPLS = ("sdpa", "flash", "flash3", "eager")
 # --activation-checkpointing: offload is on, with the checkpointed layer inputs in host memory
 CHECKPOINTING = ("on", "off", "offload")
 
@@ -254,8 +256,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("samples", RUNS, "training samples per epoch, for the total time (launch: in your own script's data)",
            type=positive_int, metavar="N", group=_WL),
     Option("epochs", RUNS, "passes over the data (default 1)", type=positive_float, group=_WL, exclusive="length"),
-    Option("attention", PLANNING, "attention kernel the activations are counted for", choices=("sdpa", "flash", "eager"),
-           default="sdpa", group=_WL),
+    Option("attention", PLANNING, "attention kernel the activations and the step time are counted for (flash: "
+           "FlashAttention-2, transformers' flash_attention_2; flash3: FlashAttention-3, flash_attention_3, Hopper GPUs "
+           "only)", choices=ATTENTION_IMPLS, default="sdpa", group=_WL),
     Option("liger-kernels", PLANNING, "your script loads the model with Liger-Kernel (AutoLigerKernelForCausalLM, as "
            "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced (default off)",
            choices=ON_OFF, group=_WL),

@@ -8,7 +8,8 @@ A rank's micro step is priced as the sum of what bounds each part of it (docs/ti
   in gpus.json as matmul_fraction = MAMF / the datasheet peak;
 - attention's score matmuls as the kernel runs them: FlashAttention-2 and sdpa's flash backend skip the masked half of
   a causal product and recompute the scores in backward (2 matmuls forward, 5 backward: backward FLOPs = 2.5 x
-  forward, the FA2 paper's own accounting, Dao 2023, section 4.1), at gpus.json attention_fraction of the peak;
+  forward, the FA2 paper's own accounting, Dao 2023, section 4.1), at gpus.json attention_fraction of the peak
+  (flash3: FlashAttention-3's flash3_fraction, the same FLOPs);
   eager attention computes every score with batched matmuls and writes them to memory;
 - memory-bound element-wise work (norms, rotary, activations, residual adds, dropout, eager softmax, the loss over
   the vocabulary) at the datasheet HBM bandwidth, counting the bytes each op of the transformers module reads and
@@ -164,7 +165,7 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
     accum = setup.gradient_accumulation_steps
     peak = acc.peak_flops(setup.precision)
     matmul_rate = peak * acc.matmul_fraction
-    attention_rate = peak * acc.attention_fraction
+    attention_rate = peak * acc.attention_rate_fraction(attention)
     hbm = acc.hbm_gbps * 1e9
     grad_layers = backward_layers(model, setup.activation_checkpointing)
     attn_fwd, attn_bwd = attention_flops_per_token(model, seq_len, setup.activation_checkpointing, attention, grad_layers)

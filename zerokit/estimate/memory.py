@@ -1071,6 +1071,8 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
          per group after), and an fp32 softmax_d per head, and the output's gradient (its input) is alive. Per local
          token (Ulysses: the full sequence over a / sp heads, the same bytes): E a d + E a d + 2 E a d (2 E k d without
          grouping) + 4 a d + 4 a, less the second norm's saved bytes.
+         FlashAttention-3 (flash3) keeps dk and dv at the KV heads and accumulates them in fp32 instead:
+         E a d + E a d + 2 E k d + 4 a d (+ 8 k d with grouping) + 8 a.
       3. Ulysses' backward all-to-all of the q/k/v gradients (sp_all_to_all_buffers), beside those gradients, less the
          second norm's saved bytes.
       On CPU torch's flash kernel differs and the measured CPU runs are the oracle there: moment 2 is not added."""
@@ -1084,8 +1086,14 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
     moments = [acts.get("tiled_mlp_backward", 0)]
     attention = workload.attention if model.supports_sdpa else "eager"
     masked = _masked_layers(model, workload.seq_len) > 0
-    if not on_cpu and attention in ("sdpa", "flash") and not sdpa_runs_math_kernel(model, setup.precision, on_cpu,
-                                                                                   masked):
+    if not on_cpu and attention == "flash3":
+        # FlashAttention-3's mha_bwd (hopper/flash_api.cpp): dq, dk and dv at their own heads, an fp32 dq_accum of
+        # every query head, fp32 dk_accum and dv_accum of the KV heads when they are fewer, fp32 softmax_d and
+        # softmax_lse_log2 per head; the output's gradient alive
+        grouped = 8 * k * d if k < a else 0
+        moments.append(tokens * (2 * e * a * d + 2 * e * k * d + 4 * a * d + grouped + 8 * a) - norm2)
+    elif not on_cpu and attention in ("sdpa", "flash") and not sdpa_runs_math_kernel(model, setup.precision, on_cpu,
+                                                                                     masked):
         kv = a if k < a else k
         moments.append(tokens * (2 * e * a * d + 2 * e * kv * d + 4 * a * d + 4 * a) - norm2)
     if acts.get("sp_all_to_all_buffers"):

@@ -37,6 +37,9 @@ class Accelerator:
     hbm_gbps: float = 0.0
     matmul_fraction: float = 0.0
     attention_fraction: float = 0.0
+    # FlashAttention-3's (--attention flash3) forward + backward FLOP/s over the peak; 0 where it does not run: its
+    # kernels are written for Hopper (flash-attention's hopper/ directory, sm90)
+    flash3_fraction: float = 0.0
     cpu_adam_params_per_s: float = 0.0  # host optimizer rate per node; 0 = timing model default
     is_cpu: bool = False
     source: str = ""
@@ -52,6 +55,19 @@ class Accelerator:
     def prices_kernels(self) -> bool:
         """Whether the GPU time model prices this accelerator (estimate/gpu_time.py), not peak x efficiency."""
         return not self.is_cpu and self.hbm_gbps > 0 and self.matmul_fraction > 0 and self.attention_fraction > 0
+
+    def attention_rate_fraction(self, attention: str) -> float:
+        """The attention kernel's FLOP/s over the peak: FlashAttention-3's own rate for flash3, else the
+        FlashAttention-2 class rate (sdpa's flash backend vendors FlashAttention-2)."""
+        return self.flash3_fraction if attention == "flash3" else self.attention_fraction
+
+    def attention_problem(self, attention: str) -> str | None:
+        """Why this accelerator cannot run the attention kernel, in one line; None when it can."""
+        if attention != "flash3" or self.flash3_fraction > 0:
+            return None
+        hopper = ", ".join(name for name, acc in catalog().items() if acc.flash3_fraction > 0)
+        return (f"{flag('attention')} flash3: FlashAttention-3 runs on Hopper GPUs ({hopper}), not {self.name}: "
+                f"use {flag('attention')} flash")
 
     def supports(self, precision: str) -> bool:
         return precision == "fp32" or bool(getattr(self, precision))
@@ -290,7 +306,9 @@ class Cluster:
             return "the catalog's rough figures for cpu (`zerokit calibrate` measures this machine once, ~50 s)"
         if acc.prices_kernels:
             return (f"the catalog's figures for {acc.name}: matmuls at {acc.matmul_fraction:.0%} of the datasheet peak "
-                    f"(MAMF), attention kernels at {acc.attention_fraction:.0%}, element-wise work at "
+                    f"(MAMF), attention kernels at {acc.attention_fraction:.0%}"
+                    + (f" (FlashAttention-3 {acc.flash3_fraction:.0%})" if acc.flash3_fraction else "")
+                    + ", element-wise work at "
                     f"{acc.hbm_gbps:g} GB/s HBM")
         return f"the catalog's datasheet peaks for {acc.name} x efficiency {acc.efficiency:g}"
 

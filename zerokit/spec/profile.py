@@ -384,8 +384,8 @@ def apply_profile(accelerator, profile: "HardwareProfile | str | os.PathLike"):
         # the GPU time model's rates are fractions of the peak: the measured matmul rate is the matmul's (1.0), and
         # the attention kernels keep their published rate over the measured peak
         changes["matmul_fraction"] = 1.0
-        changes["attention_fraction"] = min(1.0, accelerator.attention_fraction * accelerator.bf16_tflops
-                                            / float(mt["bf16"]))
+        for key in ("attention_fraction", "flash3_fraction"):
+            changes[key] = min(1.0, getattr(accelerator, key, 0.0) * accelerator.bf16_tflops / float(mt["bf16"]))
     for key in ("cpu_adam_params_per_s", "torch_adamw_params_per_s"):
         if key in fields and _pos(prof.get(key)):
             changes[key] = float(prof[key])

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.options import flag
+from zerokit.core.options import ATTENTION_IMPLS, flag
 from zerokit.spec.optimizer import DEFAULT_OPTIMIZER
 
 STAGES = (0, 1, 2, 3)
@@ -23,7 +23,6 @@ TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 def bytes_per_element(precision: str) -> int:
     return BYTES_PER_ELEMENT[precision]
-ATTENTION_IMPLS = ("sdpa", "flash", "eager")
 
 
 @dataclass(frozen=True)
@@ -206,7 +205,7 @@ class Workload:
     global_batch: int | None = None  # samples per optimizer step; None = derive from micro batch
     samples: int | None = None  # training samples per epoch (sequences of seq_len tokens)
     epochs: float = 1.0
-    attention: str = "sdpa"  # sdpa/flash keep no s^2 scores; eager stores them
+    attention: str = "sdpa"  # sdpa/flash/flash3 keep no s^2 scores; eager stores them
 
     def __post_init__(self):
         if self.seq_len < 1:
