@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = {j.name: j for j in [*grid.ONE_GPU, *grid.LEND, *grid.full_grid()]}
     cluster = grid.make_cluster("cuda", int(data.get("ranks") or 1), a.gpu, None, None)
     cmd = "python bench/repredict_gpu.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
-    lines = [f"command: {cmd}", f"measured: {Path(a.results).relative_to(REPO)} ({data.get('machine', '')})",
+    lines = [f"command: {cmd}", f"measured: {Path(a.results).resolve().relative_to(REPO)} ({data.get('machine', '')})",
              f"predicted: the catalog's figures for {a.gpu} (estimate/gpu_time.py), no hardware profile", "",
              f"{'job':45} {'meas ms':>8} {'pred ms':>8} {'ratio':>6} {'device ms':>10} {'host ms':>8}"]
     ratios = []
