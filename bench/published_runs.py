@@ -39,7 +39,8 @@ FLAGS = {
     "stage": "--stage", "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
     "precision": "--precision", "micro_batch": "--micro-batch", "grad_accum": "--grad-accum", "seq_len": "--seq-len",
     "activation_checkpointing": "--activation-checkpointing", "sequence_parallel": "--sequence-parallel",
-    "tensor_parallel": "--tensor-parallel", "attention": "--attention",
+    "tensor_parallel": "--tensor-parallel", "attention": "--attention", "doc_len": "--doc-len",
+    "liger_kernels": "--liger-kernels",
 }
 # what a complete entry states (tests/test_published_runs.py checks these)
 REQUIRED_RUN = ("id", "source", "quote", "setup", "measured", "step_seconds", "conversion")
@@ -134,6 +135,31 @@ def size_class(params: float) -> str:
     return "<1B" if params < 1e9 else "1-10B" if params < 10e9 else "10-100B" if params < 100e9 else ">=100B"
 
 
+# packed runs: their document length is an estimate (the data file says from what); these multiples of it show how
+# much the verdict rests on it, up to the whole sequence (no packing)
+DOC_LEN_FACTORS = (0.5, 1.0, 2.0, 3.0)
+
+
+def doc_len_sensitivity(rows: list[tuple]) -> list[str]:
+    """Each packed run's ratio at DOC_LEN_FACTORS x its stated document length and at the whole sequence."""
+    packed = [(run, r) for run, _, r, _ in rows if "doc_len" in run["setup"]]
+    if not packed:
+        return []
+    out = ["", "packed runs (--doc-len, an estimate of the documents' length): the ratio if the documents were "
+                + ", ".join(f"x{f:g}" for f in DOC_LEN_FACTORS) + " that long, and with no packing"]
+    for run, _ in packed:
+        s = run["setup"]
+        cells = []
+        for f in DOC_LEN_FACTORS:
+            doc = min(int(s["doc_len"] * f), int(s["seq_len"]))
+            r = predict({**run, "setup": {**s, "doc_len": doc}})["predicted"] / float(run["step_seconds"])
+            cells.append(f"{doc}: {r:.2f}")
+        whole = {k: v for k, v in s.items() if k != "doc_len"}
+        r = predict({**run, "setup": whole})["predicted"] / float(run["step_seconds"])
+        out.append(f"  {run['id']:44} " + "  ".join(cells) + f"  whole {s['seq_len']}: {r:.2f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="regex over run ids")
@@ -193,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"by {title}: " + "; ".join(
             f"{g} n={len(v)} zerokit x{statistics.median(x for x, _ in v):.2f} "
             f"rule x{statistics.median(y for _, y in v):.2f}" for g, v in sorted(groups.items())))
+    lines += doc_len_sensitivity(rows)
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if a.out:

@@ -116,6 +116,12 @@ ROWS = [
     ("memory-fraction-zero", ["plan", *P, "--memory-fraction", "0"], {}, 2, "--memory-fraction"),
     ("memory-fraction-nan", ["plan", *P, "--memory-fraction", "nan"], {}, 2, "--memory-fraction"),
     ("attention-bogus", ["plan", *P, "--attention", "bogus"], {}, 2, "--attention"),
+    ("flash3-on-a100", ["plan", *P, "--gpu", "a100-80gb", "--attention", "flash3"], {}, 2, "runs on Hopper GPUs"),
+    ("flash3-on-cpu", ["plan", *P, "--gpu", "cpu", "--attention", "flash3"], {}, 2, "runs on Hopper GPUs"),
+    ("doc-len-zero", ["plan", *P, "--attention", "flash", "--doc-len", "0"], {}, 2, "--doc-len"),
+    ("doc-len-with-sdpa", ["plan", *P, "--doc-len", "512"], {}, 2, "use --attention flash or flash3"),
+    ("doc-len-past-the-sequence", ["plan", *P, "--attention", "flash", "--seq-len", "1024", "--doc-len", "2048"], {}, 2,
+     "longer than the 1024-token sequence"),
     # ---- hardware
     ("gpu-empty", ["plan", *P, "--gpu", ""], {}, 2, "--gpu"),
     ("gpu-unknown", ["plan", *P, "--gpu", "h999"], {}, 2, "unknown GPU"),

@@ -89,6 +89,43 @@ def test_flash3_rate_is_the_fa3_papers_and_hopper_only(capsys, tmp_path):
     assert rc == 2 and not out and "FlashAttention-3 runs on Hopper GPUs" in err
 
 
+def test_packed_documents_are_attended_one_at_a_time(capsys):
+    # transformers' flash path sees position ids restarting per document and calls flash_attn_varlen_func
+    # (_flash_attention_forward: _is_packed_sequence): a 64K sequence packed with 8K documents attends like eight 8K
+    # sequences, so its attention is 8x one 8K sequence's; nothing else changes, memory included
+    from zerokit.estimate.memory import estimate_memory
+
+    cluster = Cluster(accelerator=accelerator("a100-80gb"), gpus_per_node=4)
+    setup = ZeroSetup(zero_stage=3, activation_checkpointing=True, sequence_parallel=4)
+    whole = Workload(seq_len=65536, attention="flash")
+    packed = Workload(seq_len=65536, attention="flash", doc_len=8192)
+    one_doc = estimate_time(LLAMA3_8B, cluster, setup, Workload(seq_len=8192, attention="flash"))
+    t_whole, t_packed = (estimate_time(LLAMA3_8B, cluster, setup, w) for w in (whole, packed))
+    assert t_packed.attention_seconds == pytest.approx(8 * one_doc.attention_seconds, rel=1e-9)
+    assert t_packed.attention_seconds == pytest.approx(t_whole.attention_seconds / 8, rel=1e-9)
+    assert t_packed.matmul_seconds == t_whole.matmul_seconds
+    assert t_packed.memory_bound_seconds == t_whole.memory_bound_seconds
+    assert t_packed.flops_per_step < t_whole.flops_per_step
+    assert estimate_memory(LLAMA3_8B, cluster, setup, packed).per_gpu_total == \
+        estimate_memory(LLAMA3_8B, cluster, setup, whole).per_gpu_total
+    # a document as long as the sequence is no packing
+    same = estimate_time(LLAMA3_8B, cluster, setup, Workload(seq_len=65536, attention="flash", doc_len=65536))
+    assert same.step_seconds == t_whole.step_seconds
+    # the plan says it; bad input is one line, exit 2
+    from helpers import run_cli
+
+    base = ["plan", "llama-3.1-8b", "--gpu", "a100-80gb", "--seq-len", 4096]
+    rc, out, err = run_cli([*base, "--attention", "flash", "--doc-len", 1024, "--json"], capsys)
+    assert rc == 0 and json.loads(out)["workload"]["doc_len"] == 1024
+    rc, out, err = run_cli([*base, "--attention", "flash", "--doc-len", 1024], capsys)
+    assert "attention flash within packed 1024-token documents" in out
+    for extra, needle in ((["--doc-len", 1024], "sdpa attends over the whole packed sequence"),
+                          (["--attention", "eager", "--doc-len", 1024], "eager attends over the whole packed sequence"),
+                          (["--attention", "flash", "--doc-len", 8192], "--doc-len 8192 is longer than the 4096-token")):
+        rc, out, err = run_cli([*base, *extra], capsys)
+        assert rc == 2 and not out and err.count("\n") == 1 and needle in err, err
+
+
 def test_matmul_time_is_the_dense_flops_at_mamf():
     cluster = Cluster(accelerator=accelerator("a100-80gb"), gpus_per_node=1)
     setup = ZeroSetup(zero_stage=0, micro_batch_size=2, gradient_accumulation_steps=3)

@@ -155,8 +155,12 @@ def load_workload(args, model=None):
         seq_len = min(DEFAULT_PLAN_SEQ_LEN, (model.max_positions if model is not None else None) or DEFAULT_PLAN_SEQ_LEN)
     elif model is not None:
         warn_seq_len(model, seq_len)
+    doc_len = getattr(args, "doc_len", None)
+    if doc_len is not None and args.seq_len != SEQ_LEN_MAX and doc_len > seq_len:
+        raise ZerokitError(f"{flag('doc-len')} {doc_len} is longer than the {seq_len}-token sequence it is packed into: "
+                           f"give at most {seq_len}, or leave it out for one document per sequence")
     return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs or 1.0,
-                    attention=args.attention)
+                    attention=args.attention, doc_len=doc_len)
 
 
 def warn_seq_len(model, seq_len: int) -> str | None:

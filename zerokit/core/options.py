@@ -251,6 +251,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("seq-len", RUNS, "tokens per sample (default: plan/render/check 2048, launch 512, or the model's maximum "
            "when smaller); plan/render/check: max, the longest that fits the pinned (or chosen) setup",
            type=seq_len, group=_WL, rank=True),
+    Option("doc-len", PLANNING, "packed sequences: the typical length of the documents packed into each sequence, "
+           "position ids restarting at each (TRL packing with padding_free, ms-swift --packing): flash and flash3 "
+           "attention read one document at a time, so attention is priced over N-token documents (default: one "
+           "document per sequence)", type=positive_int, metavar="N", group=_WL),
     Option("global-batch", RUNS, "samples per optimizer step = micro x accumulation x GPUs per node x nodes",
            type=positive_int, metavar="N", group=_WL),
     Option("samples", RUNS, "training samples per epoch, for the total time (launch: in your own script's data)",

@@ -155,10 +155,10 @@ def optimizer_bytes_per_param(optimizer: Optimizer, precision: str) -> float:
 
 def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: int, attention: str,
                 optimizer: Optimizer, dense_flops_per_token: float, dense_forward_flops_per_token: float,
-                zero_ranks: int) -> GpuCompute:
+                zero_ranks: int, attention_span: int | None = None) -> GpuCompute:
     """One rank's compute per optimizer step (model: what the rank holds, an AutoTP shard; dense_flops_per_token:
     timing.flops_per_token at seq_len 0 plus what a tiled MLP recomputes; dense_forward_flops_per_token: its forward,
-    2 per matmul weight). Tokens per rank: the micro batch's, less
+    2 per matmul weight; attention_span: Workload.attention_span, the keys a query reads at most). Tokens per rank: the micro batch's, less
     what Ulysses hands the other SP ranks (each rank then attends all s keys for its share of the heads: the same
     FLOPs as its share of the tokens over all heads)."""
     tokens = setup.micro_batch_size * seq_len / setup.sequence_parallel
@@ -168,7 +168,8 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
     attention_rate = peak * acc.attention_rate_fraction(attention)
     hbm = acc.hbm_gbps * 1e9
     grad_layers = backward_layers(model, setup.activation_checkpointing)
-    attn_fwd, attn_bwd = attention_flops_per_token(model, seq_len, setup.activation_checkpointing, attention, grad_layers)
+    span = attention_span or seq_len  # packed documents: the varlen kernel attends within each (Workload.doc_len)
+    attn_fwd, attn_bwd = attention_flops_per_token(model, span, setup.activation_checkpointing, attention, grad_layers)
     dense_fwd = dense_forward_flops_per_token  # the rest of flops_per_token is backward and recompute
     dense_bwd = max(0.0, dense_flops_per_token - dense_fwd)
     element_fwd = elementwise_bytes_per_token(model, seq_len, setup.precision, attention)

@@ -563,11 +563,14 @@ CALIBRATION_MODULES_PER_LAYER = 13
 
 
 def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activation_checkpointing: bool,
-                     sequence_parallel: int = 1, tiled_mlp: bool = False) -> dict[str, float]:
+                     sequence_parallel: int = 1, tiled_mlp: bool = False, attention_span: int | None = None
+                     ) -> dict[str, float]:
     """One rank's features per micro step. Under Ulysses a rank computes seq_len / sp tokens, each attending over the
     whole sequence (1/sp of the heads over every token: the same FLOPs and scores). TiledMLP runs each MLP's forward
     again in backward (ulysses_sp.py TiledMLP.backward: `fn(self, x_shard)` under enable_grad): its FLOPs and its
-    intermediate elements once more (tiled_mlp_flops_per_token)."""
+    intermediate elements once more (tiled_mlp_flops_per_token). attention_span: the keys a query reads at most
+    (Workload.attention_span: a packed document), the sequence by default."""
+    span = attention_span or seq_len
     passes = 4 / 3 if activation_checkpointing else 1.0
     tokens = micro_batch * seq_len // sequence_parallel
     layers = model.num_layers
@@ -589,8 +592,8 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
         kv = max(model.num_kv_heads, sequence_parallel)
         mlp_again += passes * layers * tokens * 2 * 2 * (2 * model.num_attention_heads + 2 * kv) * model.head_dim
     return {"micro": 1.0, "layer": float(layers), "recompute": float(recompute if activation_checkpointing else 0),
-            "flop": (flops_per_token(model, seq_len, activation_checkpointing) + tiled_mlp_flops_per_token(model, tiled_mlp)) * tokens,
-            "score": passes * layers * tokens * model.num_attention_heads * seq_len,
+            "flop": (flops_per_token(model, span, activation_checkpointing) + tiled_mlp_flops_per_token(model, tiled_mlp)) * tokens,
+            "score": passes * layers * tokens * model.num_attention_heads * span,
             "activation": passes * layers * tokens * (model.hidden_size + model.intermediate_size) + mlp_again,
             "logit": float(tokens * model.vocab_size),
             "adapter": float(adapters),
@@ -603,7 +606,7 @@ def compute_features(model: ModelSpec, micro_batch: int, seq_len: int, activatio
 def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, coef: dict[str, float]) -> float:
     """One rank's compute per optimizer step: each micro step's features at the measured cost per unit."""
     feats = compute_features(model, setup.micro_batch_size, workload.seq_len, setup.activation_checkpointing,
-                             setup.sequence_parallel, setup.tiled_mlp)
+                             setup.sequence_parallel, setup.tiled_mlp, workload.attention_span)
     coef = {"dequant": coef.get("activation", 0.0), **coef}  # profiles before the dequant fit: an activation element
     return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES + ADAPTER_FEATURES)
 
@@ -636,7 +639,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     # a TP or SP group trains on one batch together: the global batch counts data-parallel replicas
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel(cluster.world_size)
     tokens = global_batch * workload.seq_len
-    flops = (flops_per_token(model, workload.seq_len, setup.activation_checkpointing)
+    flops = (flops_per_token(model, workload.attention_span, setup.activation_checkpointing)
              + tiled_mlp_flops_per_token(model, setup.tiled_mlp)) * tokens
     full_model = model
     model = model.tensor_parallel_shard(setup.tensor_parallel)  # what one rank computes and updates
@@ -674,7 +677,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     elif acc.prices_kernels:  # a GPU without a calibration: each kind of work at its published rate
         dense = flops_per_token(model, 0, setup.activation_checkpointing) + tiled_mlp_flops_per_token(model, setup.tiled_mlp)
         kernels = gpu_compute(model, acc, setup, workload.seq_len, workload.attention, optimizer_spec, dense,
-                              2.0 * matmul_params(model), n)
+                              2.0 * matmul_params(model), n, workload.attention_span)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
         host = gpu_host_seconds(model, setup, calls.reduces + calls.gathers)
         compute, optimizer = kernels.compute_seconds + host, kernels.optimizer_seconds

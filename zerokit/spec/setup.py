@@ -206,6 +206,9 @@ class Workload:
     samples: int | None = None  # training samples per epoch (sequences of seq_len tokens)
     epochs: float = 1.0
     attention: str = "sdpa"  # sdpa/flash/flash3 keep no s^2 scores; eager stores them
+    # packed sequences: the documents' length, position ids restarting at each; flash kernels' varlen path attends
+    # within one document (transformers _flash_attention_forward: _is_packed_sequence, then flash_attn_varlen_func)
+    doc_len: int | None = None
 
     def __post_init__(self):
         if self.seq_len < 1:
@@ -218,6 +221,20 @@ class Workload:
             raise ZerokitError(f"epochs must be positive, got {self.epochs}")
         if self.attention not in ATTENTION_IMPLS:
             raise ZerokitError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
+        if self.doc_len is not None:
+            if self.doc_len < 1:
+                raise ZerokitError(f"{flag('doc-len')} must be at least 1, got {self.doc_len}")
+            if self.attention not in ("flash", "flash3"):
+                # transformers gives sdpa and eager a block-diagonal mask over the whole packed sequence
+                # (masking_utils find_packed_sequence_indices): every score is computed, and the mask is held
+                raise ZerokitError(f"{flag('doc-len')} prices flash attention's per-document (varlen) kernel; "
+                                   f"{self.attention} attends over the whole packed sequence through a mask: use "
+                                   f"{flag('attention')} flash or flash3")
+
+    @property
+    def attention_span(self) -> int:
+        """The keys a query's attention runs over at most: the sequence, or its packed document."""
+        return min(self.seq_len, self.doc_len) if self.doc_len else self.seq_len
 
 
 def batch_split(global_batch: int, world_size: int, micro_batch: int) -> int:
