@@ -158,9 +158,9 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
                 zero_ranks: int, attention_span: int | None = None) -> GpuCompute:
     """One rank's compute per optimizer step (model: what the rank holds, an AutoTP shard; dense_flops_per_token:
     timing.flops_per_token at seq_len 0 plus what a tiled MLP recomputes; dense_forward_flops_per_token: its forward,
-    2 per matmul weight; attention_span: Workload.attention_span, the keys a query reads at most). Tokens per rank: the micro batch's, less
-    what Ulysses hands the other SP ranks (each rank then attends all s keys for its share of the heads: the same
-    FLOPs as its share of the tokens over all heads)."""
+    2 per matmul weight; attention_span: Workload.attention_span, the keys a query reads at most). Tokens per rank:
+    the micro batch's, less what Ulysses hands the other SP ranks (each rank then attends all s keys for its share of
+    the heads: the same FLOPs as its share of the tokens over all heads)."""
     tokens = setup.micro_batch_size * seq_len / setup.sequence_parallel
     accum = setup.gradient_accumulation_steps
     peak = acc.peak_flops(setup.precision)
