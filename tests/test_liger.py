@@ -119,3 +119,30 @@ def test_what_liger_cannot_run_is_one_line(extra, needle, capsys):
     rc, out, err = run(["plan", *extra, "--gpu", "h100-80gb", "--liger-kernels", "on"], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
     assert "Traceback" not in err
+
+
+def test_the_time_model_prices_ligers_single_pass_kernels():
+    """Liger's Triton kernels move each tensor once (Liger-Kernel src/liger_kernel/ops): RMSNorm reads x and writes y
+    (2E per hidden element, not transformers' fp32 casts' 36 B), rotary rewrites q and k in place (2E, not 12E),
+    SwiGLU reads gate and up and writes their product (3E per intermediate element, not silu's 2E + the product's 3E),
+    and the fused cross-entropy reads each logit twice and writes its gradient once (3E per logit, not 28 + 2E)."""
+    from zerokit.estimate.gpu_time import elementwise_bytes_per_token, logit_bytes_per_token
+    from zerokit.estimate.timing import estimate_time
+
+    hf = load_model_spec("qwen2.5-7b")
+    liger = hf.with_liger_kernels()
+    e, h, i, v = 2, hf.hidden_size, hf.intermediate_size, hf.vocab_size
+    qk = (hf.num_attention_heads + hf.num_kv_heads) * hf.head_dim
+    residual = 2 * 3 * e * h
+    assert elementwise_bytes_per_token(hf, 4096, "bf16", "flash") == \
+        hf.num_layers * (2 * 36 * h + residual + 12 * e * qk + 2 * e * i + 3 * e * i)
+    assert elementwise_bytes_per_token(liger, 4096, "bf16", "flash") == \
+        hf.num_layers * (2 * 2 * e * h + residual + 2 * e * qk + 3 * e * i)
+    assert logit_bytes_per_token(hf, "bf16") == v * (28 + 2 * e)
+    assert logit_bytes_per_token(liger, "bf16") == v * 3 * e
+    # the matmuls and attention are the same kernels' FLOPs: only the memory-bound part falls
+    cluster = Cluster(accelerator("a100-80gb"), gpus_per_node=4)
+    setup = ZeroSetup(zero_stage=3, activation_checkpointing=True)
+    t_hf, t_liger = (estimate_time(m, cluster, setup, Workload(seq_len=16384, attention="flash")) for m in (hf, liger))
+    assert t_liger.matmul_seconds == t_hf.matmul_seconds and t_liger.attention_seconds == t_hf.attention_seconds
+    assert t_liger.memory_bound_seconds < 0.4 * t_hf.memory_bound_seconds

@@ -168,6 +168,11 @@ def test_tied_weights_counted_once(tmp_path):
 #   Qwen/Qwen2.5-7B                      7,615,616,512  (HF safetensors metadata; card "7.61B")
 #   openai-community/gpt2                  124,439,808  (HF safetensors metadata; "124M")
 #   openai-community/gpt2-xl             1,557,611,200  (HF safetensors metadata; "1.5B")
+#   openai-community/gpt2-medium           354,823,168  (card "355M"; GPT-2's count, as gpt2 and gpt2-xl above: 50,257 x
+#                                                        1,024 tokens + 1,024 x 1,024 positions + 24 layers of
+#                                                        12,596,224 + the final LayerNorm)
+#   openai-community/gpt2-large            774,030,080  (card "774M", DeepSpeedExamples' autotuning README "774M"; 50,257
+#                                                        x 1,280 + 1,024 x 1,280 + 36 layers of 19,677,440 + 2,560)
 #   google/gemma-2b                      2,506,172,416  (HF safetensors metadata)
 #   microsoft/phi-2                      2,779,683,840  (HF safetensors metadata; card "2.7B")
 #   tiiuae/falcon-7b                     6,921,720,704  (HF safetensors metadata)
@@ -189,6 +194,8 @@ PUBLISHED = {
     "qwen2.5-7b": 7_615_616_512,
     "gpt2": 124_439_808,
     "gpt2-xl": 1_557_611_200,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
     "gemma-2b": 2_506_172_416,
     "phi-2": 2_779_683_840,
     "falcon-7b": 6_921_720_704,

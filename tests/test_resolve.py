@@ -41,7 +41,7 @@ def test_config_file_path(tmp_path):
     assert (r.kind, r.name, r.init, r.local_config_path) == ("file", tmp_path.name, "config", cfg)
 
 
-@pytest.mark.parametrize("hub_id", ["gpt2-medium", "meta-llama/Llama-3.1-8B"])
+@pytest.mark.parametrize("hub_id", ["distilgpt2", "meta-llama/Llama-3.1-8B"])
 def test_hub_ids_with_and_without_an_org(hub_id):
     r = resolve_model(hub_id)
     assert (r.kind, r.hub_id, r.source, r.tokenizer, r.init) == ("hub", hub_id, hub_id, hub_id, "weights")
@@ -61,10 +61,11 @@ def _zerokit(*args):
 
 
 def test_launch_resolves_a_bare_hub_id_like_plan():
-    """Offline, both commands get as far as fetching gpt2-medium's config and say the same thing."""
-    plan = _zerokit("plan", "gpt2-medium")
-    launch = _zerokit("launch", "--model", "gpt2-medium", "--plan", "--gpu", "cpu", "--dry-run")
+    """Offline, both commands get as far as fetching the config of distilgpt2 (a bare hub id, not bundled) and say the
+    same thing."""
+    plan = _zerokit("plan", "distilgpt2")
+    launch = _zerokit("launch", "--model", "distilgpt2", "--plan", "--gpu", "cpu", "--dry-run")
     for r in (plan, launch):
         assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "cannot reach the HuggingFace hub to fetch gpt2-medium" in plan.stderr.strip().splitlines()[-1]
+    assert "cannot reach the HuggingFace hub to fetch distilgpt2" in plan.stderr.strip().splitlines()[-1]
     assert plan.stderr.strip().splitlines()[-1] == launch.stderr.strip().splitlines()[-1]

@@ -110,19 +110,29 @@ def elementwise_bytes_per_token(model: ModelSpec, seq_len: int, precision: str, 
       branches;
     - eager attention, per score (all s keys): the score write and its read by the PV matmul (2e), scaling (2e), the
       mask (3e), softmax into fp32 and back (e + 4 + 4 + e), attention dropout (2e + 1).
+
+    Under --liger-kernels on (ModelSpec.liger_kernels) Liger's Triton kernels replace three of these with one pass
+    each (Liger-Kernel src/liger_kernel/ops): its RMSNorm reads x and writes y (2e; _rms_norm_forward_kernel), its
+    rotary rewrites q and k in place (2e; _triton_rope), its SwiGLU/GEGLU reads gate and up and writes their product
+    (3e; silu_mul / geglu forward), each per element; backward keeps ELEMENTWISE_BACKWARD_BYTES (RMSNorm's reads dy,
+    x and writes dx: 3e, 1.5x).
     """
     e = bytes_per_element(precision)
     h, layers = model.hidden_size, model.num_layers
+    liger = model.liger_kernels
     if model.norm == "rmsnorm":
-        norm = 28.0 if e == 4 else 20 + 4 + 4 * e + 4 + 2 * e  # the two casts and the 16-bit weight multiply
+        norm = 2.0 * e if liger else 28.0 if e == 4 else 28.0 + 4 * e  # the two casts, the 16-bit weight multiply
     else:
         norm = 2.0 * e
     per_layer = model.norms_per_layer * norm * h + 2 * 3 * e * h
     if not model.learned_positions and model.supports_sdpa:  # rotary (BLOOM's ALiBi has no sdpa path and no rotary)
-        per_layer += 12 * e * (model.num_attention_heads + model.num_kv_heads) * model.head_dim
+        per_layer += (2 if liger else 12) * e * (model.num_attention_heads + model.num_kv_heads) * model.head_dim
     inter = model.intermediate_size * model.experts_per_token
     passes = UNFUSED_ACTIVATION_PASSES.get(model.mlp_activation, 2)
-    per_layer += passes * e * inter + (3 * e * inter if model.gated_mlp else 0)
+    if liger and model.gated_mlp:
+        per_layer += 3 * e * inter
+    else:
+        per_layer += passes * e * inter + (3 * e * inter if model.gated_mlp else 0)
     if model.num_experts > 1:
         per_layer += 4 * e * h * model.experts_per_token
     if model.hidden_dropout > 0:
@@ -136,8 +146,13 @@ def elementwise_bytes_per_token(model: ModelSpec, seq_len: int, precision: str, 
 def logit_bytes_per_token(model: ModelSpec, precision: str) -> float:
     """Bytes the loss moves per token over the vocabulary, forward and backward: transformers' ForCausalLMLoss upcasts
     the logits (read e, write 4), cross_entropy's log_softmax reads and writes them (4 + 4), its backward reads the
-    output and the gradient and writes one (12), and the cast's backward writes the 16-bit gradient (4 + e)."""
+    output and the gradient and writes one (12), and the cast's backward writes the 16-bit gradient (4 + e).
+    Liger's fused linear cross-entropy (--liger-kernels on) runs one kernel over each chunk of logits in forward:
+    an online-softmax pass reads them, a second reads them again and writes the gradient in place
+    (liger_cross_entropy_kernel): 3e; its backward only scales the gradients it kept."""
     e = bytes_per_element(precision)
+    if model.liger_kernels:
+        return model.vocab_size * 3.0 * e
     return model.vocab_size * (e + 4 + 8 + 12 + 4 + e)
 
 

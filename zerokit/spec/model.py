@@ -104,7 +104,8 @@ class ModelSpec:
     # from the position ids) it is what the model was trained on, and a longer sequence runs (spec/arch_params.py)
     learned_positions: bool = False
     # the user's script loads the model with Liger-Kernel (with_liger_kernels): its RMSNorm, SwiGLU/GEGLU and fused linear
-    # cross-entropy replace transformers' modules and loss, and save less for backward (estimate/memory.py). Set by the
+    # cross-entropy replace transformers' modules and loss, save less for backward (estimate/memory.py) and move each
+    # tensor once (estimate/gpu_time.py, with its rotary). Set by the
     # --liger-kernels option, not read from a config (not cached)
     liger_kernels: bool = False
     # what a fine-tune trains (spec/trained.py); the default: every weight, nothing quantized (a full fine-tune).

@@ -5,7 +5,7 @@ A model is, in this order:
 * a local directory holding config.json (its weights are loaded when it has weight files, else random init);
 * a path to a config.json file (or any HF config JSON: random init);
 * a bundled name (zerokit/data/models/<name>/config.json: random init, the bundled tokenizer);
-* a HuggingFace hub id, `org/name` or a bare `gpt2-medium` (only config.json is fetched for planning; launch
+* a HuggingFace hub id, `org/name` or a bare `distilgpt2` (only config.json is fetched for planning; launch
   loads the weights and tokenizer from the hub).
 Anything else is a one-line ZerokitError naming the accepted forms. Pure Python: huggingface_hub is imported
 only to fetch a hub config.
