@@ -119,6 +119,24 @@ def test_compare_with_a_deadline_sizes_each_gpu(capsys):
     assert h100["gpus"] <= a100["gpus"]  # the faster GPU never needs more of itself
 
 
+def test_compare_with_flash3_prices_fa2_where_fa3_does_not_run(capsys):
+    """FlashAttention-3 is Hopper-only: compared with an A100, the A100 row is the plan with FlashAttention-2 (what the
+    script falls back to) and says so; the H100 row is the FA3 plan. A plan for the A100 alone refuses flash3."""
+    run = [*RUN, "--gpus-per-node", "8"]
+    code, out = plan_json(capsys, *run, "--attention", "flash3", "--compare-gpus", "a100-80gb,h100-80gb")
+    assert code == 0
+    a100, h100 = out["compare"]
+    _, fa2 = plan_json(capsys, *run, "--attention", "flash", "--gpu", "a100-80gb")
+    _, fa3 = plan_json(capsys, *run, "--attention", "flash3", "--gpu", "h100-80gb")
+    assert a100["attention"] == "flash" and a100["step_seconds"] == fa2["time"]["step_seconds"]
+    assert h100["attention"] is None and h100["step_seconds"] == fa3["time"]["step_seconds"]
+    assert main(["plan", *run, "--attention", "flash3", "--compare-gpus", "a100-80gb,h100-80gb"]) == 0
+    a100_line, h100_line = capsys.readouterr().out.splitlines()[2:4]
+    assert a100_line.endswith("(FlashAttention-2: no FlashAttention-3 on a100-80gb)")
+    assert "FlashAttention" not in h100_line
+    assert exit_code(["plan", *run, "--attention", "flash3", "--gpu", "a100-80gb"]) == 2
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--compare-gpus", "a100-80gb,h100x"], "unknown GPU 'h100x': did you mean"),
     (["--compare-gpus", "a100-80gb,A100-80GB"], "names a100-80gb twice"),

@@ -47,6 +47,9 @@ class Row:
     # the likely range of the total (TimeEstimate.total_seconds_low/high); None without --samples or a checked basis
     total_seconds_low: float | None = None
     total_seconds_high: float | None = None
+    # the attention kernel this row was priced with, where it is not the one asked for (--compare-gpus with flash3 on
+    # a GPU FlashAttention-3 does not run on: FlashAttention-2, what the script would fall back to)
+    attention: str | None = None
 
     @property
     def gpus(self) -> int:
@@ -61,7 +64,7 @@ class Row:
                 "fits": self.fits, "setup": self.setup, "step_seconds": self.step_seconds,
                 "total_seconds": self.total_seconds, "gpu_hours": self.gpu_hours, "why_not": self.why_not,
                 "meets_deadline": self.meets_deadline, "total_seconds_low": self.total_seconds_low,
-                "total_seconds_high": self.total_seconds_high}
+                "total_seconds_high": self.total_seconds_high, "attention": self.attention}
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ def compare_gpus(model: ModelSpec, hw: HardwareOptions, gpus: tuple[str, ...], w
                  memory_fraction: float, deadline_s: float | None = None) -> list[Row]:
     """One row per GPU kind: the best plan on hw's node shape with that GPU; with a deadline, the fewest GPUs of that
     kind that meet it (the fastest finish when none does)."""
-    from zerokit.spec.hardware import resolve_gpu_name
+    from zerokit.spec.hardware import accelerator, resolve_gpu_name
 
     if hw.gpu_memory is not None:
         raise ZerokitError(f"{flag('compare-gpus')} takes each GPU's memory from the catalog: drop "
@@ -175,9 +178,14 @@ def compare_gpus(model: ModelSpec, hw: HardwareOptions, gpus: tuple[str, ...], w
     rows = []
     for key in keys:
         one = replace(hw, gpu=key)
+        # FlashAttention-3 runs on Hopper only (Accelerator.attention_problem): elsewhere the row is priced with
+        # FlashAttention-2 and says so, rather than refusing the whole comparison
+        fallback = workload.attention == "flash3" and accelerator(key).attention_problem("flash3") is not None
+        wl = replace(workload, attention="flash") if fallback else workload
         if deadline_s is None:
-            rows.append(evaluate_count(model, one, workload, pins, memory_fraction))
-            continue
-        answer = for_deadline(model, one, workload, pins, deadline_s, memory_fraction)
-        rows.append(answer.row or answer.fastest or answer.rows[0])
+            row = evaluate_count(model, one, wl, pins, memory_fraction)
+        else:
+            answer = for_deadline(model, one, wl, pins, deadline_s, memory_fraction)
+            row = answer.row or answer.fastest or answer.rows[0]
+        rows.append(replace(row, attention="flash") if fallback else row)
     return rows

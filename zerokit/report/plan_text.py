@@ -293,8 +293,9 @@ def format_scale_rows(rows, workload, deadline_s: float | None) -> str:
         miss = "  misses the deadline (the fastest)" if r.meets_deadline is False else ""
         likely = (f"  {fmt_seconds(r.total_seconds_low)} to {fmt_seconds(r.total_seconds_high)}"
                   if r.total_seconds_high is not None else "")
+        fallback = f"  (FlashAttention-2: no FlashAttention-3 on {r.gpu})" if r.attention == "flash" else ""
         lines.append(f"  {r.gpu:<14}{r.gpus:>7}  {shape:<13}{r.setup:<46}{fmt_seconds(r.step_seconds):>10}"
-                     f"{total:>12}{hours:>12}{likely}{miss}")
+                     f"{total:>12}{hours:>12}{likely}{miss}{fallback}")
     if workload.samples is None:
         lines.append(f"  total time and GPU-hours need the run's length: give {flag('samples')} N")
     return "\n".join(lines)
