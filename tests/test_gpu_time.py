@@ -1,5 +1,6 @@
 """The GPU time model (estimate/gpu_time.py) against the sources each rule copies: the MAMF table's matmul rates, the
-FlashAttention-2 paper's FLOP accounting and kernel rates, DeepSpeed's overlap of ZeRO's collectives, and the host
+FlashAttention-2 paper's FLOP accounting and kernel rates, the FlashAttention-3 paper's rates, transformers' varlen path
+for packed documents, DeepSpeed's overlap of ZeRO's collectives, and the host
 costs measured on an H200 node. Its accuracy against published runs is bench/published_runs.py's (not gated here:
 tests/test_published_runs.py only checks that the committed table and range are what the model gives now)."""
 
