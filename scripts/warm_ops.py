@@ -30,6 +30,9 @@ def main() -> int:
 
         if torch.cuda.is_available():
             return 0  # GPU machines build their own ops (or use a prebuilt deepspeed wheel)
+        # no GPU: say so, as zerokit's CPU launches do, instead of DeepSpeed warning "Setting accelerator to CPU" on
+        # each import (here and in the two builders, which inherit it)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
         import deepspeed.ops.op_builder.cpu  # noqa: F401 - the import is the check
     except ImportError as e:
         print(f"warm_ops: skipped ({e})", file=sys.stderr)

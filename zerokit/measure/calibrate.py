@@ -69,7 +69,10 @@ def precision_supported(precision: str, device: Any = None) -> tuple[bool, str]:
             # device." unless the CPU accelerator says yes (cpu_accelerator.py CPU_Accelerator.is_fp16_supported:
             # oneDNN fp16, AVX512-FP16/AMX CPUs; bench/accuracy/fp16_on_cpu lifts it for measurement). The CPU
             # class itself, not get_accelerator(): on a CUDA machine that is the CUDA accelerator.
-            from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+            from zerokit.core.quiet import library_output
+
+            with library_output():  # DeepSpeed's import warns "Setting accelerator to CPU" on a CPU machine
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
             if not CPU_Accelerator().is_fp16_supported():
                 return False, ("fp16 is not supported on this CPU (DeepSpeed: 'Type fp16 is not supported on your "
@@ -290,9 +293,12 @@ def collectives_by_backend(coll: dict) -> dict:
 # -- optimizers -------------------------------------------------------------------------------------
 def cpu_adam_available() -> tuple[bool, str]:
     """Whether DeepSpeedCPUAdam's op is prebuilt or already JIT-built (loading it then costs seconds)."""
+    from zerokit.core.quiet import library_output
+
     try:
-        from deepspeed.git_version_info import installed_ops
-        from deepspeed.ops.op_builder import CPUAdamBuilder
+        with library_output():  # DeepSpeed's import warns "Setting accelerator to CPU" on a CPU machine
+            from deepspeed.git_version_info import installed_ops
+            from deepspeed.ops.op_builder import CPUAdamBuilder
     except Exception as e:
         return False, f"deepspeed is not importable ({type(e).__name__})"
     if installed_ops.get("cpu_adam"):
