@@ -159,8 +159,8 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
 
     checked_config(config)
     acc = cluster.accelerator
-    if acc.attention_problem(workload.attention):
-        raise ZerokitError(acc.attention_problem(workload.attention))
+    if problem := acc.attention_problem(workload.attention):
+        raise ZerokitError(problem)
     if precision is not None and not acc.supports(precision):
         raise ZerokitError(f"{flag('precision')} {precision}: {acc.name} does not support {precision}: use "
                            f"{' or '.join(acc.precisions)}")

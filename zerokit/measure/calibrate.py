@@ -23,6 +23,7 @@ from typing import Any
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
+from zerokit.core.quiet import library_output
 from zerokit.spec.setup import TORCH_DTYPE_NAMES
 from zerokit.core.units import MiB
 from zerokit.measure.ranks import Lockstep, device_of, free_port, run_local_ranks, sync, tagged_json
@@ -69,8 +70,6 @@ def precision_supported(precision: str, device: Any = None) -> tuple[bool, str]:
             # device." unless the CPU accelerator says yes (cpu_accelerator.py CPU_Accelerator.is_fp16_supported:
             # oneDNN fp16, AVX512-FP16/AMX CPUs; bench/accuracy/fp16_on_cpu lifts it for measurement). The CPU
             # class itself, not get_accelerator(): on a CUDA machine that is the CUDA accelerator.
-            from zerokit.core.quiet import library_output
-
             with library_output():  # DeepSpeed's import warns "Setting accelerator to CPU" on a CPU machine
                 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
@@ -293,8 +292,6 @@ def collectives_by_backend(coll: dict) -> dict:
 # -- optimizers -------------------------------------------------------------------------------------
 def cpu_adam_available() -> tuple[bool, str]:
     """Whether DeepSpeedCPUAdam's op is prebuilt or already JIT-built (loading it then costs seconds)."""
-    from zerokit.core.quiet import library_output
-
     try:
         with library_output():  # DeepSpeed's import warns "Setting accelerator to CPU" on a CPU machine
             from deepspeed.git_version_info import installed_ops

@@ -281,8 +281,8 @@ def _families(cluster: Cluster, pins: dict) -> list[dict]:
 def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict | None = None,
               knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Plan:
     pins = {k: v for k, v in (pins or {}).items() if v is not None}
-    if cluster.accelerator.attention_problem(workload.attention):
-        raise ZerokitError(cluster.accelerator.attention_problem(workload.attention))
+    if problem := cluster.accelerator.attention_problem(workload.attention):
+        raise ZerokitError(problem)
     unknown = set(pins) - set(PIN_KEYS)
     if unknown:
         raise ZerokitError(f"unknown setup option(s) {sorted(unknown)}: use {', '.join(PIN_KEYS)}")

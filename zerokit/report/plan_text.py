@@ -172,7 +172,7 @@ def format_plan(plan) -> str:
            if c.world_size > 1 else ""),
         *link_lines(c),
         f"workload  seq {w.seq_len}, attention {w.attention}"
-        + (f" within packed {min(w.doc_len, w.seq_len)}-token documents" if w.doc_len else "")
+        + (f" within packed {w.attention_span}-token documents" if w.doc_len else "")
         + (", Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)" if m.liger_kernels else "")
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         *finetune_lines(plan.finetune, plan.model),
