@@ -43,7 +43,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ALST = ["--stage", "3", "--offload-optimizer", "cpu", "--micro-batch", "1", "--precision", "bf16"]
+# the recipes' ZeRO-3 with the optimizer on the CPU, micro batch 1, bf16; transformers 4.51.3 (the ALST README's
+# environment) checkpoints reentrant by default (gradient_checkpointing_enable: use_reentrant True without kwargs), and
+# ArcticTraining's checkpoint offload replaces that reentrant CheckpointFunction (monkey_patches.py)
+ALST = ["--stage", "3", "--offload-optimizer", "cpu", "--micro-batch", "1", "--precision", "bf16",
+        "--checkpoint-reentrant", "on"]
 PAPER = "arXiv 2506.13996 abstract"
 BLOG = "Snowflake ALST blog (x improvement over 32K)"
 RECIPE = "ArcticTraining recipe "
@@ -126,7 +130,7 @@ def plan_json(model: str, gpu: str, gpn: int, nodes: int, seq_len: str, extra: l
     argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", str(gpn), "--nodes",
             str(nodes), "--seq-len", seq_len, "--hardware-profile", "none", *ALST, *extra, "--json"]
     p = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
-    if p.returncode != 0:
+    if p.returncode not in (0, 1) or not p.stdout.strip():  # 1: does not fit, its JSON printed all the same
         return None, (p.stderr.strip().splitlines() or ["?"])[-1]
     return json.loads(p.stdout), ""
 

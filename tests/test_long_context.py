@@ -261,6 +261,79 @@ def test_the_recomputed_layers_backward_is_priced_in_its_phase():
         cpu.phase_terms["backward"].get("tiled_mlp_backward", 0)
 
 
+def test_reentrant_checkpointing_holds_the_recomputed_output_measured(tmp_path):
+    """transformers' own Llama layers, checkpointed with use_reentrant=True and False, fp32 on CPU: the measured peak
+    (live tensor bytes, zerokit.measure.meter) is one tokens x h tensor higher reentrant, at the recomputed layer, and
+    zerokit's recompute phase is higher by exactly that (memory.recompute_backward_terms); nothing else moves."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zerokit.measure.meter import MemoryMeter
+
+    seq, h = 2048, 128
+    # a small vocabulary, so that the recomputed layer (not the logits) is the peak
+    cfg = LlamaConfig(hidden_size=h, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=32, max_position_embeddings=seq)
+    peaks, losses = {}, {}
+    for reentrant in (False, True):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+        ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(1))
+        with MemoryMeter("cpu") as meter:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        peaks[reentrant], losses[reentrant] = meter.peak_bytes(), loss.item()
+    assert losses[True] == losses[False]
+    one_hidden = seq * h * 4
+    measured = peaks[True] - peaks[False]
+    assert abs(measured - one_hidden) <= 0.01 * one_hidden, (measured, one_hidden)
+
+    cfg.save_pretrained(tmp_path)
+    spec = load_model_spec(str(tmp_path))
+    setup = ZeroSetup(zero_stage=0, precision="fp32", activation_checkpointing=True)
+    cpu = Cluster(accelerator("cpu"), gpus_per_node=1)
+    est = {r: estimate_memory(spec, cpu, setup, Workload(seq_len=seq, checkpoint_reentrant=r)) for r in (False, True)}
+    assert est[True].peak_phase == est[False].peak_phase == "backward_recompute"
+    assert est[True].per_gpu_total - est[False].per_gpu_total == one_hidden
+    assert {k: v for k, v in est[True].per_gpu.items() if k != "reentrant_recompute_output"} == est[False].per_gpu
+
+
+def test_reentrant_checkpointing_in_plan_text_and_json(capsys):
+    base = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--seq-len", "65536", "--stage", "3", "--offload-optimizer",
+            "cpu", "--offload-param", "cpu", "--activation-checkpointing", "on", "--micro-batch", "1", "--tiled-loss", "on"]
+    rc, out, _ = run([*base, "--checkpoint-reentrant", "on"], capsys)
+    assert "reentrant checkpointing" in out and "recomputed layer's output (reentrant)" in out
+    rc, out, _ = run([*base, "--checkpoint-reentrant", "on", "--json"], capsys)
+    d = json.loads(out)
+    assert d["workload"]["checkpoint_reentrant"] is True
+    assert d["memory"]["peak_phase"] == "backward_recompute"
+    assert d["memory"]["per_gpu"]["terms"]["reentrant_recompute_output"] == 65536 * 4096 * 2
+    rc, out, _ = run([*base, "--json"], capsys)
+    assert json.loads(out)["workload"]["checkpoint_reentrant"] is False
+
+
+def test_reentrant_offload_sends_every_layer_input_to_the_host():
+    """ArcticTraining's CheckpointFunctionWithCPUOffload (reentrant): every layer's input goes to the host in forward, the
+    last one too, and one comes back for its recompute; DeepSpeed's CheckpointHiddenStatesOffload (non-reentrant) keeps
+    the newest on the GPU beside the restored one. The reentrant one adds the recomputed output instead."""
+    from zerokit.estimate.timing import checkpoint_offload_bytes
+
+    model = load_model_spec("llama-3.1-8b")
+    setup = ZeroSetup(zero_stage=3, offload_optimizer="cpu", activation_checkpointing=True, checkpoint_offload=True,
+                      tiled_mlp=True, sequence_parallel=8)
+    est, moved = {}, {}
+    for r in (False, True):
+        w = Workload(seq_len=1 << 20, checkpoint_reentrant=r)
+        est[r] = estimate_memory(model, H100x8, setup, w).phase_terms["backward_recompute"]
+        moved[r] = checkpoint_offload_bytes(model, setup, w)
+    layer_input = (1 << 20) // 8 * model.hidden_size * 2
+    assert est[False]["activations_checkpoints"] == CHECKPOINT_OFFLOAD_GPU_LAYERS * layer_input
+    assert est[True]["activations_checkpoints"] == layer_input
+    assert est[True]["reentrant_recompute_output"] == layer_input and "reentrant_recompute_output" not in est[False]
+    assert (moved[False], moved[True]) == ((model.num_layers - 1) * layer_input, model.num_layers * layer_input)
+
+
 # ------------------------------------------------------------------------------ accelerate / TRL ALST configs in check
 
 # TRL's examples/accelerate_configs/alst_ulysses_4gpu.yaml (its documentation, "Ulysses" section)

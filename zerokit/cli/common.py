@@ -160,7 +160,8 @@ def load_workload(args, model=None):
         raise ZerokitError(f"{flag('doc-len')} {doc_len} is longer than the {seq_len}-token sequence it is packed into: "
                            f"give at most {seq_len}, or leave it out for one document per sequence")
     return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs or 1.0,
-                    attention=args.attention, doc_len=doc_len)
+                    attention=args.attention, doc_len=doc_len,
+                    checkpoint_reentrant=getattr(args, "checkpoint_reentrant", None) == "on")
 
 
 def warn_seq_len(model, seq_len: int) -> str | None:

@@ -266,6 +266,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("liger-kernels", PLANNING, "your script loads the model with Liger-Kernel (AutoLigerKernelForCausalLM, as "
            "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced (default off)",
            choices=ON_OFF, group=_WL),
+    Option("checkpoint-reentrant", PLANNING, "your script's activation checkpointing is reentrant (use_reentrant=True: "
+           "transformers 4.x's default, DeepSpeed's deepspeed.checkpointing, ArcticTraining's checkpoint offload): each "
+           "recomputed layer's output is held through its backward, one more hidden state per token (default off: "
+           "non-reentrant, transformers 5's default and zerokit's own loop)", choices=ON_OFF, group=_WL),
     # -- setup pins
     Option("stage", ("plan", "render", "launch"), "ZeRO stage", type=int, choices=(0, 1, 2, 3), dest="zero_stage",
            group=_PIN),

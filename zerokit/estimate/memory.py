@@ -537,7 +537,7 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         if setup.checkpoint_offload and not on_cpu:
             # the offloaded inputs live in host memory (estimate_memory: activation_checkpoints_offloaded); the GPU
             # keeps CHECKPOINT_OFFLOAD_GPU_LAYERS of them. On a CPU rank host memory is its memory: the bytes stay.
-            kept = min(model.num_layers, CHECKPOINT_OFFLOAD_GPU_LAYERS)
+            kept = min(model.num_layers, checkpoint_offload_gpu_layers(workload))
             terms["activations_checkpoints"] = kept * tokens * model.hidden_size * e
         if model.liger_kernels:
             # Liger's first norm saves its input as it came: the checkpointed layer input, counted above (non-reentrant
@@ -604,6 +604,15 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
 # two layer inputs at the start of the recompute, the host the other num_layers - 1, in pinned buffers
 # (_empty_cpu_like: pin_memory) reused from step to step (the buffer pool, up to 64).
 CHECKPOINT_OFFLOAD_GPU_LAYERS = 2
+
+
+def checkpoint_offload_gpu_layers(workload: Workload) -> int:
+    """Layer inputs an offloading checkpoint keeps on the GPU at the recompute. Reentrant offload (ArcticTraining's
+    CheckpointFunctionWithCPUOffload, monkey_patches.py: `arg.detach().to("cpu")` in forward, `.to(ctx.x_device)` in
+    backward; DeepSpeed's deepspeed.checkpointing with cpu_checkpointing alike) sends every layer's input to the host,
+    the last one too, and brings one back for its layer's recompute: one. Non-reentrant, DeepSpeed's
+    CheckpointHiddenStatesOffload: CHECKPOINT_OFFLOAD_GPU_LAYERS."""
+    return 1 if workload.checkpoint_reentrant else CHECKPOINT_OFFLOAD_GPU_LAYERS
 
 
 # zerokit's tiled loss slices the logits so that one slice's fp32 logits take at most this many bytes (the shards
@@ -1075,7 +1084,12 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
          E a d + E a d + 2 E k d + 4 a d (+ 8 k d with grouping) + 8 a.
       3. Ulysses' backward all-to-all of the q/k/v gradients (sp_all_to_all_buffers), beside those gradients, less the
          second norm's saved bytes.
-      On CPU torch's flash kernel differs and the measured CPU runs are the oracle there: moment 2 is not added."""
+      On CPU torch's flash kernel differs and the measured CPU runs are the oracle there: moment 2 is not added.
+    - reentrant_recompute_output (Workload.checkpoint_reentrant): reentrant checkpointing's backward
+      (torch.utils.checkpoint.CheckpointFunction.backward, and ArcticTraining's CheckpointFunctionWithCPUOffload, a copy
+      of it) keeps the recomputed layer's outputs in a local while torch.autograd.backward runs the layer's backward: one
+      tokens x h tensor more, throughout. Non-reentrant checkpointing keeps only what backward unpacks. Measured on CPU
+      with transformers' own Llama layers: exactly that much more at the peak (tests/test_long_context.py)."""
     e = dtype_bytes(setup.precision)
     sp = setup.sequence_parallel
     tokens = setup.micro_batch_size * workload.seq_len // sp
@@ -1099,6 +1113,8 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
     if acts.get("sp_all_to_all_buffers"):
         moments.append(acts["sp_all_to_all_buffers"] + tokens * e * (a + 2 * k) * d - norm2)
     terms = {"hidden_state_grads": 2 * tokens * model.hidden_size * e}
+    if workload.checkpoint_reentrant:
+        terms["reentrant_recompute_output"] = tokens * model.hidden_size * e
     if max(moments) > 0:
         terms["recompute_layer_backward"] = max(moments)
     return terms

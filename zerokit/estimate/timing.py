@@ -613,12 +613,14 @@ def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, 
 
 def checkpoint_offload_bytes(model: ModelSpec, setup: ZeroSetup, workload: Workload) -> int:
     """Bytes of layer inputs one rank moves to host memory per micro batch (and back): every checkpointed layer's input
-    (hidden states of seq / sp tokens, the training dtype) but the one kept on the GPU (memory.CHECKPOINT_OFFLOAD_GPU_LAYERS keeps two at the recompute: the newest never
-    leaves, one restored comes back). model: what one rank holds."""
+    (hidden states of seq / sp tokens, the training dtype) but the one kept on the GPU (memory.CHECKPOINT_OFFLOAD_GPU_LAYERS
+    keeps two at the recompute: the newest never leaves, one restored comes back); reentrant offload sends all of them
+    (memory.checkpoint_offload_gpu_layers). model: what one rank holds."""
     if not setup.checkpoint_offload:
         return 0
     tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
-    return max(0, model.num_layers - 1) * tokens * model.hidden_size * bytes_per_element(setup.precision)
+    stays = 0 if workload.checkpoint_reentrant else 1
+    return max(0, model.num_layers - stays) * tokens * model.hidden_size * bytes_per_element(setup.precision)
 
 
 def checkpoint_offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload) -> float:

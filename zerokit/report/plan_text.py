@@ -47,6 +47,9 @@ TERM_LABELS = {
     "tiled_loss_head_grad": "tiled/fused loss: LM head gradient",
     "tiled_mlp_backward": "tiled MLP backward (one slice)",
     "sp_all_to_all_buffers": "Ulysses all-to-all buffers (one layer)",
+    "hidden_state_grads": "hidden-state gradients (recomputed layer)",
+    "recompute_layer_backward": "recomputed layer's backward buffers",
+    "reentrant_recompute_output": "recomputed layer's output (reentrant)",
 }
 
 
@@ -173,6 +176,7 @@ def format_plan(plan) -> str:
         *link_lines(c),
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f" within packed {w.attention_span}-token documents" if w.doc_len else "")
+        + (", reentrant checkpointing" if w.checkpoint_reentrant else "")
         + (", Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)" if m.liger_kernels else "")
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         *finetune_lines(plan.finetune, plan.model),

@@ -209,6 +209,9 @@ class Workload:
     # packed sequences: the documents' length, position ids restarting at each; flash kernels' varlen path attends
     # within one document (transformers _flash_attention_forward: _is_packed_sequence, then flash_attn_varlen_func)
     doc_len: int | None = None
+    # the script checkpoints with use_reentrant=True (torch.utils.checkpoint.CheckpointFunction): its backward holds the
+    # recomputed layer's output until the layer's backward ends (estimate/memory.py recompute_backward_terms)
+    checkpoint_reentrant: bool = False
 
     def __post_init__(self):
         if self.seq_len < 1:
