@@ -125,6 +125,37 @@ PEAKS = [
 ]
 
 
+# The HF Ulysses blog (huggingface/blog ulysses-sp.md, "Benchmarks"): Qwen3-4B with TRL's SFTTrainer on H100 80GB, ZeRO-3,
+# "CPU optimizer offloading", gradient checkpointing (transformers >= 5: non-reentrant), flash_attention_2, micro batch
+# 1 x 8 accumulation steps, HF's own loss (no Liger, no tiling); the Trainer keeps only the loss (--training-loop
+# trainer). Its peak memory per rank, "GB", read as DeepSpeed's and ArcticTraining's see_memory_usage print it (bytes /
+# 2**30); 128K out of memory ("requires ~81 GB"): (label, GPUs = SP degree, sequence length, GiB).
+HF_BLOG = ["--stage", "3", "--offload-param", "none", "--micro-batch", "1", "--grad-accum", "8", "--precision", "bf16",
+           "--activation-checkpointing", "on", "--attention", "flash", "--tiled-loss", "off", "--tiled-mlp", "off",
+           "--training-loop", "trainer"]
+BLOG_ROWS = [
+    ("Qwen3-4B, 1 x H100, no SP (baseline)", 1, 8_192, 76.4),
+    ("Qwen3-4B, 4 x H100, SP 4", 4, 8_192, 23.4),
+    ("Qwen3-4B, 4 x H100, SP 4", 4, 32_768, 35.0),
+    ("Qwen3-4B, 4 x H100, SP 4", 4, 65_536, 50.5),
+    ("Qwen3-4B, 4 x H100, SP 4", 4, 98_304, 66.0),
+    ("Qwen3-4B, 4 x H100, SP 4 (out of memory)", 4, 131_072, 81.0),
+]
+
+
+def blog_peak(gpus: int, seq: int, optimizer_on: str = "none") -> tuple[float, bool, float]:
+    """zerokit's nvidia-smi estimate in GiB for a blog row, whether the plan fits (in the planner's 95% of the GPU) and
+    its allocated peak in GiB. optimizer_on "none" (the
+    default): the optimizer on the GPUs, as the only YAML the blog shows runs it (its nested `offload_optimizer:` is not
+    a key accelerate reads: config/accelerate_yaml.py ignored_plugin_keys); "cpu": the offload the blog states."""
+    d, why = plan_json("qwen3-4b", "h100-80gb", gpus, 1, str(seq),
+                       [*HF_BLOG, "--sequence-parallel", str(gpus), "--offload-optimizer", optimizer_on])
+    if d is None:
+        raise RuntimeError(why)
+    m = d["memory"]["per_gpu"]
+    return m["nvidia_smi_bytes"] / 2**30, bool(d["fits"]), m["total_bytes"] / 2**30
+
+
 def plan_json(model: str, gpu: str, gpn: int, nodes: int, seq_len: str, extra: list[str]) -> tuple[dict | None, str]:
     """`zerokit plan --json` of a setup on the catalog's figures: (its JSON, "") or (None, its error line)."""
     argv = [sys.executable, "-m", "zerokit", "plan", model, "--gpu", gpu, "--gpus-per-node", str(gpn), "--nodes",
@@ -135,9 +166,10 @@ def plan_json(model: str, gpu: str, gpn: int, nodes: int, seq_len: str, extra: l
     return json.loads(p.stdout), ""
 
 
-def peak_at(model: str, gpu: str, extra: list[str], tokens: int) -> tuple[float, float]:
-    """(allocated peak, nvidia-smi estimate) in GiB of `zerokit plan` at `tokens` on one GPU."""
-    d, why = plan_json(model, gpu, 1, 1, str(tokens), extra)
+def peak_at(model: str, gpu: str, extra: list[str], tokens: int, gpn: int = 1) -> tuple[float, float]:
+    """(allocated peak, nvidia-smi estimate) in GiB of `zerokit plan` at `tokens` on `gpn` GPUs (of a plan that does not
+    fit too: its least-memory setup)."""
+    d, why = plan_json(model, gpu, gpn, 1, str(tokens), extra)
     if d is None:
         raise RuntimeError(why)
     m = d["memory"]["per_gpu"]
@@ -174,6 +206,15 @@ def main() -> int:
         alloc, smi = peak_at(model, gpu, extra, tokens)
         lines.append(f"{label:52} {tokens:>10,} {noted:>7.2f} {alloc:>7.2f} {alloc / noted:>5.2f}x {smi:>7.2f} "
                      f"{smi / noted:>5.2f}x  {source}")
+    lines += ["", "peak memory per rank in the HF Ulysses blog (huggingface/blog ulysses-sp.md: Qwen3-4B, TRL SFTTrainer, "
+              "ZeRO-3, checkpointing, flash_attention_2, micro batch 1 x 8; GiB) against zerokit's nvidia-smi estimate "
+              "with the optimizer on the GPUs (as the YAML the blog shows runs) and on the CPU (as the blog states)",
+              f"{'setup':52} {'seq':>10} {'blog':>6} {'opt GPU':>8} {'ratio':>6}  {'plan':12} {'opt CPU':>8} {'ratio':>6}"]
+    for label, gpus, seq, gib in BLOG_ROWS:
+        on_gpu, fits, _ = blog_peak(gpus, seq)
+        on_cpu, _, _ = blog_peak(gpus, seq, "cpu")
+        lines.append(f"{label:52} {seq:>10,} {gib:>6.1f} {on_gpu:>8.2f} {on_gpu / gib:>5.2f}x  "
+                     f"{'fits' if fits else 'does not fit':12} {on_cpu:>8.2f} {on_cpu / gib:>5.2f}x")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:

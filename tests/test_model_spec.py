@@ -183,6 +183,8 @@ def test_tied_weights_counted_once(tmp_path):
 #   Qwen/Qwen3-30B-A3B                  30,532,122,624  (HF safetensors metadata; card "30.5B in total")
 #   Qwen/Qwen3-32B                      32,762,123,264  (card: "32.8B", "Non-Embedding: 31.2B"; 2 x 151,936 x 5,120
 #                                                        embedding + head and 64 layers of 487,598,336 + the final norm)
+#   Qwen/Qwen3-4B                        4,022,468,096  (card: "4.0B", "Non-Embedding: 3.6B"; one tied 151,936 x 2,560
+#                                                        embedding and 36 layers of 100,930,816 + the final norm)
 #   facebook/opt-1.3b                    1,315,758,080  (HF model page)
 #   bigscience/bloom-560m                  559,214,592  (HF safetensors metadata; card "559,214,592 parameters")
 PUBLISHED = {
@@ -205,6 +207,7 @@ PUBLISHED = {
     "phi-3-mini": 3_821_079_552,
     "qwen3-30b-a3b": 30_532_122_624,
     "qwen3-32b": 32_762_123_264,
+    "qwen3-4b": 4_022_468_096,
     "opt-1.3b": 1_315_758_080,
     "bloom-560m": 559_214_592,
 }

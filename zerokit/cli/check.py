@@ -70,6 +70,8 @@ def cmd_check(args) -> int:
                           tiled={"tiled_loss": args.tiled_loss == "on", "tiled_mlp": args.tiled_mlp == "on"},
                           checkpoint_offload=args.activation_checkpointing == "offload", longest_seq=longest)
     result.finetune, result.model = finetune, model
+    if is_accelerate_config(args.config):
+        result.findings += acc.ignored
     if is_accelerate_config(args.config) and acc.sequence_parallel > 1:
         # accelerate registers Ulysses itself (accelerator.py: UlyssesSPAttentionHF.register_with_transformers, its mpu
         # to deepspeed.initialize): lint's warning that the key alone splits nothing is not this launch's

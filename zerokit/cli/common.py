@@ -161,7 +161,8 @@ def load_workload(args, model=None):
                            f"give at most {seq_len}, or leave it out for one document per sequence")
     return Workload(seq_len=seq_len, global_batch=args.global_batch, samples=args.samples, epochs=args.epochs or 1.0,
                     attention=args.attention, doc_len=doc_len,
-                    checkpoint_reentrant=getattr(args, "checkpoint_reentrant", None) == "on")
+                    checkpoint_reentrant=getattr(args, "checkpoint_reentrant", None) == "on",
+                    outputs_held=getattr(args, "training_loop", None) != "trainer")
 
 
 def warn_seq_len(model, seq_len: int) -> str | None:

@@ -14,11 +14,15 @@ What accelerate 1.15 does with each key (the oracle for this reader):
   hands the degree to DeepSpeed through Ulysses' mpu, not a config key; zerokit prices it as the ds_config's
   `sequence_parallel_size` (config/read.py parallelism_from_config), the same groups.
 - `num_processes` (all machines) and `num_machines`: the ranks.
+- any other `deepspeed_config` key: `accelerate launch` copies each key onto its parsed arguments
+  (commands/launch.py `_validate_launch_command`) and reads only its own options, so the rest are dropped without a
+  word (`ignored_plugin_keys`). DeepSpeed's nested `offload_optimizer: {device: cpu}` written there is the costly one:
+  the launch keeps the optimizer on the GPU (the HF Ulysses blog's "Best Practices" YAML is written so).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
@@ -33,6 +37,7 @@ class AccelerateConfig:
     processes: int | None  # num_processes (every machine's), None when not given
     machines: int
     sequence_parallel: int
+    ignored: list = field(default_factory=list)  # lint Findings: deepspeed_config keys accelerate does not read
 
 
 def is_accelerate_config(path) -> bool:
@@ -109,7 +114,33 @@ def read_accelerate_config(path) -> AccelerateConfig:
             if product != processes and product != sp:
                 raise ZerokitError(f"{p}: dp_replicate_size x dp_shard_size x sp_size = {product}, but num_processes is "
                                    f"{processes}: accelerate requires them equal")
-    return AccelerateConfig(ds_config, source, processes, machines, sp)
+    return AccelerateConfig(ds_config, source, processes, machines, sp, ignored_plugin_keys(plugin))
+
+
+def ignored_plugin_keys(plugin: dict) -> list:
+    """A warning (lint Finding) for each `deepspeed_config` key that is not an option of `accelerate launch`, the
+    installed accelerate's own parser being the oracle; none when accelerate is not installed."""
+    from zerokit.config.lint import Finding
+
+    try:
+        from accelerate.commands.launch import launch_command_parser
+    except ImportError:
+        return []
+    options = vars(launch_command_parser().parse_args(["train.py"]))
+    out = []
+    for key, value in plugin.items():
+        if key in options:
+            continue
+        if key in ("offload_optimizer", "offload_param"):
+            device = value.get("device") if isinstance(value, dict) else value
+            held = "optimizer states" if key == "offload_optimizer" else "parameters"
+            message = (f"accelerate reads {key}_device, not {key}: this launch keeps the {held} on the GPU (priced so); "
+                       f"write {key}_device: {device or 'cpu'}")
+        else:
+            message = ("not an option accelerate reads: it is dropped (a DeepSpeed key belongs in a "
+                       "deepspeed_config_file)")
+        out.append(Finding("warning", f"deepspeed_config.{key}", message))
+    return out
 
 
 def _plugin_config(plugin: dict, path) -> dict:

@@ -270,6 +270,10 @@ OPTIONS: tuple[Option, ...] = (
            "transformers 4.x's default, DeepSpeed's deepspeed.checkpointing, ArcticTraining's checkpoint offload): each "
            "recomputed layer's output is held through its backward, one more hidden state per token (default off: "
            "non-reentrant, transformers 5's default and zerokit's own loop)", choices=ON_OFF, group=_WL),
+    Option("training-loop", PLANNING, "the loop the memory is priced for: zerokit (its own loop, or a script that keeps "
+           "the model outputs through backward: their logits stay) or trainer (the HF Trainer, TRL's trainers, a script "
+           "that keeps only the loss: the logits are freed before backward) (default zerokit)",
+           choices=("zerokit", "trainer"), group=_WL),
     # -- setup pins
     Option("stage", ("plan", "render", "launch"), "ZeRO stage", type=int, choices=(0, 1, 2, 3), dest="zero_stage",
            group=_PIN),

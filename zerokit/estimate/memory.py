@@ -552,6 +552,10 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     # exactly 6V (bf16) / 8V (fp32) bytes per token kept, plus 6V / 4V in backward.
     v = model.vocab_size
     terms["logits_and_loss"] = tokens * v * (e + 4)
+    if not workload.outputs_held:
+        # a loop that keeps only the loss (Workload.outputs_held): the LM head's logits are gone before backward; the
+        # log-softmax output the loss saved stays (4 bytes each, the fp32 upcast of bf16 logits freed with them)
+        terms["logits_and_loss"] = tokens * v * 4
     terms["logits_grad"] = tokens * v * (4 + (e if setup.precision != "fp32" else 0))
     if setup.tiled_loss:
         # TiledFusedLogitsLoss (ulysses_sp.py) runs the LM head, the loss and their backward one slice of tokens at a
@@ -891,7 +895,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     # the HF outputs object keeps the logits until replaced; a tiled loss returns none, nor does Liger's fused one
     # (LigerForCausalLMLoss: skip_logits in training)
     chunked_loss = setup.tiled_loss or model.liger_kernels
-    held_logits = {} if chunked_loss else {"logits_output": logits * e}
+    held_logits = {} if chunked_loss or not workload.outputs_held else {"logits_output": logits * e}
     grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
     if on_cpu and setup.offload_optimizer != "none" and setup.zero_stage >= 2:
         # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank

@@ -177,6 +177,7 @@ def format_plan(plan) -> str:
         f"workload  seq {w.seq_len}, attention {w.attention}"
         + (f" within packed {w.attention_span}-token documents" if w.doc_len else "")
         + (", reentrant checkpointing" if w.checkpoint_reentrant else "")
+        + (", a loop that keeps only the loss (HF Trainer)" if not w.outputs_held else "")
         + (", Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)" if m.liger_kernels else "")
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         *finetune_lines(plan.finetune, plan.model),

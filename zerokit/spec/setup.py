@@ -212,6 +212,10 @@ class Workload:
     # the script checkpoints with use_reentrant=True (torch.utils.checkpoint.CheckpointFunction): its backward holds the
     # recomputed layer's output until the layer's backward ends (estimate/memory.py recompute_backward_terms)
     checkpoint_reentrant: bool = False
+    # the training loop keeps the model's outputs (their logits) through backward and the step, as zerokit's own loop
+    # does (`out` beside `out.loss`); the HF Trainer and TRL keep only the loss (Trainer.training_step: compute_loss
+    # returns the loss, the outputs go out of scope before backward): False
+    outputs_held: bool = True
 
     def __post_init__(self):
         if self.seq_len < 1:
