@@ -6,7 +6,8 @@ side with the ratio. Three kinds of published length:
 - "max": the longest sequence the ALST paper (or its blog, for the HF baseline) reports for the setup (a maximum: within
   15% is the target);
 - "full": the `max_length` of one of ArcticTraining's recipes (projects/sequence-parallelism/run-*.yml) whose comment
-  puts the GPU at the edge of its memory ("ok 136.15 GB" of an H200's 140 GiB, "close to oom"): a maximum too;
+  puts the GPU or the host at the edge of its memory ("ok 136.15 GB" of an H200's 140 GiB, "close to oom", "at the
+  brink of cpu-oom"): a maximum too;
 - "ran": a recipe's `max_length` that ran, not shown to be a maximum: zerokit must plan it (ratio >= 1); how far above
   is not a target. The 1 x H100 ALST row is one: the paper's 500K there was bound by a kernel, not memory (the recipe:
   555K failed with a Triton illegal memory access; 524,288 tokens x 4,096 is 2^31 elements, where 32-bit offsets
@@ -26,9 +27,13 @@ Sources:
   `sequence_parallel_size`, micro batch 1. run-h100-sp1-llama-8b.yml: "max_length: 500000 # ok", 555000 failed with
   a Triton illegal memory access (not an out-of-memory); run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml:
   "1_200_000 # ok 136.15 GB"; run-h100-sp1-qwen3-32b.yml: "230000 # ok"; run-h100-sp8-llama-70b.yml: 200_000, tiled
-  MLP, no checkpoint offload ("hurts seqlen as we are already offloading too much at 70b").
+  MLP, no checkpoint offload ("hurts seqlen as we are already offloading too much at 70b"); the 70B and Qwen3-32B
+  recipes over 2-8 nodes and their nvidia-smi notes (MULTI_NODE, PEAKS). The README's environment: H100 nodes with
+  "1.9TB CPU memory" (`--cpu-memory 1.9TB`), transformers 4.51.3 (reentrant checkpointing).
+- The HF Ulysses blog (huggingface/blog ulysses-sp.md, "Benchmarks"): BLOG_ROWS.
 
-This only measures zerokit's memory model; no figure here informed a rule.
+This only measures zerokit's memory model; no figure here informed a rule, except the HF blog's optimizer placement,
+which its table's intercept suggested (docs/long-context.md says how).
 
 Usage: python bench/alst_max_seq.py [--out bench/results/alst_max_seq.txt]
 """
@@ -45,9 +50,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # the recipes' ZeRO-3 with the optimizer on the CPU, micro batch 1, bf16; transformers 4.51.3 (the ALST README's
 # environment) checkpoints reentrant by default (gradient_checkpointing_enable: use_reentrant True without kwargs), and
-# ArcticTraining's checkpoint offload replaces that reentrant CheckpointFunction (monkey_patches.py)
+# ArcticTraining's checkpoint offload replaces that reentrant CheckpointFunction (monkey_patches.py); the H100 recipes
+# run flash_attention_2, the H200 ones flash_attention_3 (H200 below). Its SFTTrainer.loss returns `outputs.loss` alone,
+# so the logits are freed before backward, but the recipes' notes read reserved memory, where the freed 2-byte logits
+# cannot hold the backward's 4-byte tensors: priced as zerokit's own loop (outputs held; docs/long-context.md). The
+# README's nodes have "1.9TB CPU memory": host RAM is checked against it
 ALST = ["--stage", "3", "--offload-optimizer", "cpu", "--micro-batch", "1", "--precision", "bf16",
-        "--checkpoint-reentrant", "on"]
+        "--checkpoint-reentrant", "on", "--attention", "flash", "--cpu-memory", "1.9TB"]
+H200 = ["--attention", "flash3"]
 PAPER = "arXiv 2506.13996 abstract"
 BLOG = "Snowflake ALST blog (x improvement over 32K)"
 RECIPE = "ArcticTraining recipe "
@@ -57,6 +67,20 @@ LIGER = ["--liger-kernels", "on"]
 HF = ["--liger-kernels", "off", "--tiled-loss", "off", "--tiled-mlp", "off", "--activation-checkpointing", "on"]
 OFFLOAD_CKPT = [*LIGER, "--tiled-mlp", "on", "--activation-checkpointing", "offload"]
 SP8 = ["--offload-param", "none", "--sequence-parallel", "8"]
+
+# ArcticTraining's recipes for Llama-3.1-70B and Qwen3-32B on 1 to 8 nodes (checkpoint offload, tiled MLP, Liger,
+# Ulysses over every GPU): (name, model, nodes, max_length, kind, recipe and its note). Lengths that ran, but for the
+# one whose note puts the host at the edge of its memory ("full", as the GPU notes above); four note nvidia-smi.
+MULTI_NODE = [
+    ("Llama-3.1-70B", "llama-3-70b", 2, 1_200_000, "ran", "run-h100-sp16-llama-70b.yml"),
+    ("Llama-3.1-70B", "llama-3-70b", 4, 4_000_000, "full", "run-h100-sp32-llama-70b.yml (\"NV 47.70 GB - but at the "
+     "brink of cpu-oom!\")"),
+    ("Llama-3.1-70B", "llama-3-70b", 8, 10_000_000, "ran", "run-h100-sp64-llama-70b.yml (\"ok NV 53.83 GB\")"),
+    ("Qwen3-32B", "qwen3-32b", 1, 1_550_000, "ran", "run-h100-sp8-qwen3-32b.yml (\"ok\")"),
+    ("Qwen3-32B", "qwen3-32b", 2, 4_000_000, "ran", "run-h100-sp16-qwen3-32b.yml"),
+    ("Qwen3-32B", "qwen3-32b", 4, 7_000_000, "ran", "run-h100-sp32-qwen3-32b.yml (\"ok NV 71.55 GB w/ pt-2.4\")"),
+    ("Qwen3-32B", "qwen3-32b", 8, 15_000_000, "ran", "run-h100-sp64-qwen3-32b.yml (\"NV 71.00 GB\")"),
+]
 
 ROWS = [
     # (label, model, gpu, GPUs per node, nodes, pins, published tokens, kind, source)
@@ -71,16 +95,16 @@ ROWS = [
      ["--offload-param", "none", "--sequence-parallel", "16", *OFFLOAD_CKPT], 8_000_000, "full",
      RECIPE + "run-h100-sp16-llama-8b.yml (\"close to oom\")"),
     ("Llama-3.1-8B, 1 x H200, ALST (ckpt offload, tiled MLP)", "llama-3.1-8b", "h200", 1, 1,
-     ["--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, "full",
+     [*H200, "--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, "full",
      RECIPE + "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml (\"ok 136.15 GB\")"),
     ("Llama-3.1-8B, 1 x H200, Liger + ckpt offload", "llama-3.1-8b", "h200", 1, 1,
-     ["--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000,
+     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000,
      "full", RECIPE + "run-h200-sp1-llama-8b-liger-offload.yml (\"ok 126.81 GB\")"),
     ("Llama-3.1-8B, 1 x H200, Liger", "llama-3.1-8b", "h200", 1, 1,
-     ["--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, "full",
+     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, "full",
      RECIPE + "run-h200-sp1-llama-8b-liger.yml (\"ok 134.96 GB\")"),
     ("Llama-3.1-8B, 1 x H200, HF baseline", "llama-3.1-8b", "h200", 1, 1,
-     ["--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, "full",
+     [*H200, "--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, "full",
      RECIPE + "run-h200-sp1-llama-8b-baseline.yml (\"ok 137.36 GB\")"),
     ("Llama-3.1-8B, 1 x H100, HF baseline", "llama-3.1-8b", "h100-80gb", 1, 1,
      ["--offload-param", "cpu", "--sequence-parallel", "1", *HF], 36_000, "full",
@@ -92,7 +116,7 @@ ROWS = [
      [*SP8, *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 2_400_000, "ran",
      RECIPE + "run-h100-sp8-llama-8b-yes-act-offload.yml"),
     ("Llama-3.1-8B, 8 x H100, SP 8, Liger + tiled MLP", "llama-3.1-8b", "h100-80gb", 8, 1,
-     [*SP8, *LIGER, "--tiled-mlp", "on", "--activation-checkpointing", "on"], 1_200_000, "ran",
+     [*SP8, *LIGER, "--tiled-mlp", "on", "--activation-checkpointing", "on", "--attention", "sdpa"], 1_200_000, "ran",
      RECIPE + "run-h100-sp8-llama-8b-yes-mlp.yml (sdpa)"),
     ("Llama-3.1-8B, 8 x H100, SP 8, Liger", "llama-3.1-8b", "h100-80gb", 8, 1,
      [*SP8, *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 1_100_000, "ran",
@@ -102,37 +126,49 @@ ROWS = [
     ("Llama-3.1-70B, 8 x H100, SP 8 (ckpt, tiled MLP)", "llama-3-70b", "h100-80gb", 8, 1,
      [*SP8, *LIGER, "--tiled-mlp", "on", "--activation-checkpointing", "on"], 200_000, "ran",
      RECIPE + "run-h100-sp8-llama-70b.yml"),
+    *[(f"{name}, {8 * nodes} x H100 ({nodes} nodes), ALST SP {8 * nodes}", model, "h100-80gb", 8, nodes,
+       ["--offload-param", "none", "--sequence-parallel", str(8 * nodes), *OFFLOAD_CKPT], tokens, kind,
+       RECIPE + recipe) for name, model, nodes, tokens, kind, recipe in MULTI_NODE],
 ]
 
 
 # The memory the recipes noted at their length (ArcticTraining prints GB as bytes / 2**30: arctic_training/debug/utils.py
 # see_memory_usage; "NV" is its nvidia-smi reading, the others do not say which of its readings they quote), against
-# zerokit's allocated peak and its nvidia-smi estimate at that length: (label, model, gpu, pins, tokens, GiB noted, note)
+# zerokit's allocated peak and its nvidia-smi estimate at that length: (label, model, gpu, GPUs per node, nodes, pins,
+# tokens, GiB noted, note)
 PEAKS = [
-    ("Llama-3.1-8B, 1 x H200, ALST (ckpt offload, tiled MLP)", "llama-3.1-8b", "h200",
-     ["--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, 136.15, "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml"),
-    ("Llama-3.1-8B, 1 x H200, Liger + ckpt offload", "llama-3.1-8b", "h200",
-     ["--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000, 126.81,
+    ("Llama-3.1-8B, 1 x H200, ALST (ckpt offload, tiled MLP)", "llama-3.1-8b", "h200", 1, 1,
+     [*H200, "--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, 136.15, "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml"),
+    ("Llama-3.1-8B, 1 x H200, Liger + ckpt offload", "llama-3.1-8b", "h200", 1, 1,
+     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000, 126.81,
      "run-h200-sp1-llama-8b-liger-offload.yml"),
-    ("Llama-3.1-8B, 1 x H200, Liger", "llama-3.1-8b", "h200",
-     ["--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, 134.96,
+    ("Llama-3.1-8B, 1 x H200, Liger", "llama-3.1-8b", "h200", 1, 1,
+     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, 134.96,
      "run-h200-sp1-llama-8b-liger.yml"),
-    ("Llama-3.1-8B, 1 x H200, HF baseline", "llama-3.1-8b", "h200",
-     ["--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, 137.36, "run-h200-sp1-llama-8b-baseline.yml"),
-    ("Llama-3.1-8B, 1 x H100, HF baseline", "llama-3.1-8b", "h100-80gb",
+    ("Llama-3.1-8B, 1 x H200, HF baseline", "llama-3.1-8b", "h200", 1, 1,
+     [*H200, "--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, 137.36, "run-h200-sp1-llama-8b-baseline.yml"),
+    ("Llama-3.1-8B, 1 x H100, HF baseline", "llama-3.1-8b", "h100-80gb", 1, 1,
      ["--offload-param", "cpu", "--sequence-parallel", "1", *HF], 32_000, 71.91,
      "run-h100-sp1-llama-8b-baseline.yml (\"NV 71.91 GB\": nvidia-smi)"),
+    # nvidia-smi ("NV") over 4 and 8 nodes, Ulysses over every GPU; the 7M Qwen3-32B run used torch 2.4, which ALST's README
+    # found less memory-efficient than the torch 2.8 nightly of the others
+    *[(f"{name}, {8 * nodes} x H100, ALST SP {8 * nodes}", model, "h100-80gb", 8, nodes,
+       ["--offload-param", "none", "--sequence-parallel", str(8 * nodes), *OFFLOAD_CKPT], tokens, noted, recipe)
+      for name, model, nodes, tokens, noted, recipe in [
+          ("Llama-3.1-70B", "llama-3-70b", 4, 4_000_000, 47.70, "run-h100-sp32-llama-70b.yml (NV)"),
+          ("Llama-3.1-70B", "llama-3-70b", 8, 10_000_000, 53.83, "run-h100-sp64-llama-70b.yml (NV)"),
+          ("Qwen3-32B", "qwen3-32b", 4, 7_000_000, 71.55, "run-h100-sp32-qwen3-32b.yml (NV, torch 2.4)"),
+          ("Qwen3-32B", "qwen3-32b", 8, 15_000_000, 71.00, "run-h100-sp64-qwen3-32b.yml (NV)")]],
 ]
 
 
 # The HF Ulysses blog (huggingface/blog ulysses-sp.md, "Benchmarks"): Qwen3-4B with TRL's SFTTrainer on H100 80GB, ZeRO-3,
 # "CPU optimizer offloading", gradient checkpointing (transformers >= 5: non-reentrant), flash_attention_2, micro batch
-# 1 x 8 accumulation steps, HF's own loss (no Liger, no tiling); the Trainer keeps only the loss (--training-loop
-# trainer). Its peak memory per rank, "GB", read as DeepSpeed's and ArcticTraining's see_memory_usage print it (bytes /
-# 2**30); 128K out of memory ("requires ~81 GB"): (label, GPUs = SP degree, sequence length, GiB).
+# 1 x 8 accumulation steps, HF's own loss (no Liger, no tiling), zerokit's own loop's accounting as for the recipes. Its
+# peak memory per rank, "GB", read as DeepSpeed's and ArcticTraining's see_memory_usage print it (bytes / 2**30); 128K
+# out of memory ("requires ~81 GB"): (label, GPUs = SP degree, sequence length, GiB).
 HF_BLOG = ["--stage", "3", "--offload-param", "none", "--micro-batch", "1", "--grad-accum", "8", "--precision", "bf16",
-           "--activation-checkpointing", "on", "--attention", "flash", "--tiled-loss", "off", "--tiled-mlp", "off",
-           "--training-loop", "trainer"]
+           "--activation-checkpointing", "on", "--attention", "flash", "--tiled-loss", "off", "--tiled-mlp", "off"]
 BLOG_ROWS = [
     ("Qwen3-4B, 1 x H100, no SP (baseline)", 1, 8_192, 76.4),
     ("Qwen3-4B, 4 x H100, SP 4", 4, 8_192, 23.4),
@@ -166,10 +202,10 @@ def plan_json(model: str, gpu: str, gpn: int, nodes: int, seq_len: str, extra: l
     return json.loads(p.stdout), ""
 
 
-def peak_at(model: str, gpu: str, extra: list[str], tokens: int, gpn: int = 1) -> tuple[float, float]:
+def peak_at(model: str, gpu: str, extra: list[str], tokens: int, gpn: int = 1, nodes: int = 1) -> tuple[float, float]:
     """(allocated peak, nvidia-smi estimate) in GiB of `zerokit plan` at `tokens` on `gpn` GPUs (of a plan that does not
     fit too: its least-memory setup)."""
-    d, why = plan_json(model, gpu, gpn, 1, str(tokens), extra)
+    d, why = plan_json(model, gpu, gpn, nodes, str(tokens), extra)
     if d is None:
         raise RuntimeError(why)
     m = d["memory"]["per_gpu"]
@@ -202,8 +238,8 @@ def main() -> int:
     lines += ["", "memory at a recipe's length: what its comment noted (GiB) against zerokit's allocated peak and nvidia-smi "
               "estimate", f"{'setup':52} {'tokens':>10} {'noted':>7} {'alloc':>7} {'ratio':>6} {'smi':>7} {'ratio':>6}  "
               "recipe"]
-    for label, model, gpu, extra, tokens, noted, source in PEAKS:
-        alloc, smi = peak_at(model, gpu, extra, tokens)
+    for label, model, gpu, gpn, nodes, extra, tokens, noted, source in PEAKS:
+        alloc, smi = peak_at(model, gpu, extra, tokens, gpn, nodes)
         lines.append(f"{label:52} {tokens:>10,} {noted:>7.2f} {alloc:>7.2f} {alloc / noted:>5.2f}x {smi:>7.2f} "
                      f"{smi / noted:>5.2f}x  {source}")
     lines += ["", "peak memory per rank in the HF Ulysses blog (huggingface/blog ulysses-sp.md: Qwen3-4B, TRL SFTTrainer, "

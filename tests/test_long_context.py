@@ -514,9 +514,10 @@ def _alst_rows():
     return alst_max_seq
 
 
-# Maxima zerokit overshoots, with Ulysses over 8 and 16 ranks (x1.37, x1.24): something that grows with the tokens per
-# rank under sequence parallelism is not priced (one-GPU rows at the same tokens per rank are within 9%;
-# docs/long-context.md). Strict: the test fails when a change brings them within 15%, so that this list is cut then.
+# Maxima zerokit overshoots, with Ulysses over 8 and 16 ranks without KV replication (x1.37, x1.24): something that grows
+# with the tokens per rank there is not priced, or those figures were not memory limits (one-GPU rows at the same tokens
+# per rank are within 11%, the SP 32/64 rows' nvidia-smi notes within 8%; docs/long-context.md). Strict: the test fails
+# when a change brings them within 15%, so that this list is cut then.
 SP_MISSES = {"Llama-3.1-8B, 8 x H100, ALST SP 8 (ckpt offload)", "Llama-3.1-8B, 16 x H100 (2 nodes), ALST SP 16"}
 
 
@@ -543,21 +544,27 @@ def test_alst_setups_plan_and_their_maxima_are_within_15_percent(row):
         assert abs(got / published - 1) <= 0.15, (label, got, published)
 
 
-@pytest.mark.parametrize("row", range(len(_alst_rows().PEAKS)), ids=[r[0] for r in _alst_rows().PEAKS])
+# measured with torch 2.4, which ALST's README found less memory-efficient than the torch 2.8 nightly of the other runs
+OLD_TORCH = {"Qwen3-32B, 32 x H100, ALST SP 32"}
+
+
+@pytest.mark.parametrize("row", [pytest.param(i, id=r[0], marks=[pytest.mark.xfail(strict=True, reason="torch 2.4")]
+                                              if r[0] in OLD_TORCH else [])
+                                 for i, r in enumerate(_alst_rows().PEAKS)])
 def test_memory_at_the_recipes_lengths_is_what_they_noted(row):
-    """ArcticTraining's one-GPU recipes note the memory a run took at their length (GB = bytes / 2**30, its
-    see_memory_usage; the H100 baseline's is nvidia-smi's): zerokit's nvidia-smi estimate at that length is within 10%
-    of it, with Liger's kernels and without (bench/results/alst_max_seq.txt: 0.95-0.99x)."""
+    """ArcticTraining's recipes note the memory a run took at their length (GB = bytes / 2**30, its see_memory_usage;
+    "NV": nvidia-smi's): zerokit's nvidia-smi estimate at that length is within 10% of it, on one GPU with Liger's
+    kernels and without, and over 32 and 64 GPUs with Ulysses (bench/results/alst_max_seq.txt)."""
     bench = _alst_rows()
-    label, model, gpu, pins, tokens, noted, _ = bench.PEAKS[row]
-    _, smi = bench.peak_at(model, gpu, pins, tokens)
+    label, model, gpu, gpn, nodes, pins, tokens, noted, _ = bench.PEAKS[row]
+    _, smi = bench.peak_at(model, gpu, pins, tokens, gpn, nodes)
     assert abs(smi / noted - 1) <= 0.10, (label, smi, noted)
 
 
 # The HF Ulysses blog (huggingface/blog ulysses-sp.md), planned as its text states the setup, with the optimizer where the
-# only YAML it shows leaves it (on the GPUs: accelerate does not read its nested offload_optimizer key) and the Trainer's
-# loop (the logits freed before backward); its "GB" read as DeepSpeed's see_memory_usage prints GB (bytes / 2**30).
-# docs/long-context.md, "The HF Ulysses blog's peak memory", says which figure informed which reading.
+# only YAML it shows leaves it (on the GPUs: accelerate does not read its nested offload_optimizer key); its "GB" read as
+# DeepSpeed's see_memory_usage prints GB (bytes / 2**30). docs/long-context.md, "The HF Ulysses blog's peak memory",
+# says which figure informed which reading.
 
 
 @functools.cache
