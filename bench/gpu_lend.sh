@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What to run when a GPU is lent (the device tool: one H100/H200, ~15 min of device time in all): under 8 minutes.
+# What to run when a GPU is lent (the device tool: one H100/H200, ~15 min of device time in all): under 9 minutes.
 #   here:   bash scripts/gpu_wheels.sh            (once: DeepSpeed and what it needs, into .gpu_wheels/)
 #   there:  bash bench/gpu_lend.sh                (run with carry [".gpu_wheels"]; results under $OUT, else bench/results)
+# 0. bench/ulysses_attention_probe.py: a Ulysses rank's attention, measured against its pricing (issue 28);
 # 1. zerokit calibrate --quick on the GPU, for the lend models' block family (the profile a plan there would use);
 # 2. bench/accuracy/run.py --lend: real one-rank DeepSpeed jobs of 1B and 3B Llama shapes (random weights, seq
 #    2048-4096, ZeRO-0..3, bf16, checkpointing on and off), each measuring step time and peak memory (allocated,
@@ -25,6 +26,9 @@ python3 -c "import deepspeed" 2>/dev/null || {
 case "${TORCH_CUDA_ARCH_LIST:-}" in *[0-9]a*) export TORCH_CUDA_ARCH_LIST=$(echo "$TORCH_CUDA_ARCH_LIST" | sed 's/\([0-9]\)a/\1/g');; esac
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
+# issue 28: one Ulysses rank's attention at Llama-3.1-8B's per-rank heads, SP 8 / 16 / 32, at 1M tokens (~1 min)
+timeout 150 python3 bench/ulysses_attention_probe.py --out "$RES/ulysses_attention_probe_$STAMP.txt" \
+  || echo "gpu_lend: the attention probe did not finish"
 PROFILE=$RES/gpu_profile_$STAMP.json
 CALIBRATE_S=${CALIBRATE_S:-240}  # 0: no calibration (a second short lend: the rows only); >180 s on an H200
 [ "$CALIBRATE_S" -gt 0 ] && { timeout "$CALIBRATE_S" python3 -m zerokit calibrate --quick --model bench/accuracy/models/gpu-1b \

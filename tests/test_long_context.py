@@ -340,6 +340,22 @@ def test_a_loop_that_keeps_only_the_loss_frees_the_logits_measured(tmp_path):
     assert est[True].per_gpu_total - est[False].per_gpu_total == logits
     assert "logits_output" not in est[False].phase_terms["step"]
 
+def test_the_ulysses_attention_probe_runs_and_prices_what_the_kernel_keeps():
+    """bench/ulysses_attention_probe.py (run on a lent GPU by bench/gpu_lend.sh) on CPU at 1,024 tokens: one rank's
+    attention after the all-to-all, forward and backward through transformers' sdpa integration. With one query and one
+    KV head (so that HF's transpose of the output copies nothing) the forward keeps what zerokit prices, the output and
+    a fp32 log-sum-exp, to the byte; the backward's buffers are FlashAttention's on a GPU only, so on CPU the probe only
+    has to measure them."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import ulysses_attention_probe
+
+    r = ulysses_attention_probe.probe(1024, 1, 1, d=64, device="cpu")
+    assert r["kept_bytes"] == r["kept_priced_bytes"] == 1024 * (4 * 64 + 4)
+    assert r["peak_bytes"] > r["kept_bytes"] and r["peak_priced_bytes"] > r["kept_priced_bytes"]
+
 def test_reentrant_checkpointing_in_plan_text_and_json(capsys):
     base = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--seq-len", "65536", "--stage", "3", "--offload-optimizer",
             "cpu", "--offload-param", "cpu", "--activation-checkpointing", "on", "--micro-batch", "1", "--tiled-loss", "on"]

@@ -1066,6 +1066,21 @@ def cpu_offload_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, opti
     return out
 
 
+def flash_backward_bytes(tokens: int, a: int, k: int, d: int, e: int, attention: str) -> int:
+    """What a GPU flash kernel's backward allocates for `tokens` queries of `a` heads over `k` KV heads of width d (E bytes
+    each), with the output's gradient it is handed (recompute_backward_terms' moment 2; bench/ulysses_attention_probe.py
+    measures it). FlashAttention-2's mha_bwd (csrc/flash_attn/flash_api.cpp; torch's sdpa flash backend vendors it): dq,
+    an fp32 dq_accum of every query head, dk and dv expanded to every query head when there are fewer KV heads (summed
+    per group after), an fp32 softmax_d per head. FlashAttention-3's (flash3, hopper/flash_api.cpp): dq, dk and dv at
+    their own heads, the fp32 dq_accum, fp32 dk_accum and dv_accum of the KV heads when they are fewer, fp32 softmax_d
+    and softmax_lse_log2 per head."""
+    if attention == "flash3":
+        grouped = 8 * k * d if k < a else 0
+        return tokens * (2 * e * a * d + 2 * e * k * d + 4 * a * d + grouped + 8 * a)
+    kv = a if k < a else k
+    return tokens * (2 * e * a * d + 2 * e * kv * d + 4 * a * d + 4 * a)
+
+
 def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, acts: dict[str, int],
                              on_cpu: bool) -> dict[str, int]:
     """What the recomputed layer's own backward holds beside its saved activations (issue 28: without it the longest
@@ -1104,16 +1119,9 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
     moments = [acts.get("tiled_mlp_backward", 0)]
     attention = workload.attention if model.supports_sdpa else "eager"
     masked = _masked_layers(model, workload.seq_len) > 0
-    if not on_cpu and attention == "flash3":
-        # FlashAttention-3's mha_bwd (hopper/flash_api.cpp): dq, dk and dv at their own heads, an fp32 dq_accum of
-        # every query head, fp32 dk_accum and dv_accum of the KV heads when they are fewer, fp32 softmax_d and
-        # softmax_lse_log2 per head; the output's gradient alive
-        grouped = 8 * k * d if k < a else 0
-        moments.append(tokens * (2 * e * a * d + 2 * e * k * d + 4 * a * d + grouped + 8 * a) - norm2)
-    elif not on_cpu and attention in ("sdpa", "flash") and not sdpa_runs_math_kernel(model, setup.precision, on_cpu,
-                                                                                     masked):
-        kv = a if k < a else k
-        moments.append(tokens * (2 * e * a * d + 2 * e * kv * d + 4 * a * d + 4 * a) - norm2)
+    if not on_cpu and (attention == "flash3" or attention in ("sdpa", "flash") and not sdpa_runs_math_kernel(
+            model, setup.precision, on_cpu, masked)):
+        moments.append(flash_backward_bytes(tokens, a, k, d, e, attention) - norm2)
     if acts.get("sp_all_to_all_buffers"):
         moments.append(acts["sp_all_to_all_buffers"] + tokens * e * (a + 2 * k) * d - norm2)
     terms = {"hidden_state_grads": 2 * tokens * model.hidden_size * e}
