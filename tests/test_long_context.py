@@ -261,29 +261,44 @@ def test_the_recomputed_layers_backward_is_priced_in_its_phase():
         cpu.phase_terms["backward"].get("tiled_mlp_backward", 0)
 
 
+def _measured_steps(cfg, seq: int, steps: dict) -> tuple[dict, dict]:
+    """For each of `steps` (name -> step(model, ids), which runs forward and backward and returns the loss): a fresh
+    transformers Llama from `cfg` (seed 0) on one sequence of `seq` random tokens, fp32 on CPU, its peak live tensor bytes
+    (zerokit.measure.meter) and its loss."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from zerokit.measure.meter import MemoryMeter
+
+    peaks, losses = {}, {}
+    for name, step in steps.items():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(1))
+        with MemoryMeter("cpu") as meter:
+            loss = step(model, ids)
+        peaks[name], losses[name] = meter.peak_bytes(), loss.item()
+    return peaks, losses
+
+
 def test_reentrant_checkpointing_holds_the_recomputed_output_measured(tmp_path):
     """transformers' own Llama layers, checkpointed with use_reentrant=True and False, fp32 on CPU: the measured peak
     (live tensor bytes, zerokit.measure.meter) is one tokens x h tensor higher reentrant, at the recomputed layer, and
     zerokit's recompute phase is higher by exactly that (memory.recompute_backward_terms); nothing else moves."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from zerokit.measure.meter import MemoryMeter
+    from transformers import LlamaConfig
 
     seq, h = 2048, 128
     # a small vocabulary, so that the recomputed layer (not the logits) is the peak
     cfg = LlamaConfig(hidden_size=h, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=32, max_position_embeddings=seq)
-    peaks, losses = {}, {}
-    for reentrant in (False, True):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg)
+
+    def step(model, ids, reentrant):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
-        ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(1))
-        with MemoryMeter("cpu") as meter:
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-        peaks[reentrant], losses[reentrant] = meter.peak_bytes(), loss.item()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss
+
+    peaks, losses = _measured_steps(cfg, seq, {r: functools.partial(step, reentrant=r) for r in (False, True)})
     assert losses[True] == losses[False]
     one_hidden = seq * h * 4
     measured = peaks[True] - peaks[False]
@@ -304,28 +319,23 @@ def test_a_loop_that_keeps_only_the_loss_frees_the_logits_measured(tmp_path):
     out.loss.backward()) and as the HF Trainer does (Trainer.training_step: compute_loss returns the loss alone, the
     outputs gone before backward): the measured peak (live tensor bytes) differs by the logits, tokens x vocab x 4
     bytes, and so does zerokit's estimate with Workload.outputs_held off (`--training-loop trainer`)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from zerokit.measure.meter import MemoryMeter
+    from transformers import LlamaConfig
 
     seq, vocab = 512, 2048
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=seq)
-    peaks, losses = {}, {}
-    for held in (True, False):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg)
-        ids = torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(1))
-        with MemoryMeter("cpu") as meter:
-            if held:
-                out = model(input_ids=ids, labels=ids)
-                loss = out.loss
-            else:
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-        peaks[held], losses[held] = meter.peak_bytes(), loss.item()
-        out = None
+
+    def held(model, ids):  # zerokit's loop: the outputs alive through backward
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.loss
+
+    def loss_only(model, ids):  # the Trainer's: the outputs gone before backward
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss
+
+    peaks, losses = _measured_steps(cfg, seq, {True: held, False: loss_only})
     assert losses[True] == losses[False]
     logits = seq * vocab * 4
     measured = peaks[True] - peaks[False]
@@ -339,6 +349,7 @@ def test_a_loop_that_keeps_only_the_loss_frees_the_logits_measured(tmp_path):
     assert est[True].peak_phase == est[False].peak_phase == "backward"
     assert est[True].per_gpu_total - est[False].per_gpu_total == logits
     assert "logits_output" not in est[False].phase_terms["step"]
+
 
 def test_the_ulysses_attention_probe_runs_and_prices_what_the_kernel_keeps():
     """bench/ulysses_attention_probe.py (run on a lent GPU by bench/gpu_lend.sh) on CPU at 1,024 tokens: one rank's

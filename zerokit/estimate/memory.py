@@ -551,11 +551,9 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     # precision, its cast back to E. Measured: traces of Llama configs under FakeTensorMode give
     # exactly 6V (bf16) / 8V (fp32) bytes per token kept, plus 6V / 4V in backward.
     v = model.vocab_size
-    terms["logits_and_loss"] = tokens * v * (e + 4)
-    if not workload.outputs_held:
-        # a loop that keeps only the loss (Workload.outputs_held): the LM head's logits are gone before backward; the
-        # log-softmax output the loss saved stays (4 bytes each, the fp32 upcast of bf16 logits freed with them)
-        terms["logits_and_loss"] = tokens * v * 4
+    # a loop that keeps only the loss (Workload.outputs_held off): the LM head's logits are gone before backward; the
+    # log-softmax output the loss saved stays (4 bytes each, the fp32 upcast of bf16 logits freed with them)
+    terms["logits_and_loss"] = tokens * v * ((e if workload.outputs_held else 0) + 4)
     terms["logits_grad"] = tokens * v * (4 + (e if setup.precision != "fp32" else 0))
     if setup.tiled_loss:
         # TiledFusedLogitsLoss (ulysses_sp.py) runs the LM head, the loss and their backward one slice of tokens at a
