@@ -32,7 +32,7 @@ from zerokit.core.units import GiB, MiB
 from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEXT_BYTES
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
-from zerokit.spec.model import ModelSpec
+from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order
 from zerokit.spec.optimizer import ADAMW, Optimizer, optimizer_named, step_optimizer
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element
 
@@ -536,7 +536,7 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
         terms["activations_checkpoints"] = model.num_layers * tokens * model.hidden_size * e
         if setup.checkpoint_offload and not on_cpu:
             # the offloaded inputs live in host memory (estimate_memory: activation_checkpoints_offloaded); the GPU
-            # keeps CHECKPOINT_OFFLOAD_GPU_LAYERS of them. On a CPU rank host memory is its memory: the bytes stay.
+            # keeps checkpoint_offload_gpu_layers of them. On a CPU rank host memory is its memory: the bytes stay.
             kept = min(model.num_layers, checkpoint_offload_gpu_layers(workload))
             terms["activations_checkpoints"] = kept * tokens * model.hidden_size * e
         if model.liger_kernels:
@@ -605,16 +605,32 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
 # input at a time for its layer's recompute (_restore_tensor, freed once the layer's backward is done). So the GPU holds
 # two layer inputs at the start of the recompute, the host the other num_layers - 1, in pinned buffers
 # (_empty_cpu_like: pin_memory) reused from step to step (the buffer pool, up to 64).
-CHECKPOINT_OFFLOAD_GPU_LAYERS = 2
+CHECKPOINT_OFFLOAD_KEEP_LAST = 1
+
+
+def checkpoint_offload_kept_layers(workload: Workload) -> int:
+    """Layer inputs an offloading checkpoint never sends to the host. Reentrant offload (ArcticTraining's
+    CheckpointFunctionWithCPUOffload, monkey_patches.py: `arg.detach().to("cpu")` in forward, `.to(ctx.x_device)` in
+    backward; DeepSpeed's deepspeed.checkpointing with cpu_checkpointing alike) sends every layer's input, the last one
+    too: none. Non-reentrant, DeepSpeed's CheckpointHiddenStatesOffload: CHECKPOINT_OFFLOAD_KEEP_LAST."""
+    return 0 if workload.checkpoint_reentrant else CHECKPOINT_OFFLOAD_KEEP_LAST
 
 
 def checkpoint_offload_gpu_layers(workload: Workload) -> int:
-    """Layer inputs an offloading checkpoint keeps on the GPU at the recompute. Reentrant offload (ArcticTraining's
-    CheckpointFunctionWithCPUOffload, monkey_patches.py: `arg.detach().to("cpu")` in forward, `.to(ctx.x_device)` in
-    backward; DeepSpeed's deepspeed.checkpointing with cpu_checkpointing alike) sends every layer's input to the host,
-    the last one too, and brings one back for its layer's recompute: one. Non-reentrant, DeepSpeed's
-    CheckpointHiddenStatesOffload: CHECKPOINT_OFFLOAD_GPU_LAYERS."""
-    return 1 if workload.checkpoint_reentrant else CHECKPOINT_OFFLOAD_GPU_LAYERS
+    """Layer inputs an offloading checkpoint keeps on the GPU at the recompute: those never sent, and the one brought
+    back for its layer's recompute."""
+    return checkpoint_offload_kept_layers(workload) + 1
+
+
+def checkpoint_offload_bytes(model: ModelSpec, setup: ZeroSetup, workload: Workload) -> int:
+    """Bytes of layer inputs one rank moves to host memory per micro batch (and back): every checkpointed layer's input
+    (hidden states of seq / sp tokens, the training dtype) but those never sent (checkpoint_offload_kept_layers).
+    model: what one rank holds."""
+    if not setup.checkpoint_offload:
+        return 0
+    tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
+    sent = max(0, model.num_layers - checkpoint_offload_kept_layers(workload))
+    return sent * tokens * model.hidden_size * bytes_per_element(setup.precision)
 
 
 # zerokit's tiled loss slices the logits so that one slice's fp32 logits take at most this many bytes (the shards
@@ -666,11 +682,9 @@ def weight_bytes(model: ModelSpec, e: int) -> int:
 
 def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
     """(stored elements, bytes per element or 0 for the training dtype, count) of every parameter tensor: read from the
-    module tree for a fine-tune (with_finetune), else the spec's shapes (timing.gradient_sizes_in_backward_order)."""
+    module tree for a fine-tune (with_finetune), else the spec's shapes (spec.model.gradient_sizes_in_backward_order)."""
     if model.trained.param_tensors:
         return model.trained.param_tensors
-    from zerokit.estimate.timing import gradient_sizes_in_backward_order  # timing does not import us
-
     return tuple((n, 0, 1) for n in gradient_sizes_in_backward_order(model))
 
 
@@ -1142,10 +1156,8 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     est.per_gpu.update(phases[est.peak_phase])
     est.per_node_cpu, est.nvme = host_terms(model, cluster, setup, optimizer_named(knobs.optimizer))
     if setup.checkpoint_offload and not cluster.accelerator.is_cpu:
-        from zerokit.estimate.timing import checkpoint_offload_bytes  # timing does not import us
-
-        # every rank of the node keeps its offloaded layer inputs in pinned host memory during forward and backward,
-        # beside the offloaded optimizer states (CHECKPOINT_OFFLOAD_GPU_LAYERS)
+        # every rank of the node keeps its offloaded layer inputs in host memory during forward and backward, beside the
+        # offloaded optimizer states
         shard = model.tensor_parallel_shard(setup.tensor_parallel)
         est.per_node_cpu["activation_checkpoints_offloaded"] = (cluster.gpus_per_node
                                                                 * checkpoint_offload_bytes(shard, setup, workload))

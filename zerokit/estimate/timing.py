@@ -40,8 +40,9 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.resources import bundled_data
 
 from zerokit.estimate.gpu_time import backward_layers, exposed_communication, gpu_compute
+from zerokit.estimate.memory import checkpoint_offload_bytes
 from zerokit.spec.hardware import Cluster
-from zerokit.spec.model import ModelSpec
+from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order
 from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
 from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES, nearest_learned_run
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
@@ -469,28 +470,6 @@ def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_ad
     return seconds
 
 
-def gradient_sizes_in_backward_order(model: ModelSpec) -> list[int]:
-    """Parameter sizes in the order their gradients become ready (the reverse of forward), from the spec's
-    shapes: the untied LM head, the final norm, each layer's tensors last to first, the input embedding
-    (a tied embedding's gradient completes last, after both uses). Whatever the shapes leave over
-    (biases, position embeddings) is one small tensor at the end."""
-    h, i, d = model.hidden_size, model.intermediate_size, model.head_dim
-    a, k = model.num_attention_heads, model.num_kv_heads
-    experts = max(1, model.num_experts)
-    if model.gated_mlp:  # Llama: norm, q, k, v, o, norm, gate, up, down
-        layer = [h, a * d * h, k * d * h, k * d * h, a * d * h, h] + [i * h] * 3 * experts
-        if experts > 1:
-            layer.append(h * experts)  # router
-    else:  # GPT-2: ln (w, b), fused qkv (w, b), out proj (w, b), ln (w, b), fc (w, b), proj (w, b)
-        layer = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, i * h, i, i * h, h]
-    final_norm = h if model.norm == "rmsnorm" else 2 * h
-    vh = model.vocab_size * h
-    head = [] if model.tied_embeddings else [vh]
-    sizes = head + [final_norm] + list(reversed(layer)) * model.num_layers + [vh]
-    rest = model.params - sum(sizes)
-    return sizes + ([rest] if rest > 0 else [])
-
-
 def reduce_bucket_calls(sizes: list[int], bucket_elements: int) -> int:
     """Gradient reductions one backward issues: DeepSpeed (stage_1_and_2.py
     reduce_independent_p_g_buckets_and_remove_grads, stage3.py the same rule) reduces the bucket before a
@@ -609,18 +588,6 @@ def _calibrated_compute(model: ModelSpec, setup: ZeroSetup, workload: Workload, 
                              setup.sequence_parallel, setup.tiled_mlp, workload.attention_span)
     coef = {"dequant": coef.get("activation", 0.0), **coef}  # profiles before the dequant fit: an activation element
     return setup.gradient_accumulation_steps * sum(coef.get(n, 0.0) * feats[n] for n in COMPUTE_FEATURES + ADAPTER_FEATURES)
-
-
-def checkpoint_offload_bytes(model: ModelSpec, setup: ZeroSetup, workload: Workload) -> int:
-    """Bytes of layer inputs one rank moves to host memory per micro batch (and back): every checkpointed layer's input
-    (hidden states of seq / sp tokens, the training dtype) but the one kept on the GPU (memory.CHECKPOINT_OFFLOAD_GPU_LAYERS
-    keeps two at the recompute: the newest never leaves, one restored comes back); reentrant offload sends all of them
-    (memory.checkpoint_offload_gpu_layers). model: what one rank holds."""
-    if not setup.checkpoint_offload:
-        return 0
-    tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
-    stays = 0 if workload.checkpoint_reentrant else 1
-    return max(0, model.num_layers - stays) * tokens * model.hidden_size * bytes_per_element(setup.precision)
 
 
 def checkpoint_offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload) -> float:

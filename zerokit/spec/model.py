@@ -827,4 +827,26 @@ def _human(n: int) -> str:
     return str(n)
 
 
-__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "spec_cache_dir"]
+def gradient_sizes_in_backward_order(model: ModelSpec) -> list[int]:
+    """Parameter sizes in the order their gradients become ready (the reverse of forward), from the spec's
+    shapes: the untied LM head, the final norm, each layer's tensors last to first, the input embedding
+    (a tied embedding's gradient completes last, after both uses). Whatever the shapes leave over
+    (biases, position embeddings) is one small tensor at the end."""
+    h, i, d = model.hidden_size, model.intermediate_size, model.head_dim
+    a, k = model.num_attention_heads, model.num_kv_heads
+    experts = max(1, model.num_experts)
+    if model.gated_mlp:  # Llama: norm, q, k, v, o, norm, gate, up, down
+        layer = [h, a * d * h, k * d * h, k * d * h, a * d * h, h] + [i * h] * 3 * experts
+        if experts > 1:
+            layer.append(h * experts)  # router
+    else:  # GPT-2: ln (w, b), fused qkv (w, b), out proj (w, b), ln (w, b), fc (w, b), proj (w, b)
+        layer = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, i * h, i, i * h, h]
+    final_norm = h if model.norm == "rmsnorm" else 2 * h
+    vh = model.vocab_size * h
+    head = [] if model.tied_embeddings else [vh]
+    sizes = head + [final_norm] + list(reversed(layer)) * model.num_layers + [vh]
+    rest = model.params - sum(sizes)
+    return sizes + ([rest] if rest > 0 else [])
+
+
+__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "spec_cache_dir", "gradient_sizes_in_backward_order"]

@@ -42,10 +42,10 @@ class Trained:
     # runs after its first trainable parameter
     grad_start_attention: bool = True  # that layer's attention (or its first norm) has something trainable
     # every parameter tensor as stored: (elements, bytes per element or 0 for the training dtype, how many); () = the
-    # spec's shapes (timing.gradient_sizes_in_backward_order). ZeRO-3's persistence threshold reads it.
+    # spec's shapes (model.gradient_sizes_in_backward_order). ZeRO-3's persistence threshold reads it.
     param_tensors: tuple[tuple[int, int, int], ...] = ()
     # the trainable parameter tensors' elements, last registered first (the order their gradients become ready and
-    # fill DeepSpeed's reduce buckets); () = every tensor (timing.gradient_sizes_in_backward_order)
+    # fill DeepSpeed's reduce buckets); () = every tensor (model.gradient_sizes_in_backward_order)
     trainable_tensors: tuple[int, ...] = ()
     # submodules peft adds to each decoder layer (an adapted Linear becomes its LoRA wrapper plus base_layer and the
     # lora_A/lora_B/lora_dropout ModuleDicts with their members: tiny-llama all-linear 13 -> 83); ZeRO-3 hooks each one
