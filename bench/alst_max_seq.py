@@ -112,6 +112,12 @@ ROWS = [
     ("Llama-3.1-8B, 1 x H100, ALST (ckpt offload)", "llama-3.1-8b", "h100-80gb", 1, 1,
      ["--offload-param", "cpu", *OFFLOAD_CKPT], 500_000, "ran",
      PAPER + "; run-h100-sp1-llama-8b.yml (555K: a Triton illegal memory access, not out of memory)"),
+    # the ablation series of the SP 8 recipes (each feature added in turn); its first step drops Ulysses: ZeRO-3 over the 8
+    # GPUs, each with its own 160K sequence (the recipe as first committed, sequence_parallel_size 1; a later commit, "fix
+    # SP size", set 8 without touching max_length)
+    ("Llama-3.1-8B, 8 x H100, no SP, Liger", "llama-3.1-8b", "h100-80gb", 8, 1,
+     ["--offload-param", "none", "--sequence-parallel", "1", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing",
+      "on"], 160_000, "ran", RECIPE + "run-h100-sp8-llama-8b-no-ulysses-yes-liger-no-extras.yml (at sequence_parallel_size 1)"),
     ("Llama-3.1-8B, 8 x H100, SP 8, Liger + ckpt offload", "llama-3.1-8b", "h100-80gb", 8, 1,
      [*SP8, *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 2_400_000, "ran",
      RECIPE + "run-h100-sp8-llama-8b-yes-act-offload.yml"),
