@@ -33,9 +33,13 @@ Sources:
 - The HF Ulysses blog (huggingface/blog ulysses-sp.md, "Benchmarks"): BLOG_ROWS.
 
 This only measures zerokit's memory model; no figure here informed a rule, except the HF blog's optimizer placement,
-which its table's intercept suggested (docs/long-context.md says how).
+which its table's intercept suggested (docs/long-context.md says how). The maxima's published / zerokit ratios give a
+`--seq-len max` answer its likely range (--write-range), not its value.
 
-Usage: python bench/alst_max_seq.py [--out bench/results/alst_max_seq.txt]
+Usage: python bench/alst_max_seq.py [--out bench/results/alst_max_seq.txt] [--write-range]
+--write-range: the range of published / zerokit over the maxima, with Ulysses and without, into
+zerokit/data/seq_len_range.json, which gives a `--seq-len max` answer on a GPU its likely range (plan/search.py
+likely_range).
 """
 
 from __future__ import annotations
@@ -224,14 +228,48 @@ def longest(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> tup
     return (None, why) if d is None else (d["workload"]["max_seq_len"], d["choice"]["label"])
 
 
+RANGE_FILE = REPO / "zerokit" / "data" / "seq_len_range.json"
+RANGE_COMMAND = "python bench/alst_max_seq.py --out bench/results/alst_max_seq.txt --write-range"
+
+
+def sequence_parallel(pins: list[str]) -> int:
+    """A row's pinned Ulysses degree (1 where it pins none: the one-GPU rows)."""
+    return int(pins[pins.index("--sequence-parallel") + 1]) if "--sequence-parallel" in pins else 1
+
+
+def seq_len_ranges(results: list[tuple[tuple, int | None]]) -> dict:
+    """zerokit/data/seq_len_range.json from (row, zerokit's longest) of every row: the lowest and highest published /
+    zerokit over the published maxima ("max" and "full" rows), with Ulysses (SP > 1) and without. plan/search.py
+    likely_range turns them into a likely range of a `--seq-len max` answer on a GPU."""
+    groups: dict[str, list[float]] = {"ulysses": [], "one_sequence_per_rank": []}
+    for row, got in results:
+        _, _, _, _, _, pins, published, kind, _ = row
+        if kind != "ran" and got:
+            groups["ulysses" if sequence_parallel(pins) > 1 else "one_sequence_per_rank"].append(published / got)
+    what = {"ulysses": "with Ulysses over 8-32 H100s", "one_sequence_per_rank": "without sequence parallelism, on "
+            "H100s and H200s"}
+    out = {"_about": "published / zerokit's longest sequence over the published maxima of ALST's setups (arXiv "
+                     "2506.13996 and ArcticTraining's recipes; Llama-3.1-8B and 70B): a --seq-len max answer's likely "
+                     "range on a GPU is [answer x ratio_low, answer x ratio_high] (plan/search.py likely_range). "
+                     "Written by " + RANGE_COMMAND + "; tests/test_long_context.py recomputes it."}
+    for key, ratios in groups.items():
+        out[key] = {"ratio_low": round(min(ratios), 4), "ratio_high": round(max(ratios), 4), "maxima": len(ratios),
+                    "basis": f"{len(ratios)} published maxima {what[key]} (ALST; bench/results/alst_max_seq.txt)"}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--write-range", action="store_true",
+                    help="write the published / zerokit range of the maxima to zerokit/data/seq_len_range.json")
     args = ap.parse_args()
     lines = [f"{'setup':52} {'published':>10} {'kind':>4} {'zerokit':>10} {'ratio':>7}  source / zerokit's choice"]
-    maxima, ran = [], []
-    for label, model, gpu, gpn, nodes, extra, published, kind, source in ROWS:
+    maxima, ran, results = [], [], []
+    for row in ROWS:
+        label, model, gpu, gpn, nodes, extra, published, kind, source = row
         got, why = longest(model, gpu, gpn, nodes, extra)
+        results.append((row, got))
         if got is None:
             lines.append(f"{label:52} {published:>10,} {kind:>4} {'-':>10} {'-':>7}  {source}; not planned: {why}")
             continue
@@ -261,6 +299,8 @@ def main() -> int:
     sys.stdout.write(text)
     if args.out:
         Path(args.out).write_text("python bench/alst_max_seq.py --out " + args.out + "\n\n" + text)
+    if args.write_range:
+        RANGE_FILE.write_text(json.dumps(seq_len_ranges(results), indent=2) + "\n")
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,30 @@ def test_seq_len_max_is_the_longest_that_fits_the_pinned_setup(capsys):
     assert not evaluate(model, H100x8, Workload(seq_len=longest + 8), setup).fits
     rc, out, err = run([a for a in argv if a != "--json"], capsys)
     assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out
+    # its likely range: the Ulysses maxima's published / zerokit (zerokit/data/seq_len_range.json), in multiples of 8
+    search, ulysses = d["workload"]["max_seq_len_search"], _seq_len_ranges()["ulysses"]
+    assert (search["likely_low"], search["likely_high"]) == tuple(
+        int(longest * ulysses[k]) // 8 * 8 for k in ("ratio_low", "ratio_high"))
+    assert search["likely_low"] < search["likely_high"] < longest and ulysses["basis"] in search["range_basis"]
+    assert f"likely {search['likely_low']} to {search['likely_high']} tokens: " in out
+
+
+def _seq_len_ranges() -> dict:
+    return json.loads((Path(__file__).resolve().parents[1] / "zerokit" / "data" / "seq_len_range.json").read_text())
+
+
+def test_seq_len_max_range_rests_on_the_setups_kind(capsys):
+    """Without Ulysses the range is the one-GPU maxima's; on CPU ranks none (no published maximum was measured there)."""
+    rc, out, _ = run(["plan", "llama-3.1-8b", "--gpu", "h200", "--seq-len", "max", "--sequence-parallel", "1",
+                      "--json"], capsys)
+    search = json.loads(out)["workload"]["max_seq_len_search"]
+    one = _seq_len_ranges()["one_sequence_per_rank"]
+    assert rc == 0 and one["basis"] in search["range_basis"] and search["likely_high"] < json.loads(out)["workload"][
+        "max_seq_len"]
+    rc, out, _ = run(["plan", "tiny-llama", "--gpu", "cpu", "--seq-len", "max", "--json"], capsys)
+    assert rc == 0 and "likely_low" not in json.loads(out)["workload"]["max_seq_len_search"]
+    rc, out, _ = run(["plan", "tiny-llama", "--gpu", "cpu", "--seq-len", "max"], capsys)
+    assert rc == 0 and "longest sequence that fits" in out and "likely" not in out
 
 
 def test_seq_len_max_in_check(tmp_path, capsys):
@@ -141,6 +166,7 @@ def test_seq_len_max_in_check(tmp_path, capsys):
     longest = d["workload"]["max_seq_len"]
     assert d["fits"] and longest == d["workload"]["seq_len"] and longest % 8 == 0
     assert "per GPU" in d["workload"]["max_seq_len_search"]["binds"]
+    assert d["workload"]["max_seq_len_search"]["likely_high"] < longest  # the Ulysses maxima's range, as plan's
     rc, out, err = run([a for a in argv if a != "--json"], capsys)
     assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out
 
@@ -554,6 +580,12 @@ def _alst_params():
                          if r[0] in SP_MISSES else []) for i, r in enumerate(rows)]
 
 
+@functools.cache
+def _alst_longest(row: int) -> tuple[int | None, str]:
+    label, model, gpu, gpn, nodes, pins, *_ = _alst_rows().ROWS[row]
+    return _alst_rows().longest(model, gpu, gpn, nodes, pins)
+
+
 @pytest.mark.parametrize("row", _alst_params())
 def test_alst_setups_plan_and_their_maxima_are_within_15_percent(row):
     """Every setup bench/alst_max_seq.py copies from the ALST paper and ArcticTraining's recipes plans without a refusal
@@ -563,12 +595,24 @@ def test_alst_setups_plan_and_their_maxima_are_within_15_percent(row):
     bench/results/alst_max_seq.txt reports them all."""
     bench = _alst_rows()
     label, model, gpu, gpn, nodes, pins, published, kind, _ = bench.ROWS[row]
-    got, why = bench.longest(model, gpu, gpn, nodes, pins)
+    got, why = _alst_longest(row)
     assert got is not None, why
     if kind == "ran":
         assert got >= published, (label, got, published)
     else:
         assert abs(got / published - 1) <= 0.15, (label, got, published)
+
+
+def test_the_likely_range_is_what_the_published_maxima_give():
+    """zerokit/data/seq_len_range.json, which gives a `--seq-len max` answer on a GPU its likely range, is what
+    bench/alst_max_seq.py --write-range computes from zerokit's longest sequences today: a change to the memory model
+    that moves them fails here until the range is written again."""
+    bench = _alst_rows()
+    results = [(row, _alst_longest(i)[0]) for i, row in enumerate(bench.ROWS)]
+    want, committed = bench.seq_len_ranges(results), _seq_len_ranges()
+    for key in ("ulysses", "one_sequence_per_rank"):
+        assert committed[key] == want[key], (key, committed[key], want[key], bench.RANGE_COMMAND)
+    assert want["ulysses"]["maxima"] >= 4 and want["one_sequence_per_rank"]["maxima"] >= 6
 
 
 # measured with torch 2.4, which ALST's README found less memory-efficient than the torch 2.8 nightly of the other runs

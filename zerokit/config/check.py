@@ -245,7 +245,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                 "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
         fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
         if longest_seq:
-            from zerokit.plan.search import SeqLenSearch, binding, longest_fitting, seq_len_limit
+            from zerokit.plan.search import SeqLenSearch, binding, likely_range, longest_fitting, seq_len_limit
 
             granule, limit = setup.sequence_parallel, seq_len_limit(model)
             longest, at, beyond = longest_fitting(
@@ -253,7 +253,8 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             if longest == 0:
                 raise ZerokitError(f"{flag('seq-len')} max: {config_path} fits nothing even at {granule} token"
                                    f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
-            result.seq_len_search = SeqLenSearch(longest, granule, limit, binding(beyond))
+            result.seq_len_search = SeqLenSearch(longest, granule, limit, binding(beyond), likely_range(
+                longest, granule, setup.sequence_parallel, not cluster.accelerator.is_cpu))
             workload = replace(workload, seq_len=longest)
             result.workload = workload
         if search:

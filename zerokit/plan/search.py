@@ -8,11 +8,14 @@ finds a length that does not fit, bisection the boundary: about 2 log2(answer) f
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
 from zerokit.core.limits import MAX_SEQ_LEN
 from zerokit.core.options import flag
+from zerokit.core.resources import bundled_data
 from zerokit.core.units import fmt_bytes
 
 
@@ -24,14 +27,43 @@ class SeqLenSearch:
     granule: int  # the search's step: the sequence-parallel degree(s) must divide the sequence
     limit: int  # the longest the model's positions allow (a learned table) or zerokit's bound (MAX_SEQ_LEN)
     binds: str  # why longest + granule does not fit (or "the model's positions" at the limit)
+    # where the longest sequence that really runs is likely to be (likely_range): (low, high, what it rests on); None
+    # where no published maximum checked this kind of answer (a CPU)
+    likely: tuple[int, int, str] | None = None
 
     def to_dict(self) -> dict:
-        return {"max_seq_len": self.longest, "granule": self.granule, "limit": self.limit, "binds": self.binds}
+        out = {"max_seq_len": self.longest, "granule": self.granule, "limit": self.limit, "binds": self.binds}
+        if self.likely:
+            out.update(likely_low=self.likely[0], likely_high=self.likely[1], range_basis=self.likely[2])
+        return out
 
     @property
     def note(self) -> str:
-        return (f"longest sequence that fits: {self.longest} tokens (a multiple of {self.granule}); at "
+        note = (f"longest sequence that fits: {self.longest} tokens (a multiple of {self.granule}); at "
                 f"{self.longest + self.granule} tokens: {self.binds}")
+        if self.likely:
+            low, high, basis = self.likely
+            note += f"; likely {low} to {high} tokens: {basis}"
+        return note
+
+
+@lru_cache(maxsize=1)
+def _seq_len_ranges() -> dict:
+    path = bundled_data("seq_len_range.json")  # absent only while bench/alst_max_seq.py --write-range first makes it
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def likely_range(longest: int, granule: int, sequence_parallel: int, on_gpu: bool) -> tuple[int, int, str] | None:
+    """(low, high, what it rests on) for a longest sequence on a GPU: longest x the lowest and highest published /
+    zerokit ratio over ALST's published maxima, with Ulysses (sequence_parallel > 1) or without
+    (zerokit/data/seq_len_range.json, written by bench/alst_max_seq.py --write-range), in multiples of granule. The
+    Ulysses maxima reached 0.73-0.95x: something Ulysses holds on a GPU is not priced (docs/long-context.md); the range
+    says so where the single number cannot. None on a CPU: no published maximum was measured there."""
+    entry = _seq_len_ranges().get("ulysses" if sequence_parallel > 1 else "one_sequence_per_rank")
+    if not on_gpu or entry is None:
+        return None
+    low, high = (int(longest * entry[k]) // granule * granule for k in ("ratio_low", "ratio_high"))
+    return low, high, f"{entry['basis']} reached {entry['ratio_low']:.2f}-{entry['ratio_high']:.2f}x of zerokit's longest"
 
 
 def longest_fitting(judge, granule: int = 1, limit: int = MAX_SEQ_LEN):
@@ -146,4 +178,5 @@ def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
         raise ZerokitError(f"{flag('seq-len')} max: nothing fits even at {granule} token{'s' if granule > 1 else ''}: "
                            f"{binding(at.smallest)}", exit_code=EXIT_DOES_NOT_FIT)
     plan = make_plan(model, cluster, replace(workload, seq_len=longest), pins, memory_fraction=memory_fraction)
-    return plan, SeqLenSearch(longest, granule, limit, binding(beyond.smallest if beyond is not None else None))
+    likely = likely_range(longest, granule, plan.choice.sequence_parallel, not cluster.accelerator.is_cpu)
+    return plan, SeqLenSearch(longest, granule, limit, binding(beyond.smallest if beyond is not None else None), likely)
