@@ -1,8 +1,9 @@
 """One Ulysses rank's attention after the all-to-all, measured on the device against zerokit's pricing (issue 28).
 
 After `UlyssesSPAttentionHF`'s all-to-all a rank holds the whole sequence for a / sp query heads and k / sp KV heads (at
-least one). The two ALST maxima zerokit overshoots (Llama-3.1-8B on SP 8 and SP 16) are the runs where those KV heads
-are not replicated; the SP 32 and SP 64 runs it matches replicate them. This runs that piece alone, as transformers'
+least one). zerokit overshoots ALST's Llama-3.1-8B maxima with Ulysses (SP 8, 16, 32: x1.24-1.37) and not without,
+and on CPU ranks prices what Ulysses adds (docs/long-context.md): the gap is in what runs on a GPU. This runs that
+piece alone, as transformers'
 sdpa integration runs it (`sdpa_attention_forward`: causal, no mask, GQA through enable_gqa), forward and backward,
 and reports the peak allocated bytes above its inputs (q, k, v) beside what zerokit prices for the same piece: the
 output and the fp32 log-sum-exp the kernel keeps, and its backward's buffers with the output's gradient

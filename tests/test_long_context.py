@@ -567,11 +567,12 @@ def _alst_rows():
     return alst_max_seq
 
 
-# Maxima zerokit overshoots, with Ulysses over 8 and 16 ranks without KV replication (x1.37, x1.24): something that grows
-# with the tokens per rank there is not priced, or those figures were not memory limits (one-GPU rows at the same tokens
-# per rank are within 11%, the SP 32/64 rows' nvidia-smi notes within 8%; docs/long-context.md). Strict: the test fails
-# when a change brings them within 15%, so that this list is cut then.
-SP_MISSES = {"Llama-3.1-8B, 8 x H100, ALST SP 8 (ckpt offload)", "Llama-3.1-8B, 16 x H100 (2 nodes), ALST SP 16"}
+# Maxima zerokit overshoots, with Ulysses over 8, 16 and 32 ranks (x1.37, x1.24, x1.25): something Ulysses holds on a GPU
+# is not priced (the same setups without Ulysses are within 11%; on CPU ranks zerokit prices what Ulysses adds within 2
+# hidden sizes per token, bench/results/accuracy_cpu_long_sp.txt; docs/long-context.md). Strict: the test fails when a
+# change brings one within 15%, so that this list is cut then.
+SP_MISSES = {"Llama-3.1-8B, 8 x H100, ALST SP 8 (ckpt offload)", "Llama-3.1-8B, 16 x H100 (2 nodes), ALST SP 16",
+             "Llama-3.1-8B, 32 x H100 (4 nodes), ALST SP 32"}
 
 
 def _alst_params():

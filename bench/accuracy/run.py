@@ -236,11 +236,17 @@ QUICK += PARALLEL
 # Ulysses against data parallelism at the same tokens per rank (--long-sp; issue 28): ALST's SP rows on GPUs come out
 # 1.2-1.4x too long, one-GPU rows within 9%. What the Ulysses wrapper adds per rank at 4,096 tokens, with and without
 # checkpointing, on CPU ranks.
+# SP 2 gives each rank 2 query heads over 1 KV head (tiny-llama's 4 over 2), as SP 8 does Llama-3.1-8B's; SP 4 on 4 ranks
+# replicates the KV heads (2 over 4 ranks: each holds 1 repeated), as SP 16-64 do, against data parallelism on 4.
 LONG_SP = [
     J("tiny-llama", 3, "bf16", 1, 8192, ckpt=True, sp=2, tl=True),
     J("tiny-llama", 3, "bf16", 1, 4096, ckpt=True, sp=1, tl=True),
     J("tiny-llama", 3, "bf16", 1, 8192, sp=2, tl=True),
     J("tiny-llama", 3, "bf16", 1, 4096, sp=1, tl=True),
+    J("tiny-llama", 3, "bf16", 1, 16384, ckpt=True, sp=4, tl=True, ranks=4),
+    J("tiny-llama", 3, "bf16", 1, 4096, ckpt=True, sp=1, tl=True, ranks=4),
+    J("tiny-llama", 3, "bf16", 1, 16384, sp=4, tl=True, ranks=4),
+    J("tiny-llama", 3, "bf16", 1, 4096, sp=1, tl=True, ranks=4),
 ]
 # One GPU (--one-gpu): the rows a single CUDA device runs, at sizes where the model's own terms, not the allocator's
 # fixed costs, make the peak. Every stage, bf16 and fp32, checkpointing, LoRA, QLoRA, Llama and GPT-2.

@@ -579,10 +579,11 @@ def activation_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, on_
     if setup.tiled_mlp:
         terms["tiled_mlp_backward"] = terms_mlp_backward
     if sp > 1:
-        # one layer's q, k, v gradients in flight through the backward all-to-all: the contiguous input and the output
-        # of _dim_zero_all_to_all (ulysses_sp.py _combine_local_sequences), in the training dtype
+        # the backward all-to-all of one layer's q, k and v gradients (ulysses_sp.py _combine_local_sequences): each
+        # _DimZeroAllToAll.backward makes a contiguous copy of its gradient and an output of that size (the training
+        # dtype), freed before autograd runs the next of the three branches, so the largest one's pair is the most alive
         kv = model.num_kv_heads
-        terms["sp_all_to_all_buffers"] = 2 * e * (model.num_attention_heads + 2 * kv) * model.head_dim * tokens
+        terms["sp_all_to_all_buffers"] = 2 * e * max(model.num_attention_heads, kv) * model.head_dim * tokens
     terms["attention_backward"] = 0
     if (attention == "sdpa" and sdpa_runs_math_kernel(model, setup.precision, on_cpu, masked > 0)
             and not setup.activation_checkpointing):

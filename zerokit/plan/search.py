@@ -57,7 +57,7 @@ def likely_range(longest: int, granule: int, sequence_parallel: int, on_gpu: boo
     """(low, high, what it rests on) for a longest sequence on a GPU: longest x the lowest and highest published /
     zerokit ratio over ALST's published maxima, with Ulysses (sequence_parallel > 1) or without
     (zerokit/data/seq_len_range.json, written by bench/alst_max_seq.py --write-range), in multiples of granule. The
-    Ulysses maxima reached 0.73-0.95x: something Ulysses holds on a GPU is not priced (docs/long-context.md); the range
+    Ulysses maxima reached 0.73-0.89x: something Ulysses holds on a GPU is not priced (docs/long-context.md); the range
     says so where the single number cannot. None on a CPU: no published maximum was measured there."""
     entry = _seq_len_ranges().get("ulysses" if sequence_parallel > 1 else "one_sequence_per_rank")
     if not on_gpu or entry is None:
