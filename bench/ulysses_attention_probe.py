@@ -3,9 +3,8 @@
 After `UlyssesSPAttentionHF`'s all-to-all a rank holds the whole sequence for a / sp query heads and k / sp KV heads (at
 least one). zerokit overshoots ALST's Llama-3.1-8B maxima with Ulysses (SP 8, 16, 32: x1.24-1.37) and not without,
 and on CPU ranks prices what Ulysses adds (docs/long-context.md): the gap is in what runs on a GPU. This runs that
-piece alone, as transformers'
-sdpa integration runs it (`sdpa_attention_forward`: causal, no mask, GQA through enable_gqa), forward and backward,
-and reports the peak allocated bytes above its inputs (q, k, v) beside what zerokit prices for the same piece: the
+piece alone, as transformers' sdpa integration runs it (`sdpa_attention_forward`: causal, no mask, GQA through
+enable_gqa), forward and backward, and reports the peak allocated bytes above its inputs (q, k, v) beside what zerokit prices for the same piece: the
 output and the fp32 log-sum-exp the kernel keeps, and its backward's buffers with the output's gradient
 (memory.flash_backward_bytes). "kept" is what the forward leaves alive: where the kernel's output is not laid out
 (b, s, a, d), HF's `transpose(1, 2).contiguous()` copies it (in a model, the copy o_proj keeps), so a kept ratio near

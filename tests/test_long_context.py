@@ -18,6 +18,7 @@ import pytest
 from zerokit.cli import main
 from helpers import run_cli as run
 from zerokit.core.errors import ZerokitError
+from zerokit.core.resources import bundled_data
 from zerokit.estimate.memory import checkpoint_offload_bytes, estimate_memory
 from zerokit.estimate.timing import estimate_time
 from zerokit.plan.planner import evaluate, make_plan
@@ -136,8 +137,18 @@ def test_seq_len_max_is_the_longest_that_fits_the_pinned_setup(capsys):
     assert f"likely {search['likely_low']} to {search['likely_high']} tokens: " in out
 
 
+@functools.cache
+def _bench(name: str):
+    """A script of bench/, imported once."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    return importlib.import_module(name)
+
+
 def _seq_len_ranges() -> dict:
-    return json.loads((Path(__file__).resolve().parents[1] / "zerokit" / "data" / "seq_len_range.json").read_text())
+    return json.loads(bundled_data("seq_len_range.json").read_text())
 
 
 def test_seq_len_max_range_rests_on_the_setups_kind(capsys):
@@ -384,15 +395,10 @@ def test_the_ulysses_attention_probe_runs_and_prices_what_the_kernel_keeps():
     KV head (so that HF's transpose of the output copies nothing) the forward keeps what zerokit prices, the output and
     a fp32 log-sum-exp, to the byte; the backward's buffers are FlashAttention's on a GPU only, so on CPU the probe only
     has to measure them."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import ulysses_attention_probe
-
-    r = ulysses_attention_probe.probe(1024, 1, 1, d=64, device="cpu")
+    r = _bench("ulysses_attention_probe").probe(1024, 1, 1, d=64, device="cpu")
     assert r["kept_bytes"] == r["kept_priced_bytes"] == 1024 * (4 * 64 + 4)
     assert r["peak_bytes"] > r["kept_bytes"] and r["peak_priced_bytes"] > r["kept_priced_bytes"]
+
 
 def test_reentrant_checkpointing_in_plan_text_and_json(capsys):
     base = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--seq-len", "65536", "--stage", "3", "--offload-optimizer",
@@ -555,16 +561,9 @@ def test_ulysses_across_whole_nodes_is_planned_over_the_nodes_links(capsys):
 
 
 # ------------------------------------------------------------------------------------------ ALST's published lengths
-@functools.cache
 def _alst_rows():
-    """bench/alst_max_seq.py, imported once (its ROWS parametrize the test below and its `longest` runs them)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import alst_max_seq
-
-    return alst_max_seq
+    """bench/alst_max_seq.py (its ROWS parametrize the tests below and its `longest` runs them)."""
+    return _bench("alst_max_seq")
 
 
 # Maxima zerokit overshoots, with Ulysses over 8, 16 and 32 ranks (x1.37, x1.24, x1.25): something Ulysses holds on a GPU

@@ -59,8 +59,10 @@ def likely_range(longest: int, granule: int, sequence_parallel: int, on_gpu: boo
     (zerokit/data/seq_len_range.json, written by bench/alst_max_seq.py --write-range), in multiples of granule. The
     Ulysses maxima reached 0.73-0.89x: something Ulysses holds on a GPU is not priced (docs/long-context.md); the range
     says so where the single number cannot. None on a CPU: no published maximum was measured there."""
+    if not on_gpu:
+        return None
     entry = _seq_len_ranges().get("ulysses" if sequence_parallel > 1 else "one_sequence_per_rank")
-    if not on_gpu or entry is None:
+    if entry is None:
         return None
     low, high = (int(longest * entry[k]) // granule * granule for k in ("ratio_low", "ratio_high"))
     return low, high, f"{entry['basis']} reached {entry['ratio_low']:.2f}-{entry['ratio_high']:.2f}x of zerokit's longest"
