@@ -10,8 +10,8 @@ side with the ratio. Three kinds of published length:
   brink of cpu-oom"): a maximum too;
 - "ran": a recipe's `max_length` that ran, not shown to be a maximum: zerokit must plan it (ratio >= 1); how far above
   is not a target. The 1 x H100 ALST row is one: the paper's 500K there was bound by a kernel, not memory (the recipe:
-  555K failed with a Triton illegal memory access; 524,288 tokens x 4,096 is 2^31 elements, where 32-bit offsets
-  overflow, which liger-kernel 0.6.1 fixed: "int64 indexing", ArcticTraining's model/liger_factory.py).
+  555K failed with a Triton illegal memory access; 524,288 tokens x 4,096 is 2^31 elements, where the 32-bit offsets
+  of liger-kernel's RMSNorm and RoPE overflow before 0.6.1: "int64 indexing", ArcticTraining's model/liger_factory.py).
 Where zerokit cannot plan a setup, the row says so.
 
 Sources:
@@ -32,8 +32,11 @@ Sources:
   "1.9TB CPU memory" (`--cpu-memory 1.9TB`), transformers 4.51.3 (reentrant checkpointing).
 - The HF Ulysses blog (huggingface/blog ulysses-sp.md, "Benchmarks"): BLOG_ROWS.
 
-This only measures zerokit's memory model; no figure here informed a rule, except the HF blog's optimizer placement,
-which its table's intercept suggested (docs/long-context.md says how). The maxima's published / zerokit ratios give a
+This only measures zerokit's memory model and the limits it applies; no figure here informed a rule, except the HF
+blog's optimizer placement, which its table's intercept suggested (docs/long-context.md says how). liger-kernel's 32-bit
+cap before 0.6.1 (zerokit/spec/liger.py) was looked for because the Ulysses maxima sat 1.2-1.4x under the memory
+model's answers, but its numbers come from Liger's source and PR #804 alone; the 1 x H100 recipe's crash at 555K is the
+oracle its test holds. Where the cap binds a row, the memory model's own answer (the int64 kernels) is printed beside. The maxima's published / zerokit ratios give a
 `--seq-len max` answer its likely range (--write-range), not its value.
 
 Usage: python bench/alst_max_seq.py [--out bench/results/alst_max_seq.txt] [--write-range]
@@ -66,10 +69,18 @@ PAPER = "arXiv 2506.13996 abstract"
 BLOG = "Snowflake ALST blog (x improvement over 32K)"
 RECIPE = "ArcticTraining recipe "
 # every ALST recipe loads the model as `type: liger` (Liger's RMSNorm, RoPE, fused linear cross-entropy; its SwiGLU
-# only without tiled_mlp_compute: model/liger_factory.py); the HF baselines load transformers' own modules
-LIGER = ["--liger-kernels", "on"]
+# only without tiled_mlp_compute: model/liger_factory.py); the HF baselines load transformers' own modules. The H100
+# recipes were written in June 2025 (ArcticTraining 9d33fd2, 2025-06-03), when its liger_factory.py required
+# liger-kernel >= 0.5.9 and 0.5.10 (2025-05-22) was the latest: before 0.6.1 (2025-07-28), Liger's RMSNorm and RoPE
+# index in 32 bits, which caps a rank's tokens (zerokit/spec/liger.py). The H200 recipes (5885b9f, 2025-07-18) ran
+# 650K-1.2M tokens on one GPU, past that cap: they had the int64 kernels (ArcticTraining f274093: liger-kernel >= 0.6.1,
+# "int64 indexing"), priced as "on" (0.6.1 or later)
+LIGER_JUNE_2025 = "0.5.10"
+LIGER = ["--liger-kernels", LIGER_JUNE_2025]
+LIGER_INT64 = ["--liger-kernels", "on"]
 HF = ["--liger-kernels", "off", "--tiled-loss", "off", "--tiled-mlp", "off", "--activation-checkpointing", "on"]
 OFFLOAD_CKPT = [*LIGER, "--tiled-mlp", "on", "--activation-checkpointing", "offload"]
+H200_OFFLOAD_CKPT = [*LIGER_INT64, "--tiled-mlp", "on", "--activation-checkpointing", "offload"]
 SP8 = ["--offload-param", "none", "--sequence-parallel", "8"]
 
 # ArcticTraining's recipes for Llama-3.1-70B and Qwen3-32B on 1 to 8 nodes (checkpoint offload, tiled MLP, Liger,
@@ -99,13 +110,13 @@ ROWS = [
      ["--offload-param", "none", "--sequence-parallel", "16", *OFFLOAD_CKPT], 8_000_000, "full",
      RECIPE + "run-h100-sp16-llama-8b.yml (\"close to oom\")"),
     ("Llama-3.1-8B, 1 x H200, ALST (ckpt offload, tiled MLP)", "llama-3.1-8b", "h200", 1, 1,
-     [*H200, "--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, "full",
+     [*H200, "--offload-param", "cpu", *H200_OFFLOAD_CKPT], 1_200_000, "full",
      RECIPE + "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml (\"ok 136.15 GB\")"),
     ("Llama-3.1-8B, 1 x H200, Liger + ckpt offload", "llama-3.1-8b", "h200", 1, 1,
-     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000,
+     [*H200, "--offload-param", "cpu", *LIGER_INT64, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000,
      "full", RECIPE + "run-h200-sp1-llama-8b-liger-offload.yml (\"ok 126.81 GB\")"),
     ("Llama-3.1-8B, 1 x H200, Liger", "llama-3.1-8b", "h200", 1, 1,
-     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, "full",
+     [*H200, "--offload-param", "cpu", *LIGER_INT64, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, "full",
      RECIPE + "run-h200-sp1-llama-8b-liger.yml (\"ok 134.96 GB\")"),
     ("Llama-3.1-8B, 1 x H200, HF baseline", "llama-3.1-8b", "h200", 1, 1,
      [*H200, "--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, "full",
@@ -148,12 +159,12 @@ ROWS = [
 # tokens, GiB noted, note)
 PEAKS = [
     ("Llama-3.1-8B, 1 x H200, ALST (ckpt offload, tiled MLP)", "llama-3.1-8b", "h200", 1, 1,
-     [*H200, "--offload-param", "cpu", *OFFLOAD_CKPT], 1_200_000, 136.15, "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml"),
+     [*H200, "--offload-param", "cpu", *H200_OFFLOAD_CKPT], 1_200_000, 136.15, "run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml"),
     ("Llama-3.1-8B, 1 x H200, Liger + ckpt offload", "llama-3.1-8b", "h200", 1, 1,
-     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000, 126.81,
+     [*H200, "--offload-param", "cpu", *LIGER_INT64, "--tiled-mlp", "off", "--activation-checkpointing", "offload"], 650_000, 126.81,
      "run-h200-sp1-llama-8b-liger-offload.yml"),
     ("Llama-3.1-8B, 1 x H200, Liger", "llama-3.1-8b", "h200", 1, 1,
-     [*H200, "--offload-param", "cpu", *LIGER, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, 134.96,
+     [*H200, "--offload-param", "cpu", *LIGER_INT64, "--tiled-mlp", "off", "--activation-checkpointing", "on"], 300_000, 134.96,
      "run-h200-sp1-llama-8b-liger.yml"),
     ("Llama-3.1-8B, 1 x H200, HF baseline", "llama-3.1-8b", "h200", 1, 1,
      [*H200, "--offload-param", "cpu", "--sequence-parallel", "1", *HF], 65_000, 137.36, "run-h200-sp1-llama-8b-baseline.yml"),
@@ -222,10 +233,25 @@ def peak_at(model: str, gpu: str, extra: list[str], tokens: int, gpn: int = 1, n
     return m["total_bytes"] / 2**30, m["nvidia_smi_bytes"] / 2**30
 
 
-def longest(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> tuple[int | None, str]:
-    """`zerokit plan --seq-len max`: (the longest sequence, the setup's label) or (None, the error line)."""
+def longest(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> tuple[int | None, str, str]:
+    """`zerokit plan --seq-len max`: (the longest sequence, the setup's label, what binds one granule longer) or (None,
+    the error line, "")."""
     d, why = plan_json(model, gpu, gpn, nodes, "max", extra)
-    return (None, why) if d is None else (d["workload"]["max_seq_len"], d["choice"]["label"])
+    if d is None:
+        return None, why, ""
+    return d["workload"]["max_seq_len"], d["choice"]["label"], d["workload"]["max_seq_len_search"]["binds"]
+
+
+def liger_bound(binds: str) -> bool:
+    """Whether a search stopped at Liger's 32-bit offsets (zerokit/spec/liger.py liger_limit_problem), not memory."""
+    return binds.startswith("liger-kernel ")
+
+
+def memory_alone(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> int | None:
+    """The longest sequence of a row whose Liger release caps it, with the int64 kernels (--liger-kernels on): what the
+    memory model alone gives."""
+    pins = ["on" if a == LIGER_JUNE_2025 and i and extra[i - 1] == "--liger-kernels" else a for i, a in enumerate(extra)]
+    return longest(model, gpu, gpn, nodes, pins)[0]
 
 
 RANGE_FILE = REPO / "zerokit" / "data" / "seq_len_range.json"
@@ -237,24 +263,30 @@ def sequence_parallel(pins: list[str]) -> int:
     return int(pins[pins.index("--sequence-parallel") + 1]) if "--sequence-parallel" in pins else 1
 
 
-def seq_len_ranges(results: list[tuple[tuple, int | None]]) -> dict:
-    """zerokit/data/seq_len_range.json from (row, zerokit's longest) of every row: the lowest and highest published /
-    zerokit over the published maxima ("max" and "full" rows), with Ulysses (SP > 1) and without. plan/search.py
-    likely_range turns them into a likely range of a `--seq-len max` answer on a GPU."""
+def seq_len_ranges(results: list[tuple[tuple, int | None, int | None]]) -> dict:
+    """zerokit/data/seq_len_range.json from (row, zerokit's longest, the memory model's alone where Liger's 32-bit cap
+    bound the first, else None) of every row: the lowest and highest published / zerokit over the published maxima
+    ("max" and "full" rows), with Ulysses (SP > 1) and without. Where the cap bound zerokit's answer, the maximum is
+    compared with the memory model's answer too: which of the two stopped the published run is not published, so the
+    range spans both. plan/search.py likely_range turns them into a likely range of a `--seq-len max` answer on a GPU."""
     groups: dict[str, list[float]] = {"ulysses": [], "one_sequence_per_rank": []}
-    for row, got in results:
+    for row, got, alone in results:
         _, _, _, _, _, pins, published, kind, _ = row
         if kind != "ran" and got:
-            groups["ulysses" if sequence_parallel(pins) > 1 else "one_sequence_per_rank"].append(published / got)
+            group = groups["ulysses" if sequence_parallel(pins) > 1 else "one_sequence_per_rank"]
+            group += [published / n for n in (got, alone) if n]
     what = {"ulysses": "with Ulysses over 8-32 H100s", "one_sequence_per_rank": "without sequence parallelism, on "
             "H100s and H200s"}
     out = {"_about": "published / zerokit's longest sequence over the published maxima of ALST's setups (arXiv "
-                     "2506.13996 and ArcticTraining's recipes; Llama-3.1-8B and 70B): a --seq-len max answer's likely "
-                     "range on a GPU is [answer x ratio_low, answer x ratio_high] (plan/search.py likely_range). "
-                     "Written by " + RANGE_COMMAND + "; tests/test_long_context.py recomputes it."}
+                     "2506.13996 and ArcticTraining's recipes; Llama-3.1-8B and 70B), and / the memory model's alone "
+                     "where liger-kernel's 32-bit cap bound zerokit's answer: a --seq-len max answer's likely range on "
+                     "a GPU is [answer x ratio_low, answer x ratio_high] (plan/search.py likely_range). Written by "
+                     + RANGE_COMMAND + "; tests/test_long_context.py recomputes it."}
     for key, ratios in groups.items():
-        out[key] = {"ratio_low": round(min(ratios), 4), "ratio_high": round(max(ratios), 4), "maxima": len(ratios),
-                    "basis": f"{len(ratios)} published maxima {what[key]} (ALST; bench/results/alst_max_seq.txt)"}
+        n = sum(1 for row, got, _ in results if row[7] != "ran" and got
+                and (sequence_parallel(row[5]) > 1) == (key == "ulysses"))
+        out[key] = {"ratio_low": round(min(ratios), 4), "ratio_high": round(max(ratios), 4), "maxima": n,
+                    "basis": f"{n} published maxima {what[key]} (ALST; bench/results/alst_max_seq.txt)"}
     return out
 
 
@@ -264,21 +296,31 @@ def main() -> int:
     ap.add_argument("--write-range", action="store_true",
                     help="write the published / zerokit range of the maxima to zerokit/data/seq_len_range.json")
     args = ap.parse_args()
-    lines = [f"{'setup':52} {'published':>10} {'kind':>4} {'zerokit':>10} {'ratio':>7}  source / zerokit's choice"]
-    maxima, ran, results = [], [], []
+    lines = [f"{'setup':52} {'published':>10} {'kind':>4} {'zerokit':>10} {'ratio':>7} {'memory':>10} {'ratio':>7}  "
+             "source / zerokit's choice",
+             f"{'':52} {'':>10} {'':>4} {'':>10} {'':>7} {'alone':>10}"]
+    maxima, ran, results, alone_maxima = [], [], [], []
     for row in ROWS:
         label, model, gpu, gpn, nodes, extra, published, kind, source = row
-        got, why = longest(model, gpu, gpn, nodes, extra)
-        results.append((row, got))
+        got, why, binds = longest(model, gpu, gpn, nodes, extra)
+        alone = memory_alone(model, gpu, gpn, nodes, extra) if got and liger_bound(binds) else None
+        results.append((row, got, alone))
         if got is None:
-            lines.append(f"{label:52} {published:>10,} {kind:>4} {'-':>10} {'-':>7}  {source}; not planned: {why}")
+            lines.append(f"{label:52} {published:>10,} {kind:>4} {'-':>10} {'-':>7} {'':>10} {'':>7}  {source}; "
+                         f"not planned: {why}")
             continue
-        lines.append(f"{label:52} {published:>10,} {kind:>4} {got:>10,} {got / published:>6.2f}x  {source}; {why}")
+        mem = f"{alone:>10,} {alone / published:>6.2f}x" if alone else f"{'':>10} {'':>7}"
+        bound = f"; bound by liger-kernel {LIGER_JUNE_2025}'s 32-bit offsets" if alone else ""
+        lines.append(f"{label:52} {published:>10,} {kind:>4} {got:>10,} {got / published:>6.2f}x {mem}  {source}; "
+                     f"{why}{bound}")
         (ran if kind == "ran" else maxima).append(got / published)
+        if kind != "ran":
+            alone_maxima.append((alone or got) / published)
     within = sum(1 for r in maxima if abs(r - 1) <= 0.15)
     lines.append("")
-    lines.append(f"maxima (max, full) within 15%: {within} of {len(maxima)}; lengths that ran, planned at their length by "
-                 f"zerokit: {sum(1 for r in ran if r >= 1)} of {len(ran)}")
+    lines.append(f"maxima (max, full) within 15%: {within} of {len(maxima)} (the memory model alone: "
+                 f"{sum(1 for r in alone_maxima if abs(r - 1) <= 0.15)} of {len(alone_maxima)}); lengths that ran, "
+                 f"planned at their length by zerokit: {sum(1 for r in ran if r >= 1)} of {len(ran)}")
     lines += ["", "memory at a recipe's length: what its comment noted (GiB) against zerokit's allocated peak and nvidia-smi "
               "estimate", f"{'setup':52} {'tokens':>10} {'noted':>7} {'alloc':>7} {'ratio':>6} {'smi':>7} {'ratio':>6}  "
               "recipe"]

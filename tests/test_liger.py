@@ -121,6 +121,74 @@ def test_what_liger_cannot_run_is_one_line(extra, needle, capsys):
     assert "Traceback" not in err
 
 
+# ------------------------------------------------------------------- releases before 0.6.1: 32-bit row offsets
+def test_before_0_6_1_a_ranks_tokens_are_capped_where_the_recipe_crashed():
+    """Oracle: ArcticTraining's run-h100-sp1-llama-8b.yml (liger-kernel 0.5.x, June 2025): Llama-3.1-8B at 500,000
+    tokens on one H100 "ok", 555,000 "Triton Error [CUDA]: an illegal memory access"; Liger-Kernel PR #804 (0.6.1) cast
+    RMSNorm's and RoPE's program id to int64 for it. The cap lies between, at 2^31 / 4096 rows."""
+    from zerokit.spec.liger import liger_token_limit
+
+    llama = load_model_spec("llama-3.1-8b")
+    tokens, kernel = liger_token_limit(llama.with_liger_kernels("0.5.10"))
+    assert 500_000 <= tokens < 555_000 and tokens == 2**31 // 4096 and "RMSNorm" in kernel
+    assert liger_token_limit(llama.with_liger_kernels("0.6.0")) == (tokens, kernel)  # 0.6.0 still 32-bit
+    for fixed in (None, "0.6.1", "0.8.2", "1.0"):
+        assert liger_token_limit(llama.with_liger_kernels(fixed)) is None
+    assert liger_token_limit(llama) is None  # no Liger
+    # Qwen3-32B: RoPE and its per-head q_norm span 64 heads x 128 = 8192 elements a token (wider than its 5120 hidden);
+    # its recipes ran 230,000 tokens on one GPU and 4M over 16 (250,000 a rank): under the cap
+    qwen_tokens, qwen_kernel = liger_token_limit(load_model_spec("qwen3-32b").with_liger_kernels("0.5.10"))
+    assert qwen_tokens == 2**31 // 8192 >= 4_000_000 // 16 and "5120" not in qwen_kernel
+
+
+def test_plan_refuses_past_the_cap_and_names_the_release_that_lifts_it(capsys):
+    argv = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "1", "--seq-len", "600000", "--stage", "3",
+            "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "1", "--precision", "bf16",
+            "--activation-checkpointing", "offload", "--tiled-mlp", "on", "--hardware-profile", "none", "--json"]
+    rc, out, err = run([*argv, "--liger-kernels", "on"], capsys)
+    assert rc == 0 and json.loads(out)["fits"], err  # the memory fits
+    rc, out, err = run([*argv, "--liger-kernels", "0.5.10"], capsys)
+    d = json.loads(out)
+    assert rc == 1 and not d["fits"] and d["model"]["liger_version"] == "0.5.10"
+    assert "600000 tokens per rank overflow it past 524288" in d["reasons"][0]
+    assert "liger-kernel>=0.6.1" in d["reasons"][0] and "PR #804" in d["reasons"][0]
+    rc, out, err = run([a for a in argv if a != "--json"] + ["--liger-kernels", "0.5.10"], capsys)
+    assert rc == 1 and "Liger kernels 0.5.10 (RMSNorm" in out and "indexes in 32 bits" in out
+
+
+def test_seq_len_max_stops_at_the_cap_over_the_sequence_parallel_ranks(capsys):
+    """ALST's SP 8 setup (arXiv 2506.13996: 3.7M on 8 H100s, liger-kernel 0.5.x): the memory model alone answers
+    5.07M; the 0.5.10 kernels stop at 524,288 tokens a rank, 8 x 524,288 in all."""
+    argv = ["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--seq-len", "max", "--stage", "3",
+            "--offload-optimizer", "cpu", "--offload-param", "none", "--micro-batch", "1", "--precision", "bf16",
+            "--sequence-parallel", "8", "--activation-checkpointing", "offload", "--tiled-mlp", "on",
+            "--attention", "flash", "--hardware-profile", "none", "--json"]
+    rc, out, err = run([*argv, "--liger-kernels", "0.5.10"], capsys)
+    assert rc == 0, err
+    w = json.loads(out)["workload"]
+    assert w["max_seq_len"] == 8 * 2**31 // 4096
+    assert w["max_seq_len_search"]["binds"].startswith("liger-kernel 0.5.10's RMSNorm")
+    assert "largest term" not in w["max_seq_len_search"]["binds"]  # not a memory budget
+    rc, out, err = run([*argv, "--liger-kernels", "on"], capsys)
+    assert rc == 0 and json.loads(out)["workload"]["max_seq_len"] > 8 * 2**31 // 4096
+
+
+def test_check_refuses_a_config_past_the_cap(tmp_path, capsys):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "sequence_parallel_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    argv = ["check", str(tmp_path / "ds.json"), "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8",
+            "--seq-len", "4194312", "--activation-checkpointing", "offload", "--hardware-profile", "none"]
+    rc, out, err = run([*argv, "--liger-kernels", "0.5.10"], capsys)
+    assert rc == 1 and "524289 tokens per rank overflow it past 524288" in out, out + err
+
+
+@pytest.mark.parametrize("value", ["banana", "0.x", "on5"])
+def test_a_liger_release_it_cannot_read_is_one_line(value, capsys):
+    rc, out, err = run(["plan", "llama-3.1-8b", "--gpu", "h100-80gb", "--liger-kernels", value], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "a liger-kernel version such as 0.6.1" in err, err
+
+
 def test_the_time_model_prices_ligers_single_pass_kernels():
     """Liger's Triton kernels move each tensor once (Liger-Kernel src/liger_kernel/ops): RMSNorm reads x and writes y
     (2E per hidden element, not transformers' fp32 casts' 36 B), rotary rewrites q and k in place (2E, not 12E),

@@ -122,9 +122,12 @@ def load_cluster(args):
 
 def load_model(args):
     """The ModelSpec: from --params (pure arithmetic) or the model the resolver finds; as Liger-Kernel patches it
-    with --liger-kernels on."""
+    with --liger-kernels on (or a release number)."""
     model = _counted_model(args)
-    return model.with_liger_kernels() if getattr(args, "liger_kernels", None) == "on" else model
+    liger = getattr(args, "liger_kernels", None)
+    if liger in (None, "off"):
+        return model
+    return model.with_liger_kernels(None if liger == "on" else liger)
 
 
 def _counted_model(args):

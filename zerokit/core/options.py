@@ -125,6 +125,19 @@ def number(text) -> float:
 
 
 ON_OFF = ("on", "off")
+
+
+def liger_kernels(text) -> str:
+    """--liger-kernels: on, off, or the liger-kernel release the script runs (on: 0.6.1 or later; spec/liger.py reads
+    the number)."""
+    if isinstance(text, bool):  # YAML 1.1 reads on/off as booleans
+        return "on" if text else "off"
+    t = str(text).strip().lower()
+    if t in ON_OFF or re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?[a-z][\w.+-]*)?", t):
+        return t
+    raise ValueError(f"expected on, off or a liger-kernel version such as 0.6.1, got {text!r}")
+
+
 # the attention kernels zerokit prices (estimate/memory.py, estimate/gpu_time.py): sdpa, FlashAttention-2, -3, eager
 ATTENTION_IMPLS = ("sdpa", "flash", "flash3", "eager")
 # --activation-checkpointing: offload is on, with the checkpointed layer inputs in host memory
@@ -264,8 +277,9 @@ OPTIONS: tuple[Option, ...] = (
            "FlashAttention-2, transformers' flash_attention_2; flash3: FlashAttention-3, flash_attention_3, Hopper GPUs "
            "only)", choices=ATTENTION_IMPLS, default="sdpa", group=_WL),
     Option("liger-kernels", PLANNING, "your script loads the model with Liger-Kernel (AutoLigerKernelForCausalLM, as "
-           "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced (default off)",
-           choices=ON_OFF, group=_WL),
+           "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced. on: "
+           "liger-kernel 0.6.1 or later; or give the release, e.g. 0.5.10: before 0.6.1 its RMSNorm and RoPE index in 32 "
+           "bits, which caps a rank's tokens (default off)", type=liger_kernels, metavar="on|off|VERSION", group=_WL),
     Option("checkpoint-reentrant", PLANNING, "your script's activation checkpointing is reentrant (use_reentrant=True: "
            "transformers 4.x's default, DeepSpeed's deepspeed.checkpointing, ArcticTraining's checkpoint offload): each "
            "recomputed layer's output is held through its backward, one more hidden state per token (default off: "

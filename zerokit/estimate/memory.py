@@ -32,6 +32,7 @@ from zerokit.core.units import GiB, MiB
 from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEXT_BYTES
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
+from zerokit.spec.liger import liger_limit_problem
 from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order
 from zerokit.spec.optimizer import ADAMW, Optimizer, optimizer_named, step_optimizer
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element
@@ -77,6 +78,9 @@ class MemoryEstimate:
     reserved: ReservedEstimate | None = None
     # share of the parameter-shaped terms that belongs to trainable weights (0..1; trainable_split)
     trainable_fraction: dict[str, float] = field(default_factory=dict)
+    # what stops the step whatever the memory, one line each: a kernel's 32-bit offsets (spec/liger.py); fit_problems
+    # lists them first
+    kernel_limits: list[str] = field(default_factory=list)
 
     def trainable_split(self, terms: dict[str, int]) -> dict[str, dict[str, int]]:
         """Every term as {"trainable", "frozen", "other"} bytes: what belongs to trainable weights (their gradients,
@@ -1174,6 +1178,10 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
         # counted per rank above: the same RAM, once
         for k in ("optimizer_states_offloaded", "parameters_offloaded"):
             est.per_node_cpu.pop(k, None)
+    liger = liger_limit_problem(model.tensor_parallel_shard(setup.tensor_parallel),
+                                setup.micro_batch_size * workload.seq_len // setup.sequence_parallel)
+    if liger:
+        est.kernel_limits.append(liger)
     if setup.offload_optimizer == "nvme" and setup.zero_stage < 3:
         est.notes.append("offload_optimizer nvme with ZeRO stage < 3 silently behaves as CPU offload in DeepSpeed")
     if not model.exact:
@@ -1201,10 +1209,11 @@ class Budget:
 
 
 def fit_problems(est: MemoryEstimate, cluster: Cluster, budget: Budget) -> list[str]:
-    """Why an estimate does not fit, one reason per exhausted budget; empty when it fits."""
+    """Why an estimate does not fit, one reason per exhausted budget (after any kernel limit it hits); empty when it
+    fits."""
     from zerokit.core.units import fmt_bytes
 
-    problems = []
+    problems = list(est.kernel_limits)
     if est.per_gpu_total > budget.gpu_bytes:
         where = "per rank" if cluster.accelerator.is_cpu else "per GPU"
         problems.append(f"needs {fmt_bytes(est.per_gpu_total)} {where}, budget {fmt_bytes(budget.gpu_bytes)}")

@@ -57,8 +57,9 @@ def likely_range(longest: int, granule: int, sequence_parallel: int, on_gpu: boo
     """(low, high, what it rests on) for a longest sequence on a GPU: longest x the lowest and highest published /
     zerokit ratio over ALST's published maxima, with Ulysses (sequence_parallel > 1) or without
     (zerokit/data/seq_len_range.json, written by bench/alst_max_seq.py --write-range), in multiples of granule. The
-    Ulysses maxima reached 0.73-0.89x: something Ulysses holds on a GPU is not priced (docs/long-context.md); the range
-    says so where the single number cannot. None on a CPU: no published maximum was measured there."""
+    Ulysses maxima reached 0.88-0.95x of zerokit's answers (at liger-kernel 0.5.x's 32-bit cap) and 0.73-0.81x of the
+    memory model's alone: which bound them is not published (docs/long-context.md), and the range spans both where the
+    single number cannot. None on a CPU: no published maximum was measured there."""
     if not on_gpu:
         return None
     entry = _seq_len_ranges().get("ulysses" if sequence_parallel > 1 else "one_sequence_per_rank")
@@ -98,12 +99,13 @@ def longest_fitting(judge, granule: int = 1, limit: int = MAX_SEQ_LEN):
 
 
 def binding(evaluation) -> str:
-    """What binds at a length that does not fit: the budget it exceeds and the largest per-GPU term there."""
+    """What binds at a length that does not fit: a kernel limit it hits (spec/liger.py), the budget it exceeds and the
+    largest per-GPU term there."""
     if evaluation is None:
         return "the model's positions (its learned position table)"
     reasons = "; ".join(evaluation.reasons) or "does not fit"
     terms = evaluation.memory.per_gpu
-    if terms:
+    if terms and len(evaluation.reasons) > len(evaluation.memory.kernel_limits):  # a memory budget binds too
         name = max(terms, key=terms.get)
         reasons += f" (largest term: {name} {fmt_bytes(terms[name])}, with {evaluation.setup.label})"
     return reasons

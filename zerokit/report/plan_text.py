@@ -178,7 +178,8 @@ def format_plan(plan) -> str:
         + (f" within packed {w.attention_span}-token documents" if w.doc_len else "")
         + (", reentrant checkpointing" if w.checkpoint_reentrant else "")
         + (", a loop that keeps only the loss (HF Trainer)" if not w.outputs_held else "")
-        + (", Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)" if m.liger_kernels else "")
+        + (f", Liger kernels{' ' + m.liger_version if m.liger_version else ''} (RMSNorm, SwiGLU, fused linear "
+           "cross-entropy)" if m.liger_kernels else "")
         + (f", global batch {w.global_batch}" if w.global_batch else ""),
         *finetune_lines(plan.finetune, plan.model),
         "",

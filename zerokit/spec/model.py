@@ -46,6 +46,7 @@ from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 from zerokit.core.limits import MAX_LAYERS, META_BUILD_SECONDS, WHY, at_most
 from zerokit.core.options import flag
 from zerokit.spec.arch_params import SIZE_LIMITS, ConfigView, config_fields, count_params_from_config, first_attr as _first
+from zerokit.spec.liger import liger_release
 from zerokit.spec.resolve import HINT as _HINT
 from zerokit.spec.resolve import ResolvedModel, resolve_model
 from zerokit.spec.trained import FULL, Trained
@@ -108,6 +109,9 @@ class ModelSpec:
     # tensor once (estimate/gpu_time.py, with its rotary). Set by the
     # --liger-kernels option, not read from a config (not cached)
     liger_kernels: bool = False
+    # its liger-kernel release where the user names one (--liger-kernels 0.5.10); None: 0.6.1 or later. Releases before
+    # 0.6.1 index RMSNorm and RoPE rows in 32 bits, which caps a rank's tokens (spec/liger.py)
+    liger_version: str | None = None
     # what a fine-tune trains (spec/trained.py); the default: every weight, nothing quantized (a full fine-tune).
     # Set by with_finetune (spec/finetune.py)
     trained: Trained = FULL
@@ -195,14 +199,18 @@ class ModelSpec:
                        intermediate_size=self.intermediate_size // tp,
                        embedding_params=self.embedding_params - (0 if self.tied_embeddings else vh - vh // tp))
 
-    def with_liger_kernels(self) -> "ModelSpec":
+    def with_liger_kernels(self, version: str | None = None) -> "ModelSpec":
         """This model as Liger-Kernel patches it (AutoLigerKernelForCausalLM / apply_liger_kernel_to_<model type>), for
-        the model types Liger patches (LIGER_MODEL_TYPES); the rest are refused, as Liger would leave them unpatched."""
+        the model types Liger patches (LIGER_MODEL_TYPES); the rest are refused, as Liger would leave them unpatched.
+        `version`: the liger-kernel release (None: 0.6.1 or later; its memory is priced the same since 0.5.9: the same
+        tensors saved for backward and the same loss chunk)."""
+        if version is not None:
+            liger_release(version)  # one line for a version it cannot read
         if self.model_type not in LIGER_MODEL_TYPES:
             what = "a bare parameter count" if self.model_type == "params" else f"model type {self.model_type!r}"
             raise ZerokitError(f"{flag('liger-kernels')} on: Liger-Kernel has no kernels for {what} (it patches "
                                f"{', '.join(sorted(LIGER_TEXT_TYPES))}): drop {flag('liger-kernels')}")
-        return replace(self, liger_kernels=True)
+        return replace(self, liger_kernels=True, liger_version=version)
 
     def with_trained(self, **changes) -> "ModelSpec":
         """This spec with some of what trains changed (spec/trained.py Trained's fields)."""
@@ -253,7 +261,7 @@ def _cache_key(config: dict, trust_remote_code: bool) -> str:
 
 
 # a counted model: what trains and the kernels it runs are set later
-_SPEC_FIELDS = {f.name for f in fields(ModelSpec)} - {"trained", "liger_kernels"}
+_SPEC_FIELDS = {f.name for f in fields(ModelSpec)} - {"trained", "liger_kernels", "liger_version"}
 
 
 def _cache_read(key: str, name: str) -> ModelSpec | None:
@@ -276,6 +284,7 @@ def _cache_write(key: str, spec: ModelSpec, source: str, seconds: float) -> None
     data.pop("name")
     data.pop("trained")
     data.pop("liger_kernels")
+    data.pop("liger_version")
     entry = {
         "schema": _SCHEMA_VERSION,
         "key": key,
