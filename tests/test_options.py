@@ -124,6 +124,15 @@ def test_every_command_takes_a_run_file_and_flags_override_it(command, tmp_path)
     assert {k: getattr(args, k) for k in after} == after
 
 
+@pytest.mark.parametrize("text, value", [("on", "on"), ("off", "off"), ("0.5.10", "0.5.10"), ("0.6", "0.6"),
+                                         ("'0.6.1'", "0.6.1")])
+def test_a_run_file_gives_liger_kernels_on_off_or_a_release(text, value, tmp_path):
+    """YAML 1.1 reads on/off as booleans and 0.6 as a number: each arrives as --liger-kernels would."""
+    f = tmp_path / "run.yaml"
+    f.write_text(f"liger-kernels: {text}\n")
+    assert parse(["plan", "-c", str(f)]).liger_kernels == value
+
+
 def test_one_run_file_serves_every_command(tmp_path):
     """A launch-only key is skipped by plan; a key that is no option anywhere is refused, with the closest name."""
     f = tmp_path / "run.yaml"

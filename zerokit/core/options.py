@@ -128,14 +128,11 @@ ON_OFF = ("on", "off")
 
 
 def liger_kernels(text) -> str:
-    """--liger-kernels: on, off, or the liger-kernel release the script runs (on: 0.6.1 or later; spec/liger.py reads
-    the number)."""
+    """--liger-kernels: on, off, or the liger-kernel release the script runs (on: 0.6.1 or later); spec/liger.py
+    liger_release reads the number and refuses what it cannot."""
     if isinstance(text, bool):  # YAML 1.1 reads on/off as booleans
         return "on" if text else "off"
-    t = str(text).strip().lower()
-    if t in ON_OFF or re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?[a-z][\w.+-]*)?", t):
-        return t
-    raise ValueError(f"expected on, off or a liger-kernel version such as 0.6.1, got {text!r}")
+    return str(text).strip().lower()
 
 
 # the attention kernels zerokit prices (estimate/memory.py, estimate/gpu_time.py): sdpa, FlashAttention-2, -3, eager

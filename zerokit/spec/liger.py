@@ -33,7 +33,8 @@ def liger_release(version: str) -> tuple[int, int, int]:
     anything else."""
     m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[A-Za-z][\w.+-]*)?", str(version).strip())
     if not m:
-        raise ZerokitError(f"{flag('liger-kernels')} {version}: expected on, off or a liger-kernel version such as 0.6.1")
+        raise ZerokitError(f"{flag('liger-kernels')} {version}: expected on, off or a liger-kernel version such as "
+                           f"{'.'.join(map(str, INT64_ROWS_SINCE))}")
     return int(m[1]), int(m[2]), int(m[3] or 0)
 
 
@@ -63,6 +64,7 @@ def liger_limit_problem(model, tokens: int) -> str | None:
     if limit is None or tokens <= limit[0]:
         return None
     most, kernel = limit
+    fixed = ".".join(map(str, INT64_ROWS_SINCE))
     return (f"liger-kernel {model.liger_version}'s {kernel} indexes in 32 bits: {tokens} tokens per rank overflow it "
-            f"past {most} (a Triton illegal memory access; int64 from 0.6.1, Liger-Kernel PR #804): install "
-            f"liger-kernel>=0.6.1, or keep micro batch x sequence / sequence-parallel degree at {most} or less")
+            f"past {most} (a Triton illegal memory access; int64 from {fixed}, Liger-Kernel PR #804): install "
+            f"liger-kernel>={fixed}, or keep micro batch x sequence / sequence-parallel degree at {most} or less")
