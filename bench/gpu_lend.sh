@@ -2,7 +2,8 @@
 # What to run when a GPU is lent (the device tool: one H100/H200, ~15 min of device time in all): under 9 minutes.
 #   here:   bash scripts/gpu_wheels.sh            (once: DeepSpeed and what it needs, into .gpu_wheels/)
 #   there:  bash bench/gpu_lend.sh                (run with carry [".gpu_wheels"]; results under $OUT, else bench/results)
-# 0. bench/ulysses_attention_probe.py: a Ulysses rank's attention, measured against its pricing (issue 28);
+# 0. bench/ulysses_attention_probe.py: a Ulysses rank's attention, measured against its pricing (issue 28); then
+#    bench/liger_int32_probe.py --device cuda: liger-kernel's 32-bit offsets compiled on the GPU;
 # 1. zerokit calibrate --quick on the GPU, for the lend models' block family (the profile a plan there would use);
 # 2. bench/accuracy/run.py --lend: real one-rank DeepSpeed jobs of 1B and 3B Llama shapes (random weights, seq
 #    2048-4096, ZeRO-0..3, bf16, checkpointing on and off), each measuring step time and peak memory (allocated,
@@ -29,6 +30,11 @@ python3 -c "import torch, deepspeed, transformers; print('torch', torch.__versio
 # issue 28: one Ulysses rank's attention at Llama-3.1-8B's per-rank heads, SP 8 / 16 / 32, at 1M tokens (~1 min)
 timeout 150 python3 bench/ulysses_attention_probe.py --out "$RES/ulysses_attention_probe_$STAMP.txt" \
   || echo "gpu_lend: the attention probe did not finish"
+# issue 28: liger-kernel 0.8.2's RMSNorm and RoPE compiled on the GPU, rows past element 2^31 (the interpreter's result
+# in bench/results/liger_int32_probe.txt: the block kernel crashes; ~1 min)
+python3 -m pip install -q --no-index --no-deps --find-links .gpu_wheels --target /tmp/liger-0.8.2 liger-kernel==0.8.2 \
+  >/dev/null && PYTHONPATH=/tmp/liger-0.8.2:$PYTHONPATH timeout 180 python3 bench/liger_int32_probe.py --device cuda \
+  --out "$RES/liger_int32_probe_gpu_$STAMP.txt" || echo "gpu_lend: the Liger probe did not finish"
 PROFILE=$RES/gpu_profile_$STAMP.json
 CALIBRATE_S=${CALIBRATE_S:-240}  # 0: no calibration (a second short lend: the rows only); >180 s on an H200
 [ "$CALIBRATE_S" -gt 0 ] && { timeout "$CALIBRATE_S" python3 -m zerokit calibrate --quick --model bench/accuracy/models/gpu-1b \

@@ -129,16 +129,66 @@ def test_before_0_6_1_a_ranks_tokens_are_capped_where_the_recipe_crashed():
     from zerokit.spec.liger import liger_token_limit
 
     llama = load_model_spec("llama-3.1-8b")
-    tokens, kernel = liger_token_limit(llama.with_liger_kernels("0.5.10"))
-    assert 500_000 <= tokens < 555_000 and tokens == 2**31 // 4096 and "RMSNorm" in kernel
-    assert liger_token_limit(llama.with_liger_kernels("0.6.0")) == (tokens, kernel)  # 0.6.0 still 32-bit
+    limit = liger_token_limit(llama.with_liger_kernels("0.5.10"))
+    assert 500_000 <= limit.tokens < 555_000 and limit.tokens == 2**31 // 4096 and "RMSNorm" in limit.kernel
+    assert "liger-kernel>=0.6.1" in limit.fix
+    assert liger_token_limit(llama.with_liger_kernels("0.6.0")) == limit  # 0.6.0 still 32-bit
     for fixed in (None, "0.6.1", "0.8.2", "1.0"):
         assert liger_token_limit(llama.with_liger_kernels(fixed)) is None
     assert liger_token_limit(llama) is None  # no Liger
-    # Qwen3-32B: RoPE and its per-head q_norm span 64 heads x 128 = 8192 elements a token (wider than its 5120 hidden);
-    # its recipes ran 230,000 tokens on one GPU and 4M over 16 (250,000 a rank): under the cap
-    qwen_tokens, qwen_kernel = liger_token_limit(load_model_spec("qwen3-32b").with_liger_kernels("0.5.10"))
-    assert qwen_tokens == 2**31 // 8192 >= 4_000_000 // 16 and "5120" not in qwen_kernel
+
+
+def test_a_per_head_q_norm_is_capped_on_every_release_read():
+    """Qwen3's q_norm normalises 64 rows of 128 a token (Qwen3-32B); from 0.6.0 LigerRMSNorm runs such narrow rows
+    through its block kernel, 32-bit through 0.8.2 (bench/results/liger_int32_probe.txt): 2^31 / (64 x 128) tokens a
+    rank on every release, and upgrading is not the fix. Its recipes ran 230,000 tokens on one GPU and 4M over 16
+    (250,000 a rank): under the cap. A release after the newest read is not assumed to have it."""
+    from zerokit.spec.liger import liger_token_limit
+
+    qwen = load_model_spec("qwen3-32b")
+    for release in ("0.5.10", "0.6.0", "0.6.1", None, "0.8.2"):
+        limit = liger_token_limit(qwen.with_liger_kernels(release))
+        assert limit.tokens == 2**31 // (64 * 128) >= 4_000_000 // 16 >= 230_000, release
+        assert "rows of 128, 64 a token" in limit.kernel and "no release through 0.8.2" in limit.fix, release
+    assert "block kernel" in liger_token_limit(qwen.with_liger_kernels("0.6.1")).kernel
+    assert liger_token_limit(qwen.with_liger_kernels("0.9.0")) is None
+
+
+def _probe_results() -> dict[tuple[int, int, int], dict[str, str]]:
+    """bench/results/liger_int32_probe.txt: {release: {case: result}}."""
+    import re
+    from pathlib import Path
+
+    out, release = {}, None
+    for line in (Path(__file__).resolve().parents[1] / "bench/results/liger_int32_probe.txt").read_text().splitlines():
+        if m := re.match(r"liger-kernel (\d+)\.(\d+)\.(\d+),", line):
+            release = tuple(map(int, m.groups()))
+            out[release] = {}
+        elif line.startswith("  ") and release:
+            case, result = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+            out[release][case] = result
+    return out
+
+
+def test_the_rule_agrees_with_the_kernels_run_in_tritons_interpreter():
+    """Each release bench/liger_int32_probe.py ran: a kernel crashed at a row starting at element 2^31 exactly where
+    zerokit/spec/liger.py says that kernel indexes in 32 bits, and every control at 2^30 came out right."""
+    from zerokit.spec.liger import BLOCK_KERNEL_SINCE, INT64_ROWS_SINCE, NEWEST_READ
+
+    runs = _probe_results()
+    assert {(0, 5, 10), (0, 6, 1), NEWEST_READ} <= set(runs)
+    for release, cases in runs.items():
+        assert len(cases) == 6, release
+        expect = {"row kernel": release < INT64_ROWS_SINCE, "RoPE": release < INT64_ROWS_SINCE,
+                  "block kernel": BLOCK_KERNEL_SINCE <= release <= NEWEST_READ}
+        for case, result in cases.items():
+            kernel = next(k for k in expect if case.startswith(k))
+            if kernel == "block kernel" and release < BLOCK_KERNEL_SINCE:
+                assert result == "absent in this release", (release, case)
+            elif "(control)" in case:
+                assert result == "correct", (release, case)
+            else:
+                assert result.startswith("crashed") == expect[kernel] and result != "wrong", (release, case, result)
 
 
 def test_plan_refuses_past_the_cap_and_names_the_release_that_lifts_it(capsys):
@@ -152,6 +202,9 @@ def test_plan_refuses_past_the_cap_and_names_the_release_that_lifts_it(capsys):
     assert rc == 1 and not d["fits"] and d["model"]["liger_version"] == "0.5.10"
     assert "600000 tokens per rank overflow it past 524288" in d["reasons"][0]
     assert "liger-kernel>=0.6.1" in d["reasons"][0] and "PR #804" in d["reasons"][0]
+    rc, out, err = run([*argv[:1], "qwen3-32b", *argv[2:], "--liger-kernels", "on"], capsys)
+    reason = json.loads(out)["reasons"][0]
+    assert rc == 1 and "liger-kernel 0.6.1-0.8.2's RMSNorm block kernel (rows of 128, 64 a token)" in reason, reason
     rc, out, err = run([a for a in argv if a != "--json"] + ["--liger-kernels", "0.5.10"], capsys)
     assert rc == 1 and "Liger kernels 0.5.10 (RMSNorm" in out and "indexes in 32 bits" in out
 

@@ -2,30 +2,47 @@
 
 A Triton kernel computes its element offsets in the type of its operands: `tl.program_id(0)` is int32, and so is a
 row stride that fits in 32 bits, so `row * stride` wraps past 2^31 - 1 and the kernel reads or writes outside its
-tensor ("Triton Error [CUDA]: an illegal memory access was encountered"). Before liger-kernel 0.6.1 its RMSNorm
-(`_rms_norm_forward_kernel`: `Y_ptr += row_idx * Y_row_stride`, and the backward's `row_start * stride`) and RoPE
-(`_triton_rope`: `q_ptr + pid * q_row_stride`) did that: Liger-Kernel PR #804 ("Fix illegal memory access in Triton
-RMSNorm and RoPE", for "seq_len=1e6, hidden_size=4096") cast the program id to int64, released in 0.6.1 (2025-07-28;
-ArcticTraining's model/liger_factory.py then raised its minimum to 0.6.1, "int64 indexing"). ArcticTraining's
-run-h100-sp1-llama-8b.yml shows it on Llama-3.1-8B, one sequence per GPU: 500,000 tokens ran, 555,000 failed with that
-Triton error. The SwiGLU/GeGLU kernels cast their program id to int64 since PR #251 (2024), the cross-entropy ones by
-0.5.9.
+tensor ("Triton Error [CUDA]: an illegal memory access was encountered"). Three of Liger's kernels did or do:
+- before 0.6.1, RMSNorm's one-row-per-program kernel (`_rms_norm_forward_kernel`: `Y_ptr += row_idx * Y_row_stride`)
+  and RoPE (`_triton_rope`: `q_ptr + pid * q_row_stride`, a row of query heads x head_dim per token). Liger-Kernel PR
+  #804 ("Fix illegal memory access in Triton RMSNorm and RoPE", for "seq_len=1e6, hidden_size=4096") cast the program
+  id to int64 in 0.6.1 (2025-07-28); ArcticTraining's model/liger_factory.py then required 0.6.1 ("int64 indexing").
+  Its run-h100-sp1-llama-8b.yml shows it on Llama-3.1-8B, one sequence per GPU: 500,000 tokens ran, 555,000 failed
+  with that Triton error.
+- from 0.6.0 through 0.8.2 (the newest release read), RMSNorm's block kernel (`_block_rms_norm_forward_kernel`:
+  `row_idx = tl.program_id(0) * BLOCK_ROW + ...`, then `row_idx[:, None] * X_row_stride`), which rms_norm_forward
+  runs for rows of at most 256 elements once there are 32,768 rows or more: a per-head q_norm / k_norm (Qwen3, Gemma 3:
+  LigerRMSNorm replaces their RMSNorm class), a token's heads rows of head_dim.
+bench/liger_int32_probe.py runs each kernel in Triton's interpreter on the CPU with a row starting at element 2^31:
+0.5.10 and 0.6.0 crash in the row kernel and RoPE, every release from 0.6.0 to 0.8.2 in the block kernel, and the
+controls at 2^30 are right (bench/results/liger_int32_probe.txt). The SwiGLU/GeGLU kernels cast to int64 since PR #251
+(2024), the cross-entropy ones by 0.5.9.
 
-So a release before 0.6.1 caps the tokens one rank hands those kernels in one micro batch (its sequence shard under
-Ulysses): each kernel's rows x row stride must stay addressable in 32 bits. That is a crash, not a memory limit:
-zerokit refuses past it whatever the memory (estimate/memory.py estimate_memory, MemoryEstimate.kernel_limits).
+So a rank may hand Liger at most so many tokens in one micro batch (its sequence shard under Ulysses): each kernel's
+rows x row stride must stay addressable in 32 bits. That is a crash, not a memory limit: zerokit refuses past it
+whatever the memory (estimate/memory.py estimate_memory, MemoryEstimate.kernel_limits).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
 
 INT32_MAX = 2**31 - 1
-# the first release whose RMSNorm and RoPE kernels index rows in int64 (Liger-Kernel PR #804)
+# the first release whose RMSNorm row kernel and RoPE index rows in int64 (Liger-Kernel PR #804)
 INT64_ROWS_SINCE = (0, 6, 1)
+# RMSNorm's block kernel, for rows of at most BLOCK_KERNEL_MAX_WIDTH elements: since 0.6.0, still 32-bit in the newest
+# release read; `--liger-kernels on` is taken to be that release, and a later one named is not assumed to have it
+BLOCK_KERNEL_SINCE = (0, 6, 0)
+NEWEST_READ = (0, 8, 2)
+BLOCK_KERNEL_MAX_WIDTH = 256  # rms_norm_forward: `if BLOCK_SIZE > 256 or n_rows < 4096 * 8 or row_mode:` row kernel
+
+
+def _dotted(release: tuple[int, int, int]) -> str:
+    return ".".join(map(str, release))
 
 
 def liger_release(version: str) -> tuple[int, int, int]:
@@ -34,8 +51,18 @@ def liger_release(version: str) -> tuple[int, int, int]:
     m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[A-Za-z][\w.+-]*)?", str(version).strip())
     if not m:
         raise ZerokitError(f"{flag('liger-kernels')} {version}: expected on, off or a liger-kernel version such as "
-                           f"{'.'.join(map(str, INT64_ROWS_SINCE))}")
+                           f"{_dotted(INT64_ROWS_SINCE)}")
     return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+@dataclass(frozen=True)
+class LigerLimit:
+    """The most tokens one rank may hand Liger's kernels in a micro batch, the kernel that overflows past it, and the
+    fix."""
+
+    tokens: int
+    kernel: str
+    fix: str
 
 
 def _rows_addressable(row_stride: int) -> int:
@@ -43,28 +70,45 @@ def _rows_addressable(row_stride: int) -> int:
     return INT32_MAX // row_stride + 1
 
 
-def liger_token_limit(model) -> tuple[int, str] | None:
-    """(the most tokens one rank may hand Liger's kernels in a micro batch, the kernel that overflows past it) for a
-    ModelSpec patched by Liger (liger_kernels) at its release (liger_version; None: 0.6.1 or later), or None where no
-    kernel overflows. `model` is what one rank holds (the AutoTP shard: its heads)."""
-    if not model.liger_kernels or model.liger_version is None or liger_release(model.liger_version) >= INT64_ROWS_SINCE:
+def liger_token_limit(model) -> LigerLimit | None:
+    """The binding LigerLimit of a ModelSpec patched by Liger (liger_kernels) at its release (liger_version; None:
+    `--liger-kernels on`, taken as the newest release read), or None where no kernel overflows. `model` is what one
+    rank holds (the AutoTP shard: its heads)."""
+    if not model.liger_kernels:
         return None
-    h, q = model.hidden_size, model.num_attention_heads * model.head_dim
-    # RMSNorm over the hidden size, a row per token; RoPE over the queries, a row of heads x head_dim per token (its keys'
-    # rows are no wider). A per-head q_norm (Qwen3, Gemma 3: LigerRMSNorm replaces Qwen3RMSNorm) spans the same heads x
-    # head_dim elements a token, in rows of head_dim: the same cap as RoPE's
-    limits = [(_rows_addressable(h), f"RMSNorm (rows of {h})"), (_rows_addressable(q), f"RoPE (rows of {q})")]
-    return min(limits)
+    release = NEWEST_READ if model.liger_version is None else liger_release(model.liger_version)
+    h, a, d = model.hidden_size, model.num_attention_heads, model.head_dim
+    # the RMSNorms Liger runs: over the hidden size, a row a token; a per-head q_norm, a rows of d a token (its k_norm
+    # has fewer rows)
+    norms = [(h, 1)]
+    if model.head_norm_rows and model.head_norm_elements // model.head_norm_rows == d:
+        norms.append((d, a))
+    old = release < INT64_ROWS_SINCE
+    block = BLOCK_KERNEL_SINCE <= release <= NEWEST_READ
+    upgrade = f"install liger-kernel>={_dotted(INT64_ROWS_SINCE)} (int64 there, Liger-Kernel PR #804)"
+    unfixed = f"no release through {_dotted(NEWEST_READ)} fixes it (bench/results/liger_int32_probe.txt)"
+    limits = []
+    for width, per_token in norms:
+        what = f"rows of {width}" + (f", {per_token} a token" if per_token > 1 else "")
+        narrow = width <= BLOCK_KERNEL_MAX_WIDTH and release <= NEWEST_READ  # the block kernel's rows, from 0.6.0 on
+        if block and narrow:
+            limits.append(LigerLimit(_rows_addressable(width) // per_token, f"RMSNorm block kernel ({what})", unfixed))
+        elif old:  # the row kernel; for narrow rows a newer release moves them to the block kernel, as capped
+            limits.append(LigerLimit(_rows_addressable(width) // per_token, f"RMSNorm ({what})",
+                                     unfixed if narrow else upgrade))
+    if old:
+        limits.append(LigerLimit(_rows_addressable(a * d), f"RoPE (rows of {a * d})", upgrade))
+    # on a tie, the one no upgrade lifts
+    return min(limits, key=lambda limit: (limit.tokens, limit.fix != unfixed)) if limits else None
 
 
 def liger_limit_problem(model, tokens: int) -> str | None:
     """One line when `tokens` per rank per micro batch overflow a Liger kernel's 32-bit offsets (liger_token_limit),
     naming the fix; None otherwise."""
     limit = liger_token_limit(model)
-    if limit is None or tokens <= limit[0]:
+    if limit is None or tokens <= limit.tokens:
         return None
-    most, kernel = limit
-    fixed = ".".join(map(str, INT64_ROWS_SINCE))
-    return (f"liger-kernel {model.liger_version}'s {kernel} indexes in 32 bits: {tokens} tokens per rank overflow it "
-            f"past {most} (a Triton illegal memory access; int64 from {fixed}, Liger-Kernel PR #804): install "
-            f"liger-kernel>={fixed}, or keep micro batch x sequence / sequence-parallel degree at {most} or less")
+    release = model.liger_version or f"{_dotted(INT64_ROWS_SINCE)}-{_dotted(NEWEST_READ)}"
+    return (f"liger-kernel {release}'s {limit.kernel} indexes in 32 bits: {tokens} tokens per rank overflow it past "
+            f"{limit.tokens} (a Triton illegal memory access): {limit.fix}; or keep micro batch x sequence / "
+            f"sequence-parallel degree at {limit.tokens} or less")
