@@ -36,8 +36,8 @@ This only measures zerokit's memory model and the limits it applies; no figure h
 blog's optimizer placement, which its table's intercept suggested (docs/long-context.md says how). liger-kernel's 32-bit
 cap before 0.6.1 (zerokit/spec/liger.py) was looked for because the Ulysses maxima sat 1.2-1.4x under the memory
 model's answers, but its numbers come from Liger's source and PR #804 alone; the 1 x H100 recipe's crash at 555K is the
-oracle its test holds. Where the cap binds a row, the same setup with a current liger-kernel (`on`) is printed beside:
-for Llama, whose kernels then index in 64 bits, the memory model's own answer. The maxima's published / zerokit ratios give a
+oracle its test holds. Where the cap binds a row, the same setup with a current liger-kernel (`on`, 64-bit offsets) is
+printed beside: the memory model's own answer. The maxima's published / zerokit ratios give a
 `--seq-len max` answer its likely range (--write-range), not its value.
 
 Usage: python bench/alst_max_seq.py [--out bench/results/alst_max_seq.txt] [--write-range]
@@ -249,9 +249,8 @@ def liger_bound(binds: str) -> bool:
 
 
 def memory_alone(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> int | None:
-    """The longest sequence of a row whose Liger release caps it, with a current release (--liger-kernels on): for
-    Llama, whose kernels then index in 64 bits, what the memory model alone gives; Qwen3's per-head q_norm stays capped
-    on every release read (zerokit/spec/liger.py)."""
+    """The longest sequence of a row whose Liger release caps it, with a current release (--liger-kernels on), whose
+    kernels index in 64 bits: what the memory model alone gives."""
     pins = ["on" if a == LIGER_JUNE_2025 and i and extra[i - 1] == "--liger-kernels" else a for i, a in enumerate(extra)]
     return longest(model, gpu, gpn, nodes, pins)[0]
 

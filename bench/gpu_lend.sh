@@ -30,10 +30,10 @@ python3 -c "import torch, deepspeed, transformers; print('torch', torch.__versio
 # issue 28: one Ulysses rank's attention at Llama-3.1-8B's per-rank heads, SP 8 / 16 / 32, at 1M tokens (~1 min)
 timeout 150 python3 bench/ulysses_attention_probe.py --out "$RES/ulysses_attention_probe_$STAMP.txt" \
   || echo "gpu_lend: the attention probe did not finish"
-# issue 28: liger-kernel 0.8.2's RMSNorm and RoPE compiled on the GPU, rows past element 2^31 (the interpreter's result
+# issue 28: liger-kernel 0.8.3's RMSNorm and RoPE compiled on the GPU, rows past element 2^31 (the interpreter's result
 # in bench/results/liger_int32_probe.txt: the block kernel crashes; ~1 min)
-python3 -m pip install -q --no-index --no-deps --find-links .gpu_wheels --target /tmp/liger-0.8.2 liger-kernel==0.8.2 \
-  >/dev/null && PYTHONPATH=/tmp/liger-0.8.2:$PYTHONPATH timeout 180 python3 bench/liger_int32_probe.py --device cuda \
+python3 -m pip install -q --no-index --no-deps --find-links .gpu_wheels --target /tmp/liger-0.8.3 liger-kernel==0.8.3 \
+  >/dev/null && PYTHONPATH=/tmp/liger-0.8.3:$PYTHONPATH timeout 180 python3 bench/liger_int32_probe.py --device cuda \
   --out "$RES/liger_int32_probe_gpu_$STAMP.txt" || echo "gpu_lend: the Liger probe did not finish"
 PROFILE=$RES/gpu_profile_$STAMP.json
 CALIBRATE_S=${CALIBRATE_S:-240}  # 0: no calibration (a second short lend: the rows only); >180 s on an H200

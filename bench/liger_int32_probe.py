@@ -22,8 +22,8 @@ Liger's rsqrt comes from libdevice, which the interpreter lacks: it is replaced 
 Usage (a throwaway directory, nothing installed into the project):
   pip install --no-deps --target /tmp/liger-X triton==3.3.1 liger-kernel==X
   PYTHONPATH=/tmp/liger-X python bench/liger_int32_probe.py [--out FILE]
-bench/results/liger_int32_probe.txt holds the runs for 0.5.10, 0.6.0, 0.6.1 and 0.8.2. On a GPU, `--device cuda` runs the
-same cases compiled (bench/gpu_lend.sh does, for 0.8.2).
+bench/results/liger_int32_probe.txt holds the runs for seven releases, 0.5.10 to 0.8.5. On a GPU, `--device cuda` runs the
+same cases compiled (bench/gpu_lend.sh does, for 0.8.3).
 """
 
 from __future__ import annotations
@@ -130,8 +130,9 @@ def _rope_case(x, stride: int) -> str:
     q_last = q[0, -1].float().clone()
     rotated = torch.cat([-q_last[:, hd // 2:], q_last[:, :hd // 2]], -1)
     want = q_last * cos[0, -1].float() + rotated * sin[0, -1].float()
+    partial = {"pad_rd": hd, "rd": hd} if "rd" in _triton_rope.arg_names else {}  # 0.8.5 on: the rotary dims
     _triton_rope[(rows,)](q, q.stride(1), k, k.stride(1), cos, cos.stride(-2), sin, sin.stride(-2), rows, 1, 1, heads,
-                          kv_heads, hd, heads, kv_heads, hd, BLOCK_SIZE=triton.next_power_of_2(heads),
+                          kv_heads, hd, heads, kv_heads, hd, **partial, BLOCK_SIZE=triton.next_power_of_2(heads),
                           BACKWARD_PASS=False)
     return "correct" if torch.allclose(q[0, -1].float(), want, atol=2e-2, rtol=2e-2) else "wrong"
 

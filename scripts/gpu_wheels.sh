@@ -15,6 +15,6 @@ tf=$(grep '^transformers==' constraints-cpu.txt)
 "$PIP" download -q --no-deps --only-binary=:all: -d "$out" "$tf"
 "$PIP" download -q --only-binary=:all: --python-version "$PYV" --implementation cp --abi "cp${PYV/./}" \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$out" hjson "pydantic>=2"
-# bench/liger_int32_probe.py --device cuda: the newest liger-kernel read (zerokit/spec/liger.py NEWEST_READ), pure Python
-"$PIP" download -q --no-deps --only-binary=:all: -d "$out" liger-kernel==0.8.2
+# bench/liger_int32_probe.py --device cuda: the last liger-kernel whose block RMSNorm kernel is 32-bit (pure Python)
+"$PIP" download -q --no-deps --only-binary=:all: -d "$out" liger-kernel==0.8.3
 du -sh "$out"

@@ -138,20 +138,21 @@ def test_before_0_6_1_a_ranks_tokens_are_capped_where_the_recipe_crashed():
     assert liger_token_limit(llama) is None  # no Liger
 
 
-def test_a_per_head_q_norm_is_capped_on_every_release_read():
+def test_a_per_head_q_norm_is_capped_until_0_8_4():
     """Qwen3's q_norm normalises 64 rows of 128 a token (Qwen3-32B); from 0.6.0 LigerRMSNorm runs such narrow rows
-    through its block kernel, 32-bit through 0.8.2 (bench/results/liger_int32_probe.txt): 2^31 / (64 x 128) tokens a
-    rank on every release, and upgrading is not the fix. Its recipes ran 230,000 tokens on one GPU and 4M over 16
-    (250,000 a rank): under the cap. A release after the newest read is not assumed to have it."""
+    through its block kernel, 32-bit until 0.8.4 (bench/results/liger_int32_probe.txt): 2^31 / (64 x 128) tokens a rank
+    before 0.8.4, and 0.6.1 is not the fix. Its recipes ran 230,000 tokens on one GPU and 4M over 16 (250,000 a rank):
+    under the cap."""
     from zerokit.spec.liger import liger_token_limit
 
     qwen = load_model_spec("qwen3-32b")
-    for release in ("0.5.10", "0.6.0", "0.6.1", None, "0.8.2"):
+    for release in ("0.5.10", "0.6.0", "0.6.1", "0.8.2", "0.8.3"):
         limit = liger_token_limit(qwen.with_liger_kernels(release))
         assert limit.tokens == 2**31 // (64 * 128) >= 4_000_000 // 16 >= 230_000, release
-        assert "rows of 128, 64 a token" in limit.kernel and "no release through 0.8.2" in limit.fix, release
+        assert "rows of 128, 64 a token" in limit.kernel and "liger-kernel>=0.8.4" in limit.fix, release
     assert "block kernel" in liger_token_limit(qwen.with_liger_kernels("0.6.1")).kernel
-    assert liger_token_limit(qwen.with_liger_kernels("0.9.0")) is None
+    for fixed in ("0.8.4", "0.8.5", None):
+        assert liger_token_limit(qwen.with_liger_kernels(fixed)) is None
 
 
 def _probe_results() -> dict[tuple[int, int, int], dict[str, str]]:
@@ -173,14 +174,14 @@ def _probe_results() -> dict[tuple[int, int, int], dict[str, str]]:
 def test_the_rule_agrees_with_the_kernels_run_in_tritons_interpreter():
     """Each release bench/liger_int32_probe.py ran: a kernel crashed at a row starting at element 2^31 exactly where
     zerokit/spec/liger.py says that kernel indexes in 32 bits, and every control at 2^30 came out right."""
-    from zerokit.spec.liger import BLOCK_KERNEL_SINCE, INT64_ROWS_SINCE, NEWEST_READ
+    from zerokit.spec.liger import BLOCK_INT64_SINCE, BLOCK_KERNEL_SINCE, INT64_ROWS_SINCE
 
     runs = _probe_results()
-    assert {(0, 5, 10), (0, 6, 1), NEWEST_READ} <= set(runs)
+    assert {(0, 5, 10), (0, 6, 0), INT64_ROWS_SINCE, (0, 8, 3), BLOCK_INT64_SINCE} <= set(runs)
     for release, cases in runs.items():
         assert len(cases) == 6, release
         expect = {"row kernel": release < INT64_ROWS_SINCE, "RoPE": release < INT64_ROWS_SINCE,
-                  "block kernel": BLOCK_KERNEL_SINCE <= release <= NEWEST_READ}
+                  "block kernel": BLOCK_KERNEL_SINCE <= release < BLOCK_INT64_SINCE}
         for case, result in cases.items():
             kernel = next(k for k in expect if case.startswith(k))
             if kernel == "block kernel" and release < BLOCK_KERNEL_SINCE:
@@ -202,9 +203,10 @@ def test_plan_refuses_past_the_cap_and_names_the_release_that_lifts_it(capsys):
     assert rc == 1 and not d["fits"] and d["model"]["liger_version"] == "0.5.10"
     assert "600000 tokens per rank overflow it past 524288" in d["reasons"][0]
     assert "liger-kernel>=0.6.1" in d["reasons"][0] and "PR #804" in d["reasons"][0]
-    rc, out, err = run([*argv[:1], "qwen3-32b", *argv[2:], "--liger-kernels", "on"], capsys)
+    rc, out, err = run([*argv[:1], "qwen3-32b", *argv[2:], "--liger-kernels", "0.8.3"], capsys)
     reason = json.loads(out)["reasons"][0]
-    assert rc == 1 and "liger-kernel 0.6.1-0.8.2's RMSNorm block kernel (rows of 128, 64 a token)" in reason, reason
+    assert rc == 1 and "liger-kernel 0.8.3's RMSNorm block kernel (rows of 128, 64 a token)" in reason, reason
+    assert "liger-kernel>=0.8.4" in reason
     rc, out, err = run([a for a in argv if a != "--json"] + ["--liger-kernels", "0.5.10"], capsys)
     assert rc == 1 and "Liger kernels 0.5.10 (RMSNorm" in out and "indexes in 32 bits" in out
 
