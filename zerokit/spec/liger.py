@@ -109,6 +109,6 @@ def liger_limit_problem(model, tokens: int) -> str | None:
     limit = liger_token_limit(model)
     if limit is None or tokens <= limit.tokens:
         return None
-    return (f"liger-kernel {model.liger_version}'s {limit.kernel} indexes in 32 bits: {tokens} tokens per rank overflow it past "
-            f"{limit.tokens} (a Triton illegal memory access): {limit.fix}; or keep micro batch x sequence / "
-            f"sequence-parallel degree at {limit.tokens} or less")
+    return (f"liger-kernel {model.liger_version}'s {limit.kernel} indexes in 32 bits: {tokens} tokens per rank "
+            f"overflow it past {limit.tokens} (a Triton illegal memory access): {limit.fix}; or keep micro batch x "
+            f"sequence / sequence-parallel degree at {limit.tokens} or less")
