@@ -75,7 +75,7 @@ RECIPE = "ArcticTraining recipe "
 # liger-kernel >= 0.5.9 and 0.5.10 (2025-05-22) was the latest: before 0.6.1 (2025-07-28), Liger's RMSNorm and RoPE
 # index in 32 bits, which caps a rank's tokens (zerokit/spec/liger.py). The H200 recipes (5885b9f, 2025-07-18) ran
 # 650K-1.2M tokens on one GPU, past that cap: they had the int64 kernels (ArcticTraining f274093: liger-kernel >= 0.6.1,
-# "int64 indexing"), priced as "on" (0.6.1 or later)
+# "int64 indexing"), priced as "on" (a current release: for Llama, without per-head norms, any from 0.6.1 on)
 LIGER_JUNE_2025 = "0.5.10"
 LIGER = ["--liger-kernels", LIGER_JUNE_2025]
 LIGER_INT64 = ["--liger-kernels", "on"]

@@ -128,7 +128,7 @@ ON_OFF = ("on", "off")
 
 
 def liger_kernels(text) -> str:
-    """--liger-kernels: on, off, or the liger-kernel release the script runs (on: 0.6.1 or later); spec/liger.py
+    """--liger-kernels: on, off, or the liger-kernel release the script runs (on: a current one); spec/liger.py
     liger_release reads the number and refuses what it cannot."""
     if isinstance(text, bool):  # YAML 1.1 reads on/off as booleans
         return "on" if text else "off"
@@ -274,9 +274,10 @@ OPTIONS: tuple[Option, ...] = (
            "FlashAttention-2, transformers' flash_attention_2; flash3: FlashAttention-3, flash_attention_3, Hopper GPUs "
            "only)", choices=ATTENTION_IMPLS, default="sdpa", group=_WL),
     Option("liger-kernels", PLANNING, "your script loads the model with Liger-Kernel (AutoLigerKernelForCausalLM, as "
-           "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced. on: "
-           "liger-kernel 0.6.1 or later; or give the release, e.g. 0.5.10: before 0.6.1 its RMSNorm and RoPE index in 32 "
-           "bits, which caps a rank's tokens (default off)", type=liger_kernels, metavar="on|off|VERSION", group=_WL),
+           "ArcticTraining's type: liger): its RMSNorm, SwiGLU and fused linear cross-entropy are priced. on: a current "
+           "liger-kernel; or give the release, e.g. 0.5.10: before 0.6.1 its RMSNorm and RoPE, before 0.8.4 a per-head "
+           "q_norm, index in 32 bits, which caps a rank's tokens (default off)", type=liger_kernels,
+           metavar="on|off|VERSION", group=_WL),
     Option("checkpoint-reentrant", PLANNING, "your script's activation checkpointing is reentrant (use_reentrant=True: "
            "transformers 4.x's default, DeepSpeed's deepspeed.checkpointing, ArcticTraining's checkpoint offload): each "
            "recomputed layer's output is held through its backward, one more hidden state per token (default off: "

@@ -109,8 +109,9 @@ class ModelSpec:
     # tensor once (estimate/gpu_time.py, with its rotary). Set by the
     # --liger-kernels option, not read from a config (not cached)
     liger_kernels: bool = False
-    # its liger-kernel release where the user names one (--liger-kernels 0.5.10); None: 0.6.1 or later. Releases before
-    # 0.6.1 index RMSNorm and RoPE rows in 32 bits, which caps a rank's tokens (spec/liger.py)
+    # its liger-kernel release where the user names one (--liger-kernels 0.5.10); None: a current release. Releases before
+    # 0.6.1 index RMSNorm and RoPE rows in 32 bits, before 0.8.4 a per-head q_norm's: that caps a rank's tokens
+    # (spec/liger.py)
     liger_version: str | None = None
     # what a fine-tune trains (spec/trained.py); the default: every weight, nothing quantized (a full fine-tune).
     # Set by with_finetune (spec/finetune.py)
@@ -202,7 +203,7 @@ class ModelSpec:
     def with_liger_kernels(self, version: str | None = None) -> "ModelSpec":
         """This model as Liger-Kernel patches it (AutoLigerKernelForCausalLM / apply_liger_kernel_to_<model type>), for
         the model types Liger patches (LIGER_MODEL_TYPES); the rest are refused, as Liger would leave them unpatched.
-        `version`: the liger-kernel release (None: 0.6.1 or later; its memory is priced the same since 0.5.9: the same
+        `version`: the liger-kernel release (None: a current one; its memory is priced the same since 0.5.9: the same
         tensors saved for backward and the same loss chunk)."""
         if version is not None:
             liger_release(version)  # one line for a version it cannot read
