@@ -248,11 +248,16 @@ def liger_bound(binds: str) -> bool:
     return binds.startswith("liger-kernel ")
 
 
-def memory_alone(model: str, gpu: str, gpn: int, nodes: int, extra: list[str]) -> int | None:
-    """The longest sequence of a row whose Liger release caps it, with a current release (--liger-kernels on), whose
-    kernels index in 64 bits: what the memory model alone gives."""
+def memory_alone(model: str, gpu: str, gpn: int, nodes: int, extra: list[str], got: int | None,
+                 binds: str) -> int | None:
+    """Where a row's Liger release capped its longest sequence `got` (`binds`: what bound it), the same setup with a
+    current release (--liger-kernels on), whose kernels index in 64 bits: what the memory model alone gives. None where
+    the cap did not bind, or binds on the current release too."""
+    if not got or not liger_bound(binds):
+        return None
     pins = ["on" if a == LIGER_JUNE_2025 and i and extra[i - 1] == "--liger-kernels" else a for i, a in enumerate(extra)]
-    return longest(model, gpu, gpn, nodes, pins)[0]
+    alone = longest(model, gpu, gpn, nodes, pins)[0]
+    return None if alone == got else alone
 
 
 RANGE_FILE = REPO / "zerokit" / "data" / "seq_len_range.json"
@@ -271,11 +276,13 @@ def seq_len_ranges(results: list[tuple[tuple, int | None, int | None]]) -> dict:
     compared with the memory model's answer too: which of the two stopped the published run is not published, so the
     range spans both. plan/search.py likely_range turns them into a likely range of a `--seq-len max` answer on a GPU."""
     groups: dict[str, list[float]] = {"ulysses": [], "one_sequence_per_rank": []}
+    maxima = dict.fromkeys(groups, 0)
     for row, got, alone in results:
         _, _, _, _, _, pins, published, kind, _ = row
         if kind != "ran" and got:
-            group = groups["ulysses" if sequence_parallel(pins) > 1 else "one_sequence_per_rank"]
-            group += [published / n for n in (got, alone) if n]
+            key = "ulysses" if sequence_parallel(pins) > 1 else "one_sequence_per_rank"
+            groups[key] += [published / n for n in (got, alone) if n]
+            maxima[key] += 1
     what = {"ulysses": "with Ulysses over 8-32 H100s", "one_sequence_per_rank": "without sequence parallelism, on "
             "H100s and H200s"}
     out = {"_about": "published / zerokit's longest sequence over the published maxima of ALST's setups (arXiv "
@@ -284,8 +291,7 @@ def seq_len_ranges(results: list[tuple[tuple, int | None, int | None]]) -> dict:
                      "a GPU is [answer x ratio_low, answer x ratio_high] (plan/search.py likely_range). Written by "
                      + RANGE_COMMAND + "; tests/test_long_context.py recomputes it."}
     for key, ratios in groups.items():
-        n = sum(1 for row, got, _ in results if row[7] != "ran" and got
-                and (sequence_parallel(row[5]) > 1) == (key == "ulysses"))
+        n = maxima[key]
         out[key] = {"ratio_low": round(min(ratios), 4), "ratio_high": round(max(ratios), 4), "maxima": n,
                     "basis": f"{n} published maxima {what[key]} (ALST; bench/results/alst_max_seq.txt)"}
     return out
@@ -305,8 +311,7 @@ def main() -> int:
         label, model, gpu, gpn, nodes, extra, published, kind, source = row
         got, why, binds = longest(model, gpu, gpn, nodes, extra)
         capped = bool(got) and liger_bound(binds)
-        alone = memory_alone(model, gpu, gpn, nodes, extra) if capped else None
-        alone = None if alone == got else alone  # capped on the current release too
+        alone = memory_alone(model, gpu, gpn, nodes, extra, got, binds)
         results.append((row, got, alone))
         if got is None:
             lines.append(f"{label:52} {published:>10,} {kind:>4} {'-':>10} {'-':>7} {'':>10} {'':>7}  {source}; "

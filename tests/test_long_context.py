@@ -581,8 +581,7 @@ def _alst_memory_alone(row: int) -> int | None:
     """The memory model's own answer where the row's liger-kernel release capped zerokit's, else None."""
     label, model, gpu, gpn, nodes, pins, *_ = _alst_rows().ROWS[row]
     got, _, binds = _alst_longest(row)
-    alone = _alst_rows().memory_alone(model, gpu, gpn, nodes, pins) if got and _alst_rows().liger_bound(binds) else None
-    return None if alone == got else alone
+    return _alst_rows().memory_alone(model, gpu, gpn, nodes, pins, got, binds)
 
 
 @pytest.mark.parametrize("row", _alst_params())
