@@ -1,4 +1,4 @@
-"""zerokit's step time against published, measured DeepSpeed training runs (issue 27, item 3).
+"""zerokit's step time against published, measured DeepSpeed training runs, on the fit and the held-out half (issue 42).
 
 Each run in bench/data/published_runs.yaml (source URL, quote, setup, measured step seconds) is planned with zerokit's
 own planner pinned to the run's setup: the same `build_plan` that `zerokit plan` runs, on the catalog's figures
@@ -9,9 +9,13 @@ is printed as a ratio to the measured one, beside the rule of thumb
 
 on the same run (N the model's parameters as zerokit counts them, tokens the step's tokens, peak the datasheet dense
 peak of zerokit/data/gpus.json for the run's precision; 0.40 the MFU of EleutherAI's "Transformer Math 101").
-Summary: median and max of |log ratio| as a ratio (max(r, 1/r)), and the share of runs within 1.25x.
+Summary per half (bench/data/split.yaml): median and max of |log ratio| as a ratio (max(r, 1/r)), the share of runs
+within 1.25x and the signed median of predicted / measured, for zerokit with its fitted figures
+(zerokit/data/time_fit.json, fitted on the fit half by bench/fit_time.py), for the same priced parts with no fitted
+figure (first principles) and for the rule of thumb; then the held-out half by GPU generation, ZeRO stage, offload,
+model size and framework, flagging a group of 5 or more that leans more than 15% one way.
 
-This only measures zerokit's time model; it changes nothing in it. No run here informed any rule of zerokit.
+This only measures zerokit's time model; it changes nothing in it.
 
 Usage: python bench/published_runs.py [--only REGEX] [--out bench/results/published_runs.txt]
 """
@@ -30,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "bench" / "data" / "published_runs.yaml"
 RULE_MFU = 0.40  # EleutherAI "Transformer Math 101": 115-150 of 312 TFLOP/s on A100 is well tuned, ~0.4 of peak
 WITHIN = 1.25  # the issue's "three runs in four within 1.25x" target
-RANGE_COMMAND = "python bench/published_runs.py --out bench/results/published_runs.txt --write-range"
+TABLE_COMMAND = "python bench/published_runs.py --out bench/results/published_runs.txt"
 
 # setup key -> zerokit plan flag; the values are pinned so the planner evaluates exactly the published setup
 FLAGS = {
@@ -40,10 +44,13 @@ FLAGS = {
     "precision": "--precision", "micro_batch": "--micro-batch", "grad_accum": "--grad-accum", "seq_len": "--seq-len",
     "activation_checkpointing": "--activation-checkpointing", "sequence_parallel": "--sequence-parallel",
     "tensor_parallel": "--tensor-parallel", "attention": "--attention", "doc_len": "--doc-len",
-    "liger_kernels": "--liger-kernels",
+    "liger_kernels": "--liger-kernels", "hpz": "--hpz", "finetune": "--finetune", "lora_r": "--lora-r",
+    "quantized_weights": "--zero-quantized-weights", "quantized_gradients": "--zero-quantized-gradients",
+    "intra_node_bandwidth": "--intra-node-bandwidth", "inter_node_bandwidth": "--inter-node-bandwidth",
 }
 # what a complete entry states (tests/test_published_runs.py checks these)
-REQUIRED_RUN = ("id", "source", "quote", "setup", "measured", "step_seconds", "conversion")
+REQUIRED_RUN = ("id", "source", "group", "framework", "quote", "setup", "measured", "step_seconds", "conversion",
+                "assumptions")
 REQUIRED_SETUP = ("gpu", "gpus_per_node", "nodes", "stage", "offload_optimizer", "offload_param", "precision",
                   "micro_batch", "grad_accum", "seq_len", "activation_checkpointing")
 
@@ -64,6 +71,8 @@ def plan_argv(setup: dict) -> list[str]:
             value = setup[key]
             if isinstance(value, float) and key == "params":
                 value = f"{value:.6g}"
+            if isinstance(value, bool):  # YAML's true/false: the on/off switches
+                value = "on" if value else "off"
             argv += [flag, str(value)]
     return argv + ["--hardware-profile", "none"]
 
@@ -84,7 +93,8 @@ def predict(run: dict) -> dict:
     params = plan.model.params
     rule = 6 * params * t.tokens_per_step / (gpus * peak * RULE_MFU)
     return {"predicted": t.step_seconds, "rule": rule, "fits": plan.fits, "label": ev.setup.label,
-            "tokens": t.tokens_per_step, "params": params}
+            "tokens": t.tokens_per_step, "params": params, "parts": t.gpu_parts,
+            "generation": acc.generation}
 
 
 def spread(ratios: list[float]) -> tuple[float, float, float]:
@@ -100,6 +110,11 @@ def central_ratios(ratios: list[float]) -> tuple[float, float]:
     return deciles[0], deciles[-1]
 
 
+def covered(ratios: list[float], low: float, high: float) -> float:
+    """The share of runs whose measured step lies in [predicted / high, predicted / low]."""
+    return sum(low <= r <= high for r in ratios) / len(ratios)
+
+
 # zerokit's own calibrated predictions against real DeepSpeed jobs on this project's CPUs: the range of a plan priced
 # on a measured profile (time_range.json "calibrated")
 CALIBRATED_TABLES = ("accuracy_cpu", "accuracy_cpu_parallel", "accuracy_cpu_finetune")
@@ -113,17 +128,19 @@ def calibrated_ratios() -> list[float]:
     return [1 + float(r["time_err"]) for r in rows if r.get("time_err") is not None]
 
 
-def range_data(zk: list[float], cmd: str) -> dict:
-    """time_range.json: each basis's central ratios, where they come from and how many runs they rest on."""
-    low, high = central_ratios(zk)
+def range_data(held_out: list[float], cmd: str) -> dict:
+    """time_range.json: each basis's central ratios, where they come from and how many runs they rest on. The GPU
+    range is the held-out half's: residuals of runs no figure was fitted on."""
+    low, high = central_ratios(held_out)
     cal = calibrated_ratios()
     c_low, c_high = central_ratios(cal)
     return {
         "_about": "predicted / measured step time, 10th and 90th percentiles: a plan's step time range is "
                   "[predicted / ratio_high, predicted / ratio_low] (estimate/timing.py step_range). Written by "
-                  "bench/published_runs.py --write-range; tests/test_published_runs.py recomputes it.",
-        "catalog_gpu": {"ratio_low": round(low, 4), "ratio_high": round(high, 4), "runs": len(zk),
-                        "basis": f"80% of {len(zk)} published DeepSpeed runs (bench/results/published_runs.txt)",
+                  "bench/fit_time.py --write; tests/test_time_fit.py recomputes it.",
+        "catalog_gpu": {"ratio_low": round(low, 4), "ratio_high": round(high, 4), "runs": len(held_out),
+                        "basis": f"80% of the {len(held_out)} held-out published runs, none of which the fitted "
+                                 f"figures saw (bench/results/published_runs.txt)",
                         "command": cmd},
         "calibrated": {"ratio_low": round(c_low, 4), "ratio_high": round(c_high, 4), "runs": len(cal),
                        "basis": f"80% of {len(cal)} real DeepSpeed ranks predicted on a measured profile "
@@ -135,29 +152,108 @@ def size_class(params: float) -> str:
     return "<1B" if params < 1e9 else "1-10B" if params < 10e9 else "10-100B" if params < 100e9 else ">=100B"
 
 
-# packed runs: their document length is an estimate (the data file says from what); these multiples of it show how
-# much the verdict rests on it, up to the whole sequence (no packing)
-DOC_LEN_FACTORS = (0.5, 1.0, 2.0, 3.0)
+def offload_class(setup: dict) -> str:
+    kinds = [k for k in ("offload_optimizer", "offload_param") if setup.get(k, "none") != "none"]
+    return "offload " + "+".join(k.split("_")[1] for k in kinds) if kinds else "no offload"
 
 
-def doc_len_sensitivity(rows: list[tuple]) -> list[str]:
-    """Each packed run's ratio at DOC_LEN_FACTORS x its stated document length and at the whole sequence."""
-    packed = [(run, r) for run, _, r, _ in rows if "doc_len" in run["setup"]]
-    if not packed:
-        return []
-    out = ["", "packed runs (--doc-len, an estimate of the documents' length): the ratio if the documents were "
-                + ", ".join(f"x{f:g}" for f in DOC_LEN_FACTORS) + " that long, and with no packing"]
-    for run, _ in packed:
-        s = run["setup"]
+# what a group of held-out runs is split by (issue 42, item 4): signed median per group
+GROUPINGS = (("GPU generation", lambda run, p: p["generation"]),
+             ("ZeRO stage", lambda run, p: f"ZeRO-{run['setup']['stage']}"),
+             ("offload", lambda run, p: offload_class(run["setup"])),
+             ("model size", lambda run, p: size_class(p["params"])),
+             ("framework", lambda run, p: run["framework"]))
+LEAN_LIMIT = 0.15  # a group of LEAN_MIN or more held-out runs leaning more than this one way needs a reason
+LEAN_MIN = 5
+# Sourced reasons for a held-out group that leans: (grouping, group) -> the reason. Each names its source.
+LEAN_REASONS: dict[tuple[str, str], str] = {}
+
+
+def signed_median(ratios: list[float]) -> float:
+    return statistics.median(ratios)
+
+
+def summary_line(name: str, ratios: list[float]) -> str:
+    med, worst, share = spread(ratios)
+    return (f"  {name:26} median x{med:.2f}  worst x{worst:.2f}  within {WITHIN}x: {share:4.0%} "
+            f"({round(share * len(ratios))}/{len(ratios)})  signed median {signed_median(ratios):.2f}")
+
+
+def group_lines(rows: list[dict], half: str) -> list[str]:
+    out = []
+    for title, key in GROUPINGS:
+        groups: dict[str, list[dict]] = {}
+        for row in rows:
+            groups.setdefault(key(row["run"], row["p"]), []).append(row)
         cells = []
-        for f in DOC_LEN_FACTORS:
-            doc = min(int(s["doc_len"] * f), int(s["seq_len"]))
-            r = predict({**run, "setup": {**s, "doc_len": doc}})["predicted"] / float(run["step_seconds"])
-            cells.append(f"{doc}: {r:.2f}")
-        whole = {k: v for k, v in s.items() if k != "doc_len"}
-        r = predict({**run, "setup": whole})["predicted"] / float(run["step_seconds"])
-        out.append(f"  {run['id']:44} " + "  ".join(cells) + f"  whole {s['seq_len']}: {r:.2f}")
+        for g, members in sorted(groups.items()):
+            med = signed_median([m["zk"] for m in members])
+            cell = f"{g} n={len(members)} x{med:.2f} (rule x{signed_median([m['rule'] for m in members]):.2f})"
+            if half == "held_out" and len(members) >= LEAN_MIN and abs(med - 1) > LEAN_LIMIT:
+                reason = LEAN_REASONS.get((title, g))
+                cell += f" LEANS: {reason}" if reason else " LEANS, no sourced reason"
+            cells.append(cell)
+        out.append(f"  by {title}: " + "; ".join(cells))
     return out
+
+
+def evaluate(runs: list[dict]) -> list[dict]:
+    """Each run planned with the committed fit: zerokit's ratio, first principles' (TimeFit()) and the rule's."""
+    from zerokit.estimate.gpu_time import TimeFit, gpu_step
+
+    rows = []
+    for run in runs:
+        p = predict(run)
+        measured = float(run["step_seconds"])
+        unfitted = gpu_step(p["parts"], TimeFit()).step_seconds if p["parts"] is not None else p["predicted"]
+        rows.append({"run": run, "p": p, "zk": p["predicted"] / measured, "raw": unfitted / measured,
+                     "rule": p["rule"] / measured})
+    return rows
+
+
+def table(rows: list[dict], split: dict[str, str], cmd: str) -> str:
+    n_fit = sum(split[r["run"]["group"]] == "fit" for r in rows)
+    lines = [f"command: {cmd}",
+             f"data: bench/data/published_runs.yaml ({len(rows)} runs, {len({r['run']['group'] for r in rows})} "
+             f"sources); split: bench/data/split.yaml ({n_fit} runs in the fit half, {len(rows) - n_fit} held out, "
+             f"whole sources in each)",
+             "zerokit: planned with --hardware-profile none (the catalog's figures, estimate/gpu_time.py) and the "
+             "fitted figures of zerokit/data/time_fit.json (fitted on the fit half only: python bench/fit_time.py "
+             "--write), every setup dimension pinned; 'first principles': the same parts with no fitted figure",
+             f"rule of thumb: 6 * N * tokens / (GPUs * peak * {RULE_MFU:.2f}), peak from zerokit/data/gpus.json",
+             "ratio = predicted / measured step time (> 1: predicted slower than measured)", ""]
+    head = (f"{'run':46} {'half':8} {'gpu':10} {'gpus':>5} {'z':>1} {'measured s':>10} {'zerokit s':>10} {'ratio':>6} "
+            f"{'1st pr.':>7} {'rule':>6}  fits")
+    lines += [head, "-" * len(head)]
+    for half in ("fit", "held_out"):
+        for row in (r for r in rows if split[r["run"]["group"]] == half):
+            run, p, s = row["run"], row["p"], row["run"]["setup"]
+            gpus = int(s["gpus_per_node"]) * int(s["nodes"])
+            lines.append(f"{run['id'][:46]:46} {half:8} {s['gpu']:10} {gpus:>5} {s['stage']:>1} "
+                         f"{float(run['step_seconds']):>10.4g} {p['predicted']:>10.4g} {row['zk']:>6.2f} "
+                         f"{row['raw']:>7.2f} {row['rule']:>6.2f}  {'yes' if p['fits'] else 'NO'}")
+    for half, title in (("fit", "fit half (the fitted figures saw these runs)"),
+                        ("held_out", "held-out half (no fitted figure saw these runs)")):
+        part = [r for r in rows if split[r["run"]["group"]] == half]
+        if not part:
+            continue
+        lines += ["", f"{title}: {len(part)} runs from {len({r['run']['group'] for r in part})} sources"]
+        lines.append(summary_line("zerokit (fitted)", [r["zk"] for r in part]))
+        lines.append(summary_line("zerokit (first principles)", [r["raw"] for r in part]))
+        lines.append(summary_line("rule of thumb", [r["rule"] for r in part]))
+        lines += group_lines(part, half)
+    held = [r["zk"] for r in rows if split[r["run"]["group"]] == "held_out"]
+    fit = [r["zk"] for r in rows if split[r["run"]["group"]] == "fit"]
+    if len(held) > 1 and len(fit) > 1:
+        low, high = central_ratios(held)
+        f_low, f_high = central_ratios(fit)
+        lines += ["", f"likely range (zerokit/data/time_range.json catalog_gpu): the held-out half's 10th-90th "
+                      f"percentile ratios x{low:.2f} to x{high:.2f}: a plan's step from predicted / {high:.2f} to "
+                      f"predicted / {low:.2f}; it holds {covered(held, low, high):.0%} of the held-out runs and "
+                      f"{covered(fit, low, high):.0%} of the fit half's",
+                  f"  out-of-sample check: the same range from the fit half's residuals (x{f_low:.2f} to x{f_high:.2f}) "
+                  f"holds {covered(held, f_low, f_high):.0%} of the held-out runs"]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,71 +261,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="regex over run ids")
     ap.add_argument("--out", help="also write the table here")
     ap.add_argument("--data", default=str(DATA))
-    ap.add_argument("--write-range", action="store_true",
-                    help="write the central ratios to zerokit/data/time_range.json (the whole set only)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    from fit_time import load_split
+
     runs = [r for r in load_runs(Path(a.data)) if not a.only or re.search(a.only, r["id"])]
     if not runs:
         print("no run matches", file=sys.stderr)
         return 2
-
+    split = load_split()
+    missing = sorted({r["group"] for r in runs} - set(split))
+    if missing:
+        print(f"groups without a half in bench/data/split.yaml: {', '.join(missing)} (python bench/fit_time.py "
+              f"--split)", file=sys.stderr)
+        return 2
     cmd = "python bench/published_runs.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
-    lines = [f"command: {cmd}",
-             f"data: bench/data/published_runs.yaml ({len(runs)} runs); zerokit planned with --hardware-profile none "
-             f"(the catalog's figures: estimate/gpu_time.py), every setup dimension pinned",
-             f"rule of thumb: 6 * N * tokens / (GPUs * peak * {RULE_MFU:.2f}), peak from zerokit/data/gpus.json",
-             "runs that informed any zerokit rule: none (the set only checks the time model)",
-             "ratio = predicted / measured step time (> 1: predicted slower than measured); 6N mfu = the measured "
-             "step's 6*N*tokens over GPUs x peak (attention and recompute not counted: a sanity check on the setup)",
-             "fits: whether zerokit's memory model fits the pinned setup (its time is priced either way)", ""]
-    head = f"{'run':44} {'gpu':10} {'gpus':>5} {'z':>1} {'measured s':>11} {'zerokit s':>10} {'ratio':>6} " \
-           f"{'rule s':>10} {'ratio':>6} {'6N mfu':>6}  fits"
-    lines += [head, "-" * len(head)]
-    zk, rt, rows = [], [], []
-    for run in runs:
-        s = run["setup"]
-        p = predict(run)
-        measured = float(run["step_seconds"])
-        r_zk, r_rule = p["predicted"] / measured, p["rule"] / measured
-        zk.append(r_zk)
-        rt.append(r_rule)
-        rows.append((run, p, r_zk, r_rule))
-        gpus = int(s["gpus_per_node"]) * int(s["nodes"])
-        lines.append(f"{run['id']:44} {s['gpu']:10} {gpus:>5} {s['stage']:>1} {measured:>11.4g} "
-                     f"{p['predicted']:>10.4g} {r_zk:>6.2f} {p['rule']:>10.4g} {r_rule:>6.2f} {RULE_MFU * r_rule:>6.0%}  "
-                     f"{'yes' if p['fits'] else 'NO'}")
-    lines.append("")
-    for name, ratios in (("zerokit", zk), ("rule of thumb", rt)):
-        med, worst, share = spread(ratios)
-        lines.append(f"{name:14} median x{med:.2f}  max x{worst:.2f}  within {WITHIN}x: "
-                     f"{share:.0%} ({round(share * len(ratios))}/{len(ratios)})")
-    if len(zk) > 1:  # a quantile needs two runs (--only may select one)
-        low, high = central_ratios(zk)
-        lines.append(f"central 80% of zerokit's ratios: x{low:.2f} to x{high:.2f} (a plan's range: predicted / "
-                     f"{high:.2f} to predicted / {low:.2f}; zerokit/data/time_range.json)")
-    lines.append("")
-    # where the misses sit: by GPU, model size and stage (median signed ratio, so the direction shows)
-    for title, key in (("gpu", lambda run, p: run["setup"]["gpu"]),
-                       ("model size", lambda run, p: size_class(p["params"])),
-                       ("ZeRO stage", lambda run, p: f"ZeRO-{run['setup']['stage']}")):
-        groups: dict[str, list[tuple[float, float]]] = {}
-        for run, p, r_zk, r_rule in rows:
-            groups.setdefault(key(run, p), []).append((r_zk, r_rule))
-        lines.append(f"by {title}: " + "; ".join(
-            f"{g} n={len(v)} zerokit x{statistics.median(x for x, _ in v):.2f} "
-            f"rule x{statistics.median(y for _, y in v):.2f}" for g, v in sorted(groups.items())))
-    lines += doc_len_sensitivity(rows)
-    text = "\n".join(lines) + "\n"
+    text = table(evaluate(runs), split, cmd)
     print(text, end="")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
-    if a.write_range:
-        if a.only:
-            print("--write-range takes the whole set: drop --only", file=sys.stderr)
-            return 2
-        (REPO / "zerokit" / "data" / "time_range.json").write_text(json.dumps(range_data(zk, RANGE_COMMAND), indent=2) + "\n")
     return 0
 
 

@@ -219,6 +219,10 @@ def pins_from_args(args) -> dict:
         v = getattr(args, key, None)
         if v is not None:
             pins[key] = v in ("on", "offload")
+    for key in ("quantized_weights", "quantized_gradients"):
+        v = getattr(args, f"zero_{key}", None)
+        if v is not None:
+            pins[key] = v == "on"
     if getattr(args, "activation_checkpointing", None) is not None:  # on: without offload (the planner's own reach)
         pins["checkpoint_offload"] = args.activation_checkpointing == "offload"
     return {k: v for k, v in pins.items() if v is not None}

@@ -308,6 +308,11 @@ OPTIONS: tuple[Option, ...] = (
            type=positive_int, metavar="N", group=_PIN),
     Option("hpz", ("plan", "render", "launch"), "ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)",
            type=positive_int, metavar="N", dest="hpz_partition_size", group=_PIN),
+    Option("zero-quantized-weights", ("plan", "render", "launch"), "ZeRO++ qwZ: ZeRO-3 gathers parameters as int8 "
+           "with scales (zero_quantized_weights; CUDA; pins ZeRO-3)", choices=ON_OFF, group=_PIN),
+    Option("zero-quantized-gradients", ("plan", "render", "launch"), "ZeRO++ qgZ: ZeRO-3 reduces gradients as int4 "
+           "through two all-to-alls, across nodes (zero_quantized_gradients; CUDA; pins ZeRO-3)", choices=ON_OFF,
+           group=_PIN),
     Option("tiled-loss", RUNS, "logits and loss one slice of tokens at a time (ALST; check: your script uses "
            "DeepSpeed's TiledFusedLogitsLoss, no config key says so)", choices=ON_OFF, group=_PIN, rank=True),
     Option("tiled-mlp", RUNS, "each MLP one slice of tokens at a time (ALST; check: your script runs its MLPs through "

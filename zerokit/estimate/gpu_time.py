@@ -19,11 +19,22 @@ A rank's micro step is priced as the sum of what bounds each part of it (docs/ti
 Communication overlaps compute as DeepSpeed schedules it (exposed_communication). The host's side (PyTorch's
 dispatch, DeepSpeed's hooks) is timing.gpu_host_seconds, from a calibration on one H200 node; the data loader and the
 training loop around the engine are not priced.
+
+What first principles cannot know (how close a model's own matmul shapes come to MAMF, how long the host takes, how
+much of ZeRO-3's traffic really hides, the collectives', PCIe's and CPU Adam's real rates) is a TimeFit: a few
+figures fitted on the fit half of the public corpus of published runs (bench/fit_time.py, zerokit/data/time_fit.json),
+each inside the bounds its physical source allows (FIT_BOUNDS). gpu_step applies them to a step's priced parts
+(GpuStepParts), so the fit and every plan combine the parts the same way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from zerokit.core.resources import bundled_data
 
 from zerokit.spec.hardware import Accelerator
 from zerokit.spec.model import ModelSpec
@@ -54,6 +65,7 @@ class GpuCompute:
     memory_seconds: float  # element-wise work and the loss at HBM bandwidth
     optimizer_seconds: float
     backward_seconds: float  # the part of the first three that runs in backward (what gradient reduction hides behind)
+    matmul_backward_seconds: float = 0.0  # the matmuls' share of backward_seconds (rescaled with the matmul rate)
 
     @property
     def compute_seconds(self) -> float:
@@ -194,14 +206,15 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
     matmul = accum * tokens * (dense_fwd + dense_bwd) / matmul_rate
     attn = accum * tokens * (attn_fwd + attn_bwd) / attention_rate
     memory = accum * tokens * (element_fwd + element_bwd + logits) / hbm
-    backward = accum * tokens * (dense_bwd / matmul_rate + attn_bwd / attention_rate + element_bwd / hbm)
+    matmul_backward = accum * tokens * dense_bwd / matmul_rate
+    backward = matmul_backward + accum * tokens * (attn_bwd / attention_rate + element_bwd / hbm)
     share = model.trainable / (zero_ranks if setup.zero_stage >= 1 else 1)
     opt = share * optimizer_bytes_per_param(optimizer, setup.precision) / hbm if setup.offload_optimizer == "none" else 0.0
-    return GpuCompute(matmul, attn, memory, opt, backward)
+    return GpuCompute(matmul, attn, memory, opt, backward, matmul_backward)
 
 
 def exposed_communication(stage: int, overlap_comm: bool, gradient_seconds: float, parameter_seconds: float,
-                          compute: GpuCompute) -> float:
+                          compute: GpuCompute, zero3_overlap: float = 1.0) -> float:
     """What of ZeRO's communication the step waits for, as DeepSpeed schedules it.
 
     Stage 0: the gradient all-reduce runs after backward (DeepSpeedEngine.allreduce_gradients), all of it exposed.
@@ -209,9 +222,131 @@ def exposed_communication(stage: int, overlap_comm: bool, gradient_seconds: floa
     (stage_1_and_2.py reduce_ipg_grads), hidden up to the backward's length; the updated partitions are gathered
     after the optimizer step, exposed. Stage 3 with overlap_comm: the next modules' parameters are prefetched while
     the current ones compute and the gradients reduce-scattered on a side stream (stage3.py, partitioned_param_
-    coordinator.py), hidden up to the whole compute. Without overlap_comm every byte waits."""
+    coordinator.py), hidden up to zero3_overlap of the whole compute (TimeFit: the share that really hides, 1 in
+    principle). Without overlap_comm every byte waits."""
     if not overlap_comm or stage == 0:
         return gradient_seconds + parameter_seconds
     if stage in (1, 2):
         return max(0.0, gradient_seconds - compute.backward_seconds) + parameter_seconds
-    return max(0.0, gradient_seconds + parameter_seconds - compute.compute_seconds)
+    return max(0.0, gradient_seconds + parameter_seconds - zero3_overlap * compute.compute_seconds)
+
+
+# Each fitted figure's bounds, from its physical source: a fit may not leave them (bench/fit_time.py clamps its search
+# to them; tests/test_time_fit.py checks the committed figures).
+FIT_BOUNDS = {
+    # MAMF is the best matmul a search over shapes reached: a model's own matmuls cannot beat it (1.0). Below ~115 of
+    # A100's 312 TFLOP/s "suggests a problem" (EleutherAI, "Transformer Math 101"): 115 / 271.2 (A100 MAMF) = 0.42
+    "matmul_efficiency": (0.42, 1.0),
+    # hidden size at which a model's matmuls reach half their large-shape rate: 0 (none) up to GPT-2 small's 768,
+    # whose 768 x 3072 GEMMs still run near half of MAMF or better in ml-engineering's mamf-finder sweeps
+    "matmul_half_hidden": (0.0, 768.0),
+    # the host (torch dispatch, DeepSpeed's hooks) was measured on one H200 node (16-core Xeon, torch 2.11,
+    # DeepSpeed 0.19): another host CPU, or older torch / DeepSpeed releases, run the same Python 0.5x-3x as fast
+    "host_scale": (0.5, 3.0),
+    # the share of compute ZeRO-3's prefetched gathers and side-stream reduce-scatters hide behind: a share
+    "zero3_overlap": (0.0, 1.0),
+    # NCCL's bus bandwidth over the catalog's link rate: nccl-tests reach 70-90% of NVLink / InfiniBand at large
+    # messages; small buckets and contention go lower, to 40%
+    "collective_efficiency": (0.4, 1.0),
+    # DeepSpeedCPUAdam over the 2.5e9 params/s default: the ZeRO-Offload paper's CPU-Adam times span servers ~4x apart
+    "cpu_adam_scale": (0.25, 2.0),
+    # pinned host-device copies reach 80-90% of the PCIe datasheet (CUDA's bandwidthTest); pageable ones about half
+    "pcie_efficiency": (0.5, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class TimeFit:
+    """The GPU time model's fitted figures (FIT_BOUNDS says what each means and bounds it). The defaults are first
+    principles' answers: every matmul at MAMF, the host as measured, all of ZeRO-3's traffic hidden, the catalog's
+    links, CPU Adam and PCIe at their published rates."""
+
+    matmul_efficiency: dict = field(default_factory=dict)  # accelerator generation -> share of MAMF
+    matmul_efficiency_pooled: float = 1.0  # a generation the fit never saw
+    matmul_half_hidden: float = 0.0
+    host_scale: float = 1.0
+    zero3_overlap: float = 1.0
+    collective_efficiency: float = 1.0
+    cpu_adam_scale: float = 1.0
+    pcie_efficiency: float = 1.0
+
+    def matmul_share(self, generation: str, hidden_size: int) -> float:
+        """The share of MAMF a model's matmuls reach: the generation's efficiency, less for small hidden sizes
+        (h / (h + matmul_half_hidden): a GEMM's rate falls as its dimensions shrink below the tiles a GPU fills)."""
+        eff = self.matmul_efficiency.get(generation, self.matmul_efficiency_pooled)
+        return eff * hidden_size / (hidden_size + self.matmul_half_hidden) if hidden_size else eff
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TimeFit":
+        return cls(**{k: (dict(v) if isinstance(v, dict) else float(v)) for k, v in d.items()
+                      if k in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@lru_cache(maxsize=1)
+def time_fit() -> TimeFit:
+    """The committed fit (zerokit/data/time_fit.json "figures", written by bench/fit_time.py); first principles'
+    TimeFit() where none is bundled."""
+    path = bundled_data("time_fit.json")
+    return TimeFit.from_dict(json.loads(path.read_text())["figures"]) if path.exists() else TimeFit()
+
+
+@dataclass(frozen=True)
+class GpuStepParts:
+    """A GPU step's parts at the published rates (MAMF, the catalog's links, the default CPU Adam and PCIe rates, the
+    H200 host), before a TimeFit scales them: what bench/fit_time.py fits on and gpu_step combines."""
+
+    generation: str
+    hidden_size: int
+    stage: int
+    overlap_comm: bool
+    compute: GpuCompute
+    host_seconds: float
+    gradient_comm_seconds: float  # ZeRO's gradient reduction, which may overlap compute
+    parameter_comm_seconds: float  # ZeRO's parameter gathers
+    sync_comm_seconds: float  # AutoTP's, Ulysses' and hpZ's intra-node collectives: waited for
+    cpu_adam_seconds: float = 0.0
+    pcie_seconds: float = 0.0  # offload's and checkpoint offload's host-device copies
+    nvme_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuStep:
+    """One optimizer step of one rank, its parts after the fit (seconds)."""
+
+    matmul_seconds: float
+    attention_seconds: float
+    memory_seconds: float
+    host_seconds: float
+    optimizer_seconds: float
+    communication_seconds: float  # what the step waits for
+    communication_hidden_seconds: float
+    offload_seconds: float
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.matmul_seconds + self.attention_seconds + self.memory_seconds + self.host_seconds
+
+    @property
+    def step_seconds(self) -> float:
+        return self.compute_seconds + self.optimizer_seconds + self.communication_seconds + self.offload_seconds
+
+
+def gpu_step(parts: GpuStepParts, fit: TimeFit) -> GpuStep:
+    """The step a TimeFit makes of the priced parts: matmuls at the fitted share of MAMF, the host scaled, ZeRO's
+    traffic at the fitted bus bandwidth and overlapping as exposed_communication schedules it, offload at the fitted
+    CPU Adam and PCIe rates. TimeFit() gives the unfitted model."""
+    c = parts.compute
+    share = fit.matmul_share(parts.generation, parts.hidden_size)
+    matmul = c.matmul_seconds / share
+    scaled = replace(c, matmul_seconds=matmul,
+                     backward_seconds=c.backward_seconds + c.matmul_backward_seconds * (1 / share - 1))
+    bus = fit.collective_efficiency
+    grads, params = parts.gradient_comm_seconds / bus, parts.parameter_comm_seconds / bus
+    exposed = exposed_communication(parts.stage, parts.overlap_comm, grads, params, scaled, fit.zero3_overlap)
+    offload = parts.cpu_adam_seconds / fit.cpu_adam_scale + parts.pcie_seconds / fit.pcie_efficiency + parts.nvme_seconds
+    return GpuStep(matmul, c.attention_seconds, c.memory_seconds, parts.host_seconds * fit.host_scale,
+                   c.optimizer_seconds, exposed + parts.sync_comm_seconds / bus, grads + params - exposed,
+                   offload if math.isfinite(offload) else math.inf)

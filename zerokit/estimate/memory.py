@@ -1040,7 +1040,9 @@ def zeropp_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: Ze
     if setup.zero_stage != 3 or cluster.accelerator.is_cpu or n == 1:
         return out
     frozen = model.frozen_unquantized_params
-    quantized_gathers = knobs.zero_quantized_weights or (knobs.zero_quantized_nontrainable_weights and frozen > 0)
+    weights, gradients = (knobs.zero_quantized_weights or setup.quantized_weights,
+                          knobs.zero_quantized_gradients or setup.quantized_gradients)
+    quantized_gathers = weights or (knobs.zero_quantized_nontrainable_weights and frozen > 0)
     if quantized_gathers:
         largest = min(model.largest_layer_params, model.params)
         in_flight = min(model.params, knobs.stage3_prefetch_bucket_size + largest)
@@ -1048,7 +1050,7 @@ def zeropp_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: Ze
     if knobs.zero_quantized_nontrainable_weights and frozen > 0 and setup.offload_param == "none":
         # replaces E bytes per element of that partition in "parameters" (phase_terms)
         out["persistent"]["parameters_frozen_int8"] = int(QWZ_BYTES_PER_ELEMENT * frozen) // n
-    if knobs.zero_quantized_gradients and cluster.nodes > 1:
+    if gradients and cluster.nodes > 1:
         local = max(1, cluster.gpus_per_node)
         largest_grad = min(model.largest_layer_params, model.trainable)
         out["backward"]["qgz_reduce_buffers"] = int((1 + 3 / local) * largest_grad)

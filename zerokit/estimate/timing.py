@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.resources import bundled_data
 
-from zerokit.estimate.gpu_time import backward_layers, exposed_communication, gpu_compute
+from zerokit.estimate.gpu_time import GpuStepParts, backward_layers, gpu_compute, gpu_step, time_fit
 from zerokit.estimate.memory import checkpoint_offload_bytes
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order
@@ -100,6 +100,8 @@ class TimeEstimate:
     step_seconds_low: float | None = None
     step_seconds_high: float | None = None
     range_basis: str | None = None
+    # the GPU time model's parts before the fitted figures (gpu_time.GpuStepParts): what bench/fit_time.py refits
+    gpu_parts: GpuStepParts | None = field(default=None, repr=False)
 
     @property
     def total_seconds_low(self) -> float | None:
@@ -120,6 +122,7 @@ class TimeEstimate:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("gpu_parts")
         d["tokens_per_second"] = self.tokens_per_second
         d["total_seconds_low"], d["total_seconds_high"] = self.total_seconds_low, self.total_seconds_high
         return d
@@ -261,11 +264,11 @@ def collective_bytes(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs
     qgz_intra = 0.0
     if not cluster.accelerator.is_cpu:  # ZeRO++'s quantizer runs on CUDA only (config.lint flags it elsewhere)
         e = bytes_per_element(setup.precision)
-        if knobs.zero_quantized_weights:  # qwZ: every gather int8 + scales (partition_parameters.py quantize=True)
+        if knobs.zero_quantized_weights or setup.quantized_weights:  # qwZ: every gather int8 + scales (partition_parameters.py quantize=True)
             weights -= (e - QWZ_BYTES_PER_ELEMENT) * (model.params - model.trained.quantized_params)
         elif knobs.zero_quantized_nontrainable_weights:  # the frozen weights' gathers only
             weights -= (e - QWZ_BYTES_PER_ELEMENT) * model.frozen_unquantized_params
-        if knobs.zero_quantized_gradients and cluster.nodes > 1:
+        if (knobs.zero_quantized_gradients or setup.quantized_gradients) and cluster.nodes > 1:
             # qgZ (coalesced_collectives.py all_to_all_quant_reduce): int4 (half a byte per element) through an all-to-all
             # within the node, then 1/L of it (reduced) through an all-to-all across the nodes, L the GPUs per node;
             # instead of the reduce-scatter of the gradients. ZeRO++ (Wang et al. 2023, section 3.3): 4x less traffic
@@ -443,31 +446,44 @@ def intra_node_bandwidth(cluster: Cluster) -> float:
     return gbs * 1e9
 
 
+@dataclass(frozen=True)
+class OffloadSeconds:
+    """ZeRO-Offload's time per step, by what bounds it."""
+
+    cpu_adam: float = 0.0  # DeepSpeedCPUAdam on the node's share
+    pcie: float = 0.0  # gradients down, parameters up
+    nvme: float = 0.0  # ZeRO-Infinity's swaps
+
+    @property
+    def total(self) -> float:
+        return self.cpu_adam + self.pcie + self.nvme
+
+
 def offload_seconds(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, cpu_adam_params_per_s: float,
-                    optimizer: Optimizer = ADAMW) -> float:
+                    optimizer: Optimizer = ADAMW) -> OffloadSeconds:
     if setup.offload_optimizer == "none" and setup.offload_param == "none":
-        return 0.0
+        return OffloadSeconds()
     acc = cluster.accelerator
     n = setup.zero_ranks(cluster.world_size)  # model: what one rank holds (an AutoTP shard)
     e = bytes_per_element(setup.precision)
     shard = model.params / n
-    seconds = 0.0
+    adam = pcie_s = nvme = 0.0
     pcie = acc.pcie_bw * 1e9 if acc.pcie_bw else math.inf  # a CPU "device" copies nothing
     if setup.offload_optimizer != "none":
         # gradients down every micro step (stage 2/3 copy the reduced partition), params up once: trainable only
         trainable_shard = model.trainable / n
-        seconds += (setup.gradient_accumulation_steps + 1) * e * trainable_shard / pcie
-        seconds += (model.trainable * setup.tensor_parallel / cluster.nodes) / cpu_adam_params_per_s
+        pcie_s += (setup.gradient_accumulation_steps + 1) * e * trainable_shard / pcie
+        adam += (model.trainable * setup.tensor_parallel / cluster.nodes) / cpu_adam_params_per_s
         if setup.offload_optimizer == "nvme" and setup.zero_stage == 3:
             # read + write of the fp32 master, the optimizer's state and the fp32 gradient (Adam: 16 bytes)
             swapped = 4 + optimizer.state_bytes + 4
-            seconds += 2 * swapped * model.trainable / cluster.nodes / (DEFAULT_NVME_BW * 1e9)
+            nvme += 2 * swapped * model.trainable / cluster.nodes / (DEFAULT_NVME_BW * 1e9)
     if setup.offload_param != "none":
         passes = 3 if setup.activation_checkpointing else 2
-        seconds += setup.gradient_accumulation_steps * passes * e * shard / pcie
+        pcie_s += setup.gradient_accumulation_steps * passes * e * shard / pcie
         if setup.offload_param == "nvme":
-            seconds += setup.gradient_accumulation_steps * passes * e * model.params / cluster.nodes / (DEFAULT_NVME_BW * 1e9)
-    return seconds
+            nvme += setup.gradient_accumulation_steps * passes * e * model.params / cluster.nodes / (DEFAULT_NVME_BW * 1e9)
+    return OffloadSeconds(adam, pcie_s, nvme)
 
 
 def reduce_bucket_calls(sizes: list[int], bucket_elements: int) -> int:
@@ -620,15 +636,18 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     comm = (moved.gradients + moved.parameters) / link
     # Ulysses over more GPUs than a node has (whole nodes) sends its all-to-alls over the nodes' links
     mp_link = link_bandwidth(cluster) if setup.sequence_parallel > cluster.gpus_per_node else intra_node_bandwidth(cluster)
-    comm += moved.intra_node / intra_node_bandwidth(cluster) + model_parallel_bytes(full_model, setup, workload.seq_len) / mp_link
+    sync_comm = moved.intra_node / intra_node_bandwidth(cluster) + model_parallel_bytes(full_model, setup, workload.seq_len) / mp_link
+    comm += sync_comm
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
     if terms and terms.cpu_adam_params_per_s:
         cpu_adam = terms.cpu_adam_params_per_s
     optimizer_spec = optimizer_named(knobs.optimizer if knobs is not None else DEFAULT_OPTIMIZER)
-    offload = offload_seconds(model, cluster, setup, cpu_adam, optimizer_spec)
-    offload += checkpoint_offload_seconds(model, cluster, setup, workload)
+    offload_parts = offload_seconds(model, cluster, setup, cpu_adam, optimizer_spec)
+    checkpoint_pcie = checkpoint_offload_seconds(model, cluster, setup, workload)
+    offload = offload_parts.total + checkpoint_pcie
     optimizer = engine = hidden = host = 0.0
     parts = (0.0, 0.0, 0.0)
+    gpu_parts = None
     if coef:
         compute = _calibrated_compute(model, setup, workload, coef)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
@@ -643,19 +662,23 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
             # every rank updates its partition (all of it at stage 0); the ranks of a CPU node share its cores
             share = model.trainable / (n if setup.zero_stage >= 1 else 1)
             optimizer = share / (adamw / cluster.gpus_per_node if acc.is_cpu else adamw)
-    elif acc.prices_kernels:  # a GPU without a calibration: each kind of work at its published rate
+    elif acc.prices_kernels:  # a GPU without a calibration: each kind of work at its published rate, then the fit
         dense = flops_per_token(model, 0, setup.activation_checkpointing) + tiled_mlp_flops_per_token(model, setup.tiled_mlp)
         kernels = gpu_compute(model, acc, setup, workload.seq_len, workload.attention, optimizer_spec, dense,
                               2.0 * matmul_params(model), n, workload.attention_span)
         calls = collective_calls_per_step(model, cluster, setup, knobs)
-        host = gpu_host_seconds(model, setup, calls.reduces + calls.gathers)
-        compute, optimizer = kernels.compute_seconds + host, kernels.optimizer_seconds
-        parts = (kernels.matmul_seconds, kernels.attention_seconds, kernels.memory_seconds)
-        overlap = (knobs or ZeroKnobs.for_model(model)).overlap_comm  # what render writes when no config is given
-        exposed = exposed_communication(setup.zero_stage, overlap, moved.gradients / link, moved.parameters / link,
-                                        kernels)
-        hidden = (moved.gradients + moved.parameters) / link - exposed
-        comm -= hidden
+        gpu_parts = GpuStepParts(
+            generation=acc.generation, hidden_size=model.hidden_size, stage=setup.zero_stage,
+            overlap_comm=(knobs or ZeroKnobs.for_model(model)).overlap_comm,  # what render writes when no config is given
+            compute=kernels, host_seconds=gpu_host_seconds(model, setup, calls.reduces + calls.gathers),
+            gradient_comm_seconds=moved.gradients / link, parameter_comm_seconds=moved.parameters / link,
+            sync_comm_seconds=sync_comm, cpu_adam_seconds=offload_parts.cpu_adam,
+            pcie_seconds=offload_parts.pcie + checkpoint_pcie, nvme_seconds=offload_parts.nvme)
+        step_parts = gpu_step(gpu_parts, time_fit())
+        host, optimizer = step_parts.host_seconds, step_parts.optimizer_seconds
+        compute, comm, offload = step_parts.compute_seconds, step_parts.communication_seconds, step_parts.offload_seconds
+        hidden = step_parts.communication_hidden_seconds
+        parts = (step_parts.matmul_seconds, step_parts.attention_seconds, step_parts.memory_seconds)
     else:
         peak = acc.peak_flops(setup.precision) * acc.efficiency
         if acc.is_cpu:
@@ -698,7 +721,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
         learned_from=f"{learned.run_dir} ({learned.setup}, {learned.recorded})" if learned is not None else None,
         matmul_seconds=parts[0], attention_seconds=parts[1], memory_bound_seconds=parts[2],
         communication_hidden_seconds=hidden, host_seconds=host,
-        step_seconds_low=low, step_seconds_high=high, range_basis=range_basis,
+        step_seconds_low=low, step_seconds_high=high, range_basis=range_basis, gpu_parts=gpu_parts,
     )
 
 

@@ -28,7 +28,8 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
     ("none", "none"), ("cpu", "none"), ("nvme", "none"), ("cpu", "cpu"), ("nvme", "nvme"),
 )
 # Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
-PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp")
+PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp",
+                 "quantized_weights", "quantized_gradients")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
             "gradient_accumulation_steps", "activation_checkpointing", "checkpoint_offload") + PARALLEL_KEYS
 # the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
@@ -154,7 +155,13 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
     tiled_mlp = [pins["tiled_mlp"]] if "tiled_mlp" in pins else [False] + ([True] if model.trained.trainable_params is None else [])
     # a Liger model's loss is Liger's fused one already (memory.activation_terms refuses a tiled loss beside it)
     tiled_loss = [pins["tiled_loss"]] if "tiled_loss" in pins else [False] if model.liger_kernels else [False, True]
-    return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm)
+    # ZeRO++'s quantized collectives only where pinned: their int8/int4 rounding changes the training, a user's call
+    qwz, qgz = pins.get("quantized_weights", False), pins.get("quantized_gradients", False)
+    if (qwz or qgz) and cluster.accelerator.is_cpu:
+        raise ZerokitError(f"ZeRO++ qwZ and qgZ run DeepSpeed's CUDA quantizer kernels, not on {cluster.accelerator.name}: "
+                           f"drop {flag('zero-quantized-weights')} / {flag('zero-quantized-gradients')}")
+    return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm,
+                 quantized_weights=qwz, quantized_gradients=qgz)
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 
 
@@ -308,14 +315,15 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
             break
         families = [{**fam, **par} for par in stage_options for fam in _families(cluster, pins)
                     if fam["checkpoint_offload"] == par.get("checkpoint_offload", fam["checkpoint_offload"])
-                    and (fam["zero_stage"] == 3 or par["hpz_partition_size"] == 1)
+                    and (fam["zero_stage"] == 3 or (par["hpz_partition_size"] == 1 and not par["quantized_weights"]
+                                                    and not par["quantized_gradients"]))
                     and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
         searched = searched or bool(families)
         smallest = _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for,
                            best_per_family, family_failures, smallest)
     if not searched:
-        raise ZerokitError("the pinned options exclude one another (hpZ needs ZeRO-3; AutoTP is planned with ZeRO-0/1/2, "
-                           "as measured): drop a pin")
+        raise ZerokitError("the pinned options exclude one another (hpZ, qwZ and qgZ need ZeRO-3; AutoTP is planned "
+                           "with ZeRO-0/1/2, as measured): drop a pin")
     ranked = sorted(best_per_family, key=lambda e: e.time.tokens_per_second, reverse=True)
     if ranked:
         top = ranked[0].time.tokens_per_second

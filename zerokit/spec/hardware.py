@@ -41,6 +41,9 @@ class Accelerator:
     # kernels are written for Hopper (flash-attention's hopper/ directory, sm90)
     flash3_fraction: float = 0.0
     cpu_adam_params_per_s: float = 0.0  # host optimizer rate per node; 0 = timing model default
+    # the architecture (volta, ampere, hopper, ...): picks the matmul efficiency fitted on published runs
+    # (estimate/gpu_time.py TimeFit); "" or one the fit never saw takes the fit's pooled figure
+    generation: str = ""
     is_cpu: bool = False
     source: str = ""
     # what nvidia-smi, rocm-smi and torch.cuda.get_device_name print for this part (first), and names its key does

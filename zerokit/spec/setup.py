@@ -54,6 +54,11 @@ class ZeroSetup:
     # slice of tokens at a time and recomputes it in backward, keeping only its input.
     tiled_loss: bool = False
     tiled_mlp: bool = False
+    # ZeRO++'s quantized collectives (Wang et al. 2023; zero_optimization.zero_quantized_weights / _gradients, read
+    # by stage3.py only): qwZ gathers parameters as int8 with fp32 scales, qgZ reduces gradients as int4 through an
+    # intra-node then an inter-node all-to-all. Priced with the same keys read from a config (ZeroKnobs).
+    quantized_weights: bool = False
+    quantized_gradients: bool = False
 
     def __post_init__(self):
         if self.zero_stage not in STAGES:
@@ -83,6 +88,10 @@ class ZeroSetup:
         if par.hpz_partition_size > 1 and self.zero_stage != 3:
             # only stage3.py reads zero_hpz_partition_size
             raise ZerokitError(f"ZeRO++ hpZ partitions ZeRO-3 parameters: use {flag('stage')} 3 or drop {flag('hpz')}")
+        if (self.quantized_weights or self.quantized_gradients) and self.zero_stage != 3:
+            # only stage3.py and partition_parameters.py read zero_quantized_weights / zero_quantized_gradients
+            raise ZerokitError(f"ZeRO++ qwZ and qgZ quantize ZeRO-3's collectives: use {flag('stage')} 3 or drop "
+                               f"{flag('zero-quantized-weights')} / {flag('zero-quantized-gradients')}")
 
     @property
     def parallelism(self) -> "Parallelism":
@@ -124,6 +133,10 @@ class ZeroSetup:
         for name, v in (("tp", self.tensor_parallel), ("sp", self.sequence_parallel), ("hpz", self.hpz_partition_size)):
             if v > 1:
                 parts.append(f"{name}={v}")
+        if self.quantized_weights:
+            parts.append("qwZ")
+        if self.quantized_gradients:
+            parts.append("qgZ")
         if self.tiled_loss:
             parts.append("tiled-loss")
         if self.tiled_mlp:
@@ -300,7 +313,7 @@ class ZeroKnobs:
     sub_group_size: int = 1_000_000_000
     # ZeRO++ (stage 3, CUDA: DeepSpeed's quantizer kernels): qwZ gathers parameters as int8 with fp32 scales, also only
     # the frozen ones stored so (nontrainable); qgZ reduces gradients as int4 through two all-to-alls, across nodes only.
-    # Priced in estimate/memory.py (zeropp_terms) and estimate/timing.py (collective_bytes); render never writes them.
+    # Priced in estimate/memory.py (zeropp_terms) and estimate/timing.py (collective_bytes); render writes qwZ and qgZ when the setup pins them (--zero-quantized-weights, --zero-quantized-gradients).
     zero_quantized_weights: bool = False
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False
