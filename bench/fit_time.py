@@ -42,6 +42,7 @@ import published_runs as pr
 
 SPLIT = REPO / "bench" / "data" / "split.yaml"
 FIT_JSON = REPO / "zerokit" / "data" / "time_fit.json"
+RANGE_JSON = REPO / "zerokit" / "data" / "time_range.json"
 FIT_COMMAND = "python bench/fit_time.py --write"
 HUBER_DELTA = 0.25
 # the pull toward first principles: SHRINK x (log figure - log prior)^2 per figure, against the fit half's mean loss
@@ -89,11 +90,16 @@ def write_split(split: dict[str, str], path: Path = SPLIT) -> None:
     path.write_text(head + "groups:\n" + "\n".join(lines) + "\n")
 
 
+# what the fit learns from and the targets judge: runs through DeepSpeed's engine (Megatron-DeepSpeed's included).
+# FSDP, Megatron-LM and other frameworks' runs are in the corpus as their own group, reported beside, never fitted.
+FITTED_FRAMEWORK = pr.FITTED_FRAMEWORK
+
+
 def halves(runs: list[dict], split: dict[str, str]) -> tuple[list[dict], list[dict]]:
     missing = sorted({r["group"] for r in runs} - set(split))
     if missing:
-        raise SystemExit(f"groups without a half in {SPLIT.relative_to(REPO)}: {', '.join(missing)} "
-                         f"(run python bench/fit_time.py --split)")
+        raise pr.CorpusError(f"groups without a half in {SPLIT.relative_to(REPO)}: {', '.join(missing)}: run "
+                             f"python bench/fit_time.py --split")
     return [r for r in runs if split[r["group"]] == "fit"], [r for r in runs if split[r["group"]] == "held_out"]
 
 
@@ -213,9 +219,15 @@ def planned_rows(runs: list[dict]) -> list[tuple[dict, object]]:
     for run in runs:
         p = pr.predict(run)
         if p["parts"] is None:
-            raise SystemExit(f"{run['id']}: its GPU is not priced by the GPU time model (no catalog kernel figures)")
+            raise pr.CorpusError(f"run {run['id']}: its GPU has no kernel figures in zerokit/data/gpus.json, so the "
+                                 f"GPU time model does not price it: add them, or leave the run out")
         rows.append((run, p["parts"]))
     return rows
+
+
+def held_out_ratios(rows: list[tuple[dict, object]], fit) -> list[float]:
+    """predicted / measured of the held-out runs under the fitted figures: what the likely range rests on."""
+    return [step(parts, fit) / float(run["step_seconds"]) for run, parts in rows]
 
 
 def fit_json(fit, fit_runs: list[dict], held: list[dict], value: float) -> dict:
@@ -241,20 +253,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", action="store_true", help="assign the groups split.yaml does not list yet, then stop")
     ap.add_argument("--write", action="store_true", help="write zerokit/data/time_fit.json and the range")
     a = ap.parse_args(argv)
-    runs = pr.load_runs()
+    try:
+        runs = pr.load_runs()
+    except pr.CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.split:
         split = assign_split(runs, load_split())
         write_split(split)
         fit_n = sum(split[r["group"]] == "fit" for r in runs)
         print(f"{len(split)} groups: {fit_n} runs in the fit half, {len(runs) - fit_n} held out")
         return 0
-    fit_runs, held = halves(runs, load_split())
-    fit, value = fit_figures(planned_rows(fit_runs))
+    try:
+        fit_runs, held = halves([r for r in runs if r["framework"] == FITTED_FRAMEWORK], load_split())
+        fit_rows, held_rows = planned_rows(fit_runs), planned_rows(held)
+    except pr.CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    fit, value = fit_figures(fit_rows)
     fit = rounded(fit)
     print(json.dumps(fit.to_dict(), indent=1))
     if a.write:
         FIT_JSON.write_text(json.dumps(fit_json(fit, fit_runs, held, value), indent=2) + "\n")
-        print(f"wrote {FIT_JSON.relative_to(REPO)}")
+        ratios = held_out_ratios(held_rows, fit)
+        RANGE_JSON.write_text(json.dumps(pr.range_data(ratios, FIT_COMMAND), indent=2) + "\n")
+        print(f"wrote {FIT_JSON.relative_to(REPO)} and {RANGE_JSON.relative_to(REPO)}")
     return 0
 
 

@@ -55,10 +55,61 @@ REQUIRED_SETUP = ("gpu", "gpus_per_node", "nodes", "stage", "offload_optimizer",
                   "micro_batch", "grad_accum", "seq_len", "activation_checkpointing")
 
 
+FRAMEWORKS = ("deepspeed", "fsdp", "megatron", "colossalai", "other")
+
+
+class CorpusError(Exception):
+    """A corpus file that cannot be read as runs: one line naming the run, the problem and the fix."""
+
+
 def load_runs(path: Path = DATA) -> list[dict]:
+    """The runs of a corpus file, each checked (check_run): a CorpusError names the first bad one."""
     import yaml
 
-    return yaml.safe_load(path.read_text())["runs"]
+    try:
+        runs = yaml.safe_load(path.read_text())["runs"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError) as e:
+        raise CorpusError(f"{path}: not a corpus file ({type(e).__name__}): a YAML mapping with a 'runs' list") from e
+    if not isinstance(runs, list) or not runs:
+        raise CorpusError(f"{path}: 'runs' holds no run: give a list of runs (bench/data/published_runs.yaml)")
+    seen: set[str] = set()
+    for i, run in enumerate(runs):
+        problem = check_run(run)
+        if problem is None and run["id"] in seen:
+            problem = f"run {run['id']}: the id is used twice: give each run its own id"
+        if problem:
+            raise CorpusError(problem if problem.startswith("run ") else f"run #{i + 1}: {problem}")
+        seen.add(run["id"])
+    return runs
+
+
+def check_run(run) -> str | None:
+    """Why a corpus entry cannot be planned, in one line; None when it can: every REQUIRED_RUN field, every
+    REQUIRED_SETUP key, only keys FLAGS knows (with the model's name or its shape), a positive step, a known
+    framework. Whether zerokit knows the GPU and model is build_plan's to say (predict)."""
+    if not isinstance(run, dict) or not isinstance(run.get("setup"), dict):
+        return "not a run: give a mapping with id, source, group, framework, quote, setup, measured, step_seconds"
+    name = f"run {run.get('id')}" if run.get("id") else "a run without an id"
+    missing = [k for k in REQUIRED_RUN if run.get(k) in (None, "")]
+    if missing:
+        return f"{name}: missing {', '.join(missing)}: every run states {', '.join(REQUIRED_RUN)}"
+    setup = run["setup"]
+    missing = [k for k in REQUIRED_SETUP if k not in setup]
+    if missing:
+        return f"{name}: setup lacks {', '.join(missing)}: state it, or the default taken, in assumptions"
+    unknown = sorted(set(setup) - set(FLAGS) - {"model", "interconnect"})
+    if unknown:
+        return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join(['model', *FLAGS])}"
+    if "model" not in setup and not all(k in setup for k in ("params", "hidden_size", "num_layers", "vocab_size")):
+        return f"{name}: no model: give model, or params, hidden_size, num_layers and vocab_size"
+    try:
+        if not float(run["step_seconds"]) > 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        return f"{name}: step_seconds {run['step_seconds']!r} is not a positive number of seconds"
+    if run["framework"] not in FRAMEWORKS:
+        return f"{name}: framework {run['framework']!r}: use one of {', '.join(FRAMEWORKS)}"
+    return None
 
 
 def plan_argv(setup: dict) -> list[str]:
@@ -82,9 +133,20 @@ def predict(run: dict) -> dict:
     from zerokit.cli import parse
     from zerokit.cli.plan import build_plan
 
+    import contextlib
+    import io
+
+    from zerokit.core.errors import ZerokitError
+
     setup = run["setup"]
-    args = parse(plan_argv(setup))
-    plan = build_plan(args)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
+            args = parse(plan_argv(setup))
+        plan = build_plan(args)
+    except (ZerokitError, SystemExit) as e:
+        why = str(e) if isinstance(e, ZerokitError) else (said.getvalue().strip().splitlines() or ["bad value"])[-1]
+        raise CorpusError(f"run {run['id']}: zerokit cannot plan its setup: {why}") from e
     ev = plan.best  # the chosen setup, or the smallest when nothing fits: its time is priced either way
     t = ev.time
     acc = plan.cluster.accelerator
@@ -161,8 +223,7 @@ def offload_class(setup: dict) -> str:
 GROUPINGS = (("GPU generation", lambda run, p: p["generation"]),
              ("ZeRO stage", lambda run, p: f"ZeRO-{run['setup']['stage']}"),
              ("offload", lambda run, p: offload_class(run["setup"])),
-             ("model size", lambda run, p: size_class(p["params"])),
-             ("framework", lambda run, p: run["framework"]))
+             ("model size", lambda run, p: size_class(p["params"])))
 LEAN_LIMIT = 0.15  # a group of LEAN_MIN or more held-out runs leaning more than this one way needs a reason
 LEAN_MIN = 5
 # Sourced reasons for a held-out group that leans: (grouping, group) -> the reason. Each names its source.
@@ -195,6 +256,10 @@ def group_lines(rows: list[dict], half: str) -> list[str]:
             cells.append(cell)
         out.append(f"  by {title}: " + "; ".join(cells))
     return out
+
+
+# the runs the fit learns from and the targets judge: DeepSpeed's engine (bench/fit_time.py)
+FITTED_FRAMEWORK = "deepspeed"
 
 
 def evaluate(runs: list[dict]) -> list[dict]:
@@ -234,16 +299,25 @@ def table(rows: list[dict], split: dict[str, str], cmd: str) -> str:
                          f"{row['raw']:>7.2f} {row['rule']:>6.2f}  {'yes' if p['fits'] else 'NO'}")
     for half, title in (("fit", "fit half (the fitted figures saw these runs)"),
                         ("held_out", "held-out half (no fitted figure saw these runs)")):
-        part = [r for r in rows if split[r["run"]["group"]] == half]
+        part = [r for r in rows if split[r["run"]["group"]] == half and r["run"]["framework"] == FITTED_FRAMEWORK]
         if not part:
             continue
-        lines += ["", f"{title}: {len(part)} runs from {len({r['run']['group'] for r in part})} sources"]
+        lines += ["", f"{title}: {len(part)} DeepSpeed runs from {len({r['run']['group'] for r in part})} sources"]
         lines.append(summary_line("zerokit (fitted)", [r["zk"] for r in part]))
         lines.append(summary_line("zerokit (first principles)", [r["raw"] for r in part]))
         lines.append(summary_line("rule of thumb", [r["rule"] for r in part]))
         lines += group_lines(part, half)
-    held = [r["zk"] for r in rows if split[r["run"]["group"]] == "held_out"]
-    fit = [r["zk"] for r in rows if split[r["run"]["group"]] == "fit"]
+        others: dict[str, list[dict]] = {}
+        for r in rows:
+            if split[r["run"]["group"]] == half and r["run"]["framework"] != FITTED_FRAMEWORK:
+                others.setdefault(r["run"]["framework"], []).append(r)
+        if others:
+            lines.append("  other frameworks (their own group: never fitted, not in the targets): " + "; ".join(
+                f"{fw} n={len(v)} zerokit x{signed_median([r['zk'] for r in v]):.2f} "
+                f"rule x{signed_median([r['rule'] for r in v]):.2f}" for fw, v in sorted(others.items())))
+    deepspeed = [r for r in rows if r["run"]["framework"] == FITTED_FRAMEWORK]
+    held = [r["zk"] for r in deepspeed if split[r["run"]["group"]] == "held_out"]
+    fit = [r["zk"] for r in deepspeed if split[r["run"]["group"]] == "fit"]
     if len(held) > 1 and len(fit) > 1:
         low, high = central_ratios(held)
         f_low, f_high = central_ratios(fit)
@@ -265,18 +339,26 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from fit_time import load_split
 
-    runs = [r for r in load_runs(Path(a.data)) if not a.only or re.search(a.only, r["id"])]
+    try:
+        runs = [r for r in load_runs(Path(a.data)) if not a.only or re.search(a.only, r["id"])]
+    except CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not runs:
-        print("no run matches", file=sys.stderr)
+        print("error: no run matches --only: give a regex over the run ids", file=sys.stderr)
         return 2
     split = load_split()
     missing = sorted({r["group"] for r in runs} - set(split))
     if missing:
-        print(f"groups without a half in bench/data/split.yaml: {', '.join(missing)} (python bench/fit_time.py "
-              f"--split)", file=sys.stderr)
+        print(f"error: groups without a half in bench/data/split.yaml: {', '.join(missing)}: run python "
+              f"bench/fit_time.py --split", file=sys.stderr)
         return 2
     cmd = "python bench/published_runs.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
-    text = table(evaluate(runs), split, cmd)
+    try:
+        text = table(evaluate(runs), split, cmd)
+    except CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(text, end="")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -142,3 +142,61 @@ def test_check_refuses_what_ulysses_refuses_for_the_model(tmp_path, capsys, sp, 
     assert errors[0]["key"] == "sequence_parallel_size" and fragment in errors[0]["message"]
     code, out = _check(tmp_path, capsys, cfg(top={"sequence_parallel_size": 4}), "--seq-len", "128")
     assert code in (0, 1) and out["parallelism"]["sequence_parallel"] == 4
+
+
+ZEROPP_PLAN = ["llama-3-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--nodes", "4", "--seq-len", "2048",
+               "--global-batch", "64", "--micro-batch", "2"]
+
+
+def test_zeropp_pins_plan_zero3_render_deepspeeds_keys_and_pass_check(tmp_path, capsys):
+    """--zero-quantized-weights/-gradients pin ZeRO-3 (only stage3.py reads the keys), render them as DeepSpeed reads
+    them, and the rendered config passes `check` (DeepSpeed's own config classes) with the same priced bytes."""
+    assert main(["plan", *ZEROPP_PLAN, "--zero-quantized-weights", "on", "--zero-quantized-gradients", "on",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    choice = plan["choice"]
+    assert choice["zero_stage"] == 3 and choice["quantized_weights"] and choice["quantized_gradients"]
+    assert "qwZ qgZ" in choice["label"]
+    zero = plan["ds_config"]["zero_optimization"]
+    assert zero["zero_quantized_weights"] is True and zero["zero_quantized_gradients"] is True
+    out = tmp_path / "ds_config.json"
+    assert main(["render", *ZEROPP_PLAN, "--zero-quantized-weights", "on", "--zero-quantized-gradients", "on",
+                 "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text())["zero_optimization"] == zero
+    assert main(["check", str(out), "--model", "llama-3-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8",
+                 "--nodes", "4", "--seq-len", "2048", "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)["evaluation"]
+    for key in ("communication_seconds", "communication_hidden_seconds"):
+        assert checked["time"][key] == pytest.approx(plan["time"][key])
+
+
+def test_qwz_halves_the_gathers_and_qgz_quarters_the_gradients_across_nodes():
+    """ZeRO++ (Wang et al. 2023, section 3): qwZ gathers int8 weights, half of fp16's bytes (plus a 4-byte scale per
+    QWZ_GROUP_ELEMENTS); qgZ sends int4 gradients across nodes, a quarter of fp16's, reduced within the node first."""
+    from zerokit.estimate.timing import collective_bytes
+    from zerokit.spec.hardware import Cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, ZeroSetup
+
+    model = load_model_spec("llama-3-8b")
+    cluster = Cluster(accelerator=accelerator("h100-80gb"), gpus_per_node=8, nodes=4)
+    base = ZeroSetup(zero_stage=3, precision="bf16")
+    plain = collective_bytes(model, cluster, base)
+    qwz = collective_bytes(model, cluster, base.with_(quantized_weights=True))
+    qgz = collective_bytes(model, cluster, base.with_(quantized_gradients=True))
+    assert qwz.parameters / plain.parameters == pytest.approx(QWZ_BYTES_PER_ELEMENT / 2, rel=1e-3)
+    assert qwz.gradients == plain.gradients
+    assert qgz.gradients < plain.gradients / 4 and qgz.intra_node > 0 and qgz.parameters == plain.parameters
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--gpu", "cpu", "--gpus-per-node", "2"], "CUDA quantizer kernels, not on cpu"),
+    (["--stage", "2"], "hpZ, qwZ and qgZ need ZeRO-3"),
+])
+def test_zeropp_pins_where_deepspeed_cannot_run_them_are_refused_in_one_line(extra, said, tmp_path, capsys):
+    args = ["render", *ZEROPP_PLAN, *extra, "--zero-quantized-weights", "on", "-o", str(tmp_path / "c.json")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "c.json").exists()

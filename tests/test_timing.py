@@ -66,9 +66,11 @@ def test_offload_and_more_nodes_cost_time():
     base = estimate_time(LLAMA3_8B, one, ZeroSetup(zero_stage=3), w)
     off = estimate_time(LLAMA3_8B, one, ZeroSetup(zero_stage=3, offload_optimizer="cpu"), w)
     assert off.step_seconds > base.step_seconds and off.offload_seconds > 0
-    # inter-node links are slower than NVLink: communication per byte grows
+    # a second node: each rank's ring carries (N-1)/N of the data, more of it, and across the nodes' NICs
+    # (timing.link_bandwidth); all of it priced, hidden behind compute or not
     t2 = estimate_time(LLAMA3_8B, two, ZeroSetup(zero_stage=3), w)
-    assert t2.communication_seconds > base.communication_seconds
+    assert (t2.communication_seconds + t2.communication_hidden_seconds
+            > base.communication_seconds + base.communication_hidden_seconds)
 
 
 def test_a100_throughput_lands_in_the_published_range():

@@ -320,14 +320,34 @@ def collective_bytes_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     return collective_bytes(model, cluster, setup, knobs).total
 
 
-def link_bandwidth(cluster: Cluster) -> float:
+def ring_node_share(cluster: Cluster) -> float:
+    """Of the bytes a ring collective moves per rank, (N-1)/N of the data, the share each GPU's NIC carries between
+    nodes, N ranks on `nodes` nodes of G GPUs. Every node must take in the other nodes' data, (nodes-1)/nodes of it,
+    and NCCL spreads that over the node's NICs (a ring per channel, the channels over the NICs): a GPU's NIC carries
+    ((nodes-1)/nodes) / ((N-1)/N) / G of the ring's per-rank bytes. Measured: nccl-tests all_reduce_perf over 2 nodes
+    of 8 H100 with 25 GB/s of NIC per GPU reached a bus bandwidth of 338.8 GB/s at 8 GiB, 13.6x one NIC's rate; this
+    rule gives min(450, 25 / 0.0667) = 375 GB/s (github.com/lessizzmore/create-a3mega-ztan-fork, ztan-NCCL-test-result;
+    tests/test_time_fit.py)."""
+    g, nodes = max(1, cluster.gpus_per_node), cluster.nodes
+    n = g * nodes
+    return ((nodes - 1) / nodes) / ((n - 1) / n) / g
+
+
+def link_bandwidth(cluster: Cluster, ring: bool = True) -> float:
     """Bytes/s per rank for collectives over the cluster's backend (cluster.comm_backend): what `zerokit calibrate`
-    measured over that backend, else the catalog's figure of the slowest link a ring crosses; gloo on GPUs at most
-    GLOO_ON_GPU_BUSBW_GBPS (host-staged)."""
+    measured over that backend, else the catalog's: within a node its link; across nodes a ring collective (ZeRO's
+    all-reduce, reduce-scatter, all-gather) runs at the slower of the node's links and its NICs' share
+    (ring_node_share), an all-to-all (ring=False: Ulysses over nodes), whose every rank sends off-node alone, at the
+    per-GPU fabric share; gloo on GPUs at most GLOO_ON_GPU_BUSBW_GBPS (host-staged)."""
     acc, backend = cluster.accelerator, cluster.comm_backend
     measured = cluster.profile.all_reduce_busbw_gbps(backend) if cluster.profile is not None else None
     intra = measured or acc.intra_node_bw
-    gbs = intra if cluster.nodes == 1 else min(intra, acc.inter_node_bw)
+    if cluster.nodes == 1:
+        gbs = intra
+    elif ring and not acc.is_cpu:
+        gbs = min(intra, acc.inter_node_bw / ring_node_share(cluster))
+    else:
+        gbs = min(intra, acc.inter_node_bw)
     if backend == "gloo" and not acc.is_cpu and not measured:
         gbs = min(gbs, GLOO_ON_GPU_BUSBW_GBPS)
     return gbs * 1e9
@@ -635,7 +655,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
     moved = collective_bytes(full_model, cluster, setup, knobs)
     comm = (moved.gradients + moved.parameters) / link
     # Ulysses over more GPUs than a node has (whole nodes) sends its all-to-alls over the nodes' links
-    mp_link = link_bandwidth(cluster) if setup.sequence_parallel > cluster.gpus_per_node else intra_node_bandwidth(cluster)
+    mp_link = (link_bandwidth(cluster, ring=False) if setup.sequence_parallel > cluster.gpus_per_node
+               else intra_node_bandwidth(cluster))
     sync_comm = moved.intra_node / intra_node_bandwidth(cluster) + model_parallel_bytes(full_model, setup, workload.seq_len) / mp_link
     comm += sync_comm
     cpu_adam = acc.cpu_adam_params_per_s or DEFAULT_CPU_ADAM_PARAMS_PER_S
