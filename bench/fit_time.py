@@ -236,7 +236,7 @@ def fit_json(fit, fit_runs: list[dict], held: list[dict], value: float) -> dict:
     return {
         "_about": "The GPU time model's fitted figures (estimate/gpu_time.py TimeFit; FIT_BOUNDS bounds each), fitted on "
                   "the fit half of bench/data/published_runs.yaml as split by bench/data/split.yaml. Written by "
-                  f"`{FIT_COMMAND}`; tests/test_time_fit.py refits and compares.",
+                  f"`{FIT_COMMAND}`; tests/test_published_runs.py refits and compares.",
         "figures": fit.to_dict(),
         "bounds": {k: list(v) for k, v in FIT_BOUNDS.items()},
         "data": "bench/data/published_runs.yaml",

@@ -199,7 +199,7 @@ def range_data(held_out: list[float], cmd: str) -> dict:
     return {
         "_about": "predicted / measured step time, 10th and 90th percentiles: a plan's step time range is "
                   "[predicted / ratio_high, predicted / ratio_low] (estimate/timing.py step_range). Written by "
-                  "bench/fit_time.py --write; tests/test_time_fit.py recomputes it.",
+                  "bench/fit_time.py --write; tests/test_published_runs.py recomputes it.",
         "catalog_gpu": {"ratio_low": round(low, 4), "ratio_high": round(high, 4), "runs": len(held_out),
                         "basis": f"80% of the {len(held_out)} held-out published runs, none of which the fitted "
                                  f"figures saw (bench/results/published_runs.txt)",

@@ -232,7 +232,7 @@ def exposed_communication(stage: int, overlap_comm: bool, gradient_seconds: floa
 
 
 # Each fitted figure's bounds, from its physical source: a fit may not leave them (bench/fit_time.py clamps its search
-# to them; tests/test_time_fit.py checks the committed figures).
+# to them; tests/test_published_runs.py checks the committed figures).
 FIT_BOUNDS = {
     # MAMF is the best matmul a search over shapes reached: a model's own matmuls cannot beat it (1.0). Below ~115 of
     # A100's 312 TFLOP/s "suggests a problem" (EleutherAI, "Transformer Math 101"): 115 / 271.2 (A100 MAMF) = 0.42
@@ -275,6 +275,14 @@ class TimeFit:
         (h / (h + matmul_half_hidden): a GEMM's rate falls as its dimensions shrink below the tiles a GPU fills)."""
         eff = self.matmul_efficiency.get(generation, self.matmul_efficiency_pooled)
         return eff * hidden_size / (hidden_size + self.matmul_half_hidden) if hidden_size else eff
+
+    def describe(self, parts: "GpuStepParts") -> str:
+        """The figures that priced a step, in one line."""
+        return (f"matmuls at {self.matmul_share(parts.generation, parts.hidden_size):.0%} of MAMF, host x"
+                f"{self.host_scale:.2f}, NCCL at {self.collective_efficiency:.0%} of the links"
+                + (f", ZeRO-3 traffic hidden behind {self.zero3_overlap:.0%} of compute" if parts.stage == 3 else "")
+                + (f", CPU Adam x{self.cpu_adam_scale:.2f}, PCIe at {self.pcie_efficiency:.0%}"
+                   if parts.cpu_adam_seconds or parts.pcie_seconds else ""))
 
     @classmethod
     def from_dict(cls, d: dict) -> "TimeFit":

@@ -327,7 +327,7 @@ def ring_node_share(cluster: Cluster) -> float:
     ((nodes-1)/nodes) / ((N-1)/N) / G of the ring's per-rank bytes. Measured: nccl-tests all_reduce_perf over 2 nodes
     of 8 H100 with 25 GB/s of NIC per GPU reached a bus bandwidth of 338.8 GB/s at 8 GiB, 13.6x one NIC's rate; this
     rule gives min(450, 25 / 0.0667) = 375 GB/s (github.com/lessizzmore/create-a3mega-ztan-fork, ztan-NCCL-test-result;
-    tests/test_time_fit.py)."""
+    tests/test_published_runs.py)."""
     g, nodes = max(1, cluster.gpus_per_node), cluster.nodes
     n = g * nodes
     return ((nodes - 1) / nodes) / ((n - 1) / n) / g

@@ -200,6 +200,10 @@ def format_plan(plan) -> str:
     out += format_time(plan.best.time, c.world_size)
     out.append(f"    step time priced on {c.time_source}")
     t = plan.best.time
+    if t.gpu_parts is not None:  # the GPU time model: then the figures fitted on published runs
+        from zerokit.estimate.gpu_time import time_fit
+
+        out.append(f"    then fitted on published runs (docs/time-model.md): {time_fit().describe(t.gpu_parts)}")
     if t.learned_from:
         out.append(f"    then x{t.learned_factor:.3g}: measured / predicted of the run learned here nearest this plan, "
                    f"{t.learned_from}")
