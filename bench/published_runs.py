@@ -47,6 +47,7 @@ FLAGS = {
     "liger_kernels": "--liger-kernels", "hpz": "--hpz", "finetune": "--finetune", "lora_r": "--lora-r",
     "quantized_weights": "--zero-quantized-weights", "quantized_gradients": "--zero-quantized-gradients",
     "intra_node_bandwidth": "--intra-node-bandwidth", "inter_node_bandwidth": "--inter-node-bandwidth",
+    "compile": "--compile",
 }
 # what a complete entry states (tests/test_published_runs.py checks these)
 REQUIRED_RUN = ("id", "source", "group", "framework", "quote", "setup", "measured", "step_seconds", "conversion",

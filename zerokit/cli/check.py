@@ -67,7 +67,8 @@ def cmd_check(args) -> int:
     result = check_config(config, args.config, model, cluster, load_workload(args, model), activation_checkpointing=ckpt,
                           trainer_values=trainer_values or None, precision=args.precision, answer_auto=True,
                           client_optimizer=args.client_optimizer,
-                          tiled={"tiled_loss": args.tiled_loss == "on", "tiled_mlp": args.tiled_mlp == "on"},
+                          tiled={"tiled_loss": args.tiled_loss == "on", "tiled_mlp": args.tiled_mlp == "on",
+                                 **({"compile": args.compile} if args.compile else {})},
                           checkpoint_offload=args.activation_checkpointing == "offload", longest_seq=longest)
     result.finetune, result.model = finetune, model
     if is_accelerate_config(args.config):

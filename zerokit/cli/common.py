@@ -219,6 +219,8 @@ def pins_from_args(args) -> dict:
         v = getattr(args, key, None)
         if v is not None:
             pins[key] = v in ("on", "offload")
+    if getattr(args, "compile", None) is not None:
+        pins["compile"] = args.compile
     for key in ("quantized_weights", "quantized_gradients"):
         v = getattr(args, f"zero_{key}", None)
         if v is not None:

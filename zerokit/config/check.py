@@ -235,7 +235,13 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
         if activation_checkpointing is not None:
             setup = replace(setup, activation_checkpointing=activation_checkpointing,
                             checkpoint_offload=bool(checkpoint_offload) and activation_checkpointing)
-        setup = replace(with_parallelism(setup, result.parallelism), **(tiled or {}))
+        script = dict(tiled or {})
+        if script.get("compile") == "deepcompile" and setup.compile != "deepcompile":
+            raise ZerokitError(f"{flag('compile')} deepcompile: DeepCompile is read from the config: add \"compile\": "
+                               f"{{\"deepcompile\": true}} to {config_path}, or give {flag('compile')} torch")
+        if setup.compile != "off":  # the config's DeepCompile: the script's engine.compile() builds it
+            script.pop("compile", None)
+        setup = replace(with_parallelism(setup, result.parallelism), **script)
         threshold = knobs.stage3_param_persistence_threshold
         if model is not None and model.trained.finetune_mode == "qlora" and setup.zero_stage == 3 and threshold > 0:
             # priced as it is (whole small 4-bit weights on every rank); said, since render writes 0 (ZeroKnobs.for_model)

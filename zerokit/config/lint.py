@@ -355,4 +355,23 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
             out.append(Finding("warning", where, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "
                                                  "ignores it; remove it or use stage 3"))
         # else priced: its buffers (estimate/memory.py zeropp_terms) and its bytes (estimate/timing.py collective_bytes)
+    out += _deepcompile_findings(config, stage, accelerator)
     return out
+
+
+def _deepcompile_findings(config: Mapping, stage: int, accelerator) -> list[Finding]:
+    """compile.deepcompile: refused where it cannot run (spec/features.py deepcompile_problem), and at ZeRO-0, where
+    DeepSpeed falls back to torch.compile (engine.get_deepcompile_backend)."""
+    block = config.get("compile")
+    if not isinstance(block, Mapping) or block.get("deepcompile") is not True:
+        return []
+    from zerokit.spec.features import deepcompile_problem
+
+    where = "compile.deepcompile"
+    problem = deepcompile_problem(accelerator) if accelerator is not None else None
+    if problem:
+        return [Finding("error", where, problem.split(": ", 1)[1] + " (set it false)")]
+    if stage == 0:
+        return [Finding("warning", where, "DeepCompile runs ZeRO stage 1, 2 or 3: at stage 0 DeepSpeed falls back to "
+                                          "torch.compile (priced as such); use stage 1 or higher")]
+    return []  # priced: spec.setup.ZeroSetup.compile (estimate/gpu_time.py fuses_elementwise, GpuStepParts)

@@ -83,6 +83,10 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
         checkpoint_offload=(isinstance(config.get("activation_checkpointing"), dict)
                             and config["activation_checkpointing"].get("cpu_checkpointing") is True),
     )
+    block = config.get("compile")
+    if isinstance(block, dict) and block.get("deepcompile") is True:  # engine.compile() builds DeepCompile's passes
+        # at stage 0 DeepSpeed falls back to torch.compile (engine.get_deepcompile_backend)
+        setup = replace(setup, compile="deepcompile" if setup.zero_stage > 0 else "torch")
     knobs = ZeroKnobs.from_zero_config(zero)
     if zero.get("overlap_comm") in (None, AUTO):
         knobs = ZeroKnobs(**{**knobs.to_dict(), "overlap_comm": setup.zero_stage == 3})

@@ -125,6 +125,8 @@ def number(text) -> float:
 
 
 ON_OFF = ("on", "off")
+# how the engine is compiled (ZeroSetup.compile): not at all, torch.compile through engine.compile(), or DeepCompile
+COMPILE_MODES = ("off", "torch", "deepcompile")
 
 
 def liger_kernels(text) -> str:
@@ -313,6 +315,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("zero-quantized-gradients", ("plan", "render", "launch"), "ZeRO++ qgZ: ZeRO-3 reduces gradients as int4 "
            "through two all-to-alls, across nodes (zero_quantized_gradients; CUDA; pins ZeRO-3)", choices=ON_OFF,
            group=_PIN),
+    Option("compile", RUNS, "torch: the training script compiles the engine (engine.compile(): torch.compile's "
+           "Inductor fuses the element-wise work); deepcompile: DeepSpeed's DeepCompile too (compile.deepcompile, "
+           "ZeRO 1-3, CUDA, torch >= 2.6), which runs ZeRO's gathers and releases as graph ops (check: how your "
+           "script runs; DeepCompile is read from the config) (default off)", choices=COMPILE_MODES, group=_PIN,
+           rank=True),
     Option("tiled-loss", RUNS, "logits and loss one slice of tokens at a time (ALST; check: your script uses "
            "DeepSpeed's TiledFusedLogitsLoss, no config key says so)", choices=ON_OFF, group=_PIN, rank=True),
     Option("tiled-mlp", RUNS, "each MLP one slice of tokens at a time (ALST; check: your script runs its MLPs through "

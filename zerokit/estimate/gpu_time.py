@@ -107,7 +107,18 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int, activation_checkpo
     return forward, back
 
 
-def elementwise_bytes_per_token(model: ModelSpec, seq_len: int, precision: str, attention: str) -> float:
+def fuses_elementwise(setup: ZeroSetup) -> bool:
+    """Whether the step's element-wise chains run fused, one pass each (elementwise_bytes_per_token's `fused`):
+    torch.compile's Inductor fuses pointwise ops into single kernels (Ansel et al., "PyTorch 2", ASPLOS 2024), at
+    ZeRO-0, where no ZeRO hook splits the graph; DeepSpeed measured ZeRO1+Compile and ZeRO3+Compile no faster than
+    eager ("ZeRO-3 includes many conditional branches ... it splits the computation into multiple graph segments",
+    DeepSpeed's blogs/deepcompile: ZeRO1+Compile below ZeRO1+Eager), so there it is priced as eager. DeepCompile
+    compiles the whole step with ZeRO's operations as graph ops: fused at every stage it runs."""
+    return setup.compile == "deepcompile" or (setup.compile == "torch" and setup.zero_stage == 0)
+
+
+def elementwise_bytes_per_token(model: ModelSpec, seq_len: int, precision: str, attention: str,
+                                fused: bool = False) -> float:
     """Bytes one token's forward moves through HBM in element-wise work, all layers, from the transformers modules:
 
     - norms, per hidden element: LlamaRMSNorm in 16 bits casts to fp32 (read e, write 4), squares (4 + 4), means (4),
@@ -126,12 +137,13 @@ def elementwise_bytes_per_token(model: ModelSpec, seq_len: int, precision: str, 
     Under --liger-kernels on (ModelSpec.liger_kernels) Liger's Triton kernels replace three of these with one pass
     each (Liger-Kernel src/liger_kernel/ops): its RMSNorm reads x and writes y (2e; _rms_norm_forward_kernel), its
     rotary rewrites q and k in place (2e; _triton_rope), its SwiGLU/GEGLU reads gate and up and writes their product
-    (3e; silu_mul / geglu forward), each per element; backward keeps ELEMENTWISE_BACKWARD_BYTES (RMSNorm's reads dy,
+    (3e; silu_mul / geglu forward), each per element (`fused`, a compiled step, fuses_elementwise: the same one pass
+    each, what a fused kernel must read and write); backward keeps ELEMENTWISE_BACKWARD_BYTES (RMSNorm's reads dy,
     x and writes dx: 3e, 1.5x).
     """
     e = bytes_per_element(precision)
     h, layers = model.hidden_size, model.num_layers
-    liger = model.liger_kernels
+    liger = model.liger_kernels or fused  # a compiled step fuses the same chains into one pass each
     if model.norm == "rmsnorm":
         norm = 2.0 * e if liger else 28.0 if e == 4 else 28.0 + 4 * e  # the two casts, the 16-bit weight multiply
     else:
@@ -199,7 +211,7 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
     attn_fwd, attn_bwd = attention_flops_per_token(model, span, setup.activation_checkpointing, attention, grad_layers)
     dense_fwd = dense_forward_flops_per_token  # the rest of flops_per_token is backward and recompute
     dense_bwd = max(0.0, dense_flops_per_token - dense_fwd)
-    element_fwd = elementwise_bytes_per_token(model, seq_len, setup.precision, attention)
+    element_fwd = elementwise_bytes_per_token(model, seq_len, setup.precision, attention, fuses_elementwise(setup))
     back_share = grad_layers / model.num_layers if model.num_layers else 0.0
     element_bwd = element_fwd * (ELEMENTWISE_BACKWARD_BYTES * back_share + (1 if setup.activation_checkpointing else 0))
     logits = logit_bytes_per_token(model, setup.precision)
@@ -318,6 +330,9 @@ class GpuStepParts:
     cpu_adam_seconds: float = 0.0
     pcie_seconds: float = 0.0  # offload's and checkpoint offload's host-device copies
     nvme_seconds: float = 0.0
+    # DeepCompile schedules ZeRO-3's prefetches in its graph (its proactive prefetching pass): all of the traffic may
+    # hide behind compute, whatever share eager ZeRO-3's hooks were fitted to hide
+    scheduled_prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -353,7 +368,8 @@ def gpu_step(parts: GpuStepParts, fit: TimeFit) -> GpuStep:
                      backward_seconds=c.backward_seconds + c.matmul_backward_seconds * (1 / share - 1))
     bus = fit.collective_efficiency
     grads, params = parts.gradient_comm_seconds / bus, parts.parameter_comm_seconds / bus
-    exposed = exposed_communication(parts.stage, parts.overlap_comm, grads, params, scaled, fit.zero3_overlap)
+    overlap = 1.0 if parts.scheduled_prefetch else fit.zero3_overlap
+    exposed = exposed_communication(parts.stage, parts.overlap_comm, grads, params, scaled, overlap)
     offload = parts.cpu_adam_seconds / fit.cpu_adam_scale + parts.pcie_seconds / fit.pcie_efficiency + parts.nvme_seconds
     return GpuStep(matmul, c.attention_seconds, c.memory_seconds, parts.host_seconds * fit.host_scale,
                    c.optimizer_seconds, exposed + parts.sync_comm_seconds / bus, grads + params - exposed,

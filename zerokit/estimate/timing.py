@@ -145,6 +145,9 @@ def gpu_host_seconds(model: ModelSpec, setup: ZeroSetup, calls: int) -> float:
     layers, accum = model.num_layers, setup.gradient_accumulation_steps
     per_micro = c["micro"] + layers * c["layer"] + (layers * c["recompute"] if setup.activation_checkpointing else 0.0)
     engine = host["engine_overhead"]
+    # DeepCompile keeps the engine's per-parameter work: its graph calls one allgather_param and one release_param op
+    # per parameter (deepspeed/compile/passes/zero3_compile.py add_gather_and_release), as many as the hooks it
+    # replaces, so the stage's engine cost stands
     seconds = accum * per_micro + engine_seconds(engine, setup.precision, setup.zero_stage, layers, accum,
                                                  setup.activation_checkpointing,
                                                  offload=setup.offload_optimizer != "none", calls=calls)
@@ -694,7 +697,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
             compute=kernels, host_seconds=gpu_host_seconds(model, setup, calls.reduces + calls.gathers),
             gradient_comm_seconds=moved.gradients / link, parameter_comm_seconds=moved.parameters / link,
             sync_comm_seconds=sync_comm, cpu_adam_seconds=offload_parts.cpu_adam,
-            pcie_seconds=offload_parts.pcie + checkpoint_pcie, nvme_seconds=offload_parts.nvme)
+            pcie_seconds=offload_parts.pcie + checkpoint_pcie, nvme_seconds=offload_parts.nvme,
+            scheduled_prefetch=setup.compile == "deepcompile")
         step_parts = gpu_step(gpu_parts, time_fit())
         host, optimizer = step_parts.host_seconds, step_parts.optimizer_seconds
         compute, comm, offload = step_parts.compute_seconds, step_parts.communication_seconds, step_parts.offload_seconds

@@ -161,7 +161,7 @@ class LaunchPlan:
             output_dir=str(self.out_abs), steps=self.steps, save_every=self.save_every, seed=self.request.seed,
             gradient_checkpointing=self.setup.activation_checkpointing,
             checkpoint_offload=self.setup.checkpoint_offload, tiled_loss=self.setup.tiled_loss,
-            tiled_mlp=self.setup.tiled_mlp, check_config=not self.deepspeed_checked,
+            tiled_mlp=self.setup.tiled_mlp, compile=self.setup.compile, check_config=not self.deepspeed_checked,
             dist_backend=self.cluster.dist_backend,  # deepspeed.init_distributed(dist_backend=...) in the ranks
             finetune=self.request.finetune,  # the ranks freeze / wrap in peft / quantize (train.py apply_finetune)
             merge=self.request.merge, resume=resume, no_save=self.request.no_save)
@@ -453,7 +453,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
     held = held_global_batch(req, resize)
     if req.config:
         # what the script does beyond the config may be pinned with --config: checkpointing and ALST's tiling
-        if pins.keys() - {"activation_checkpointing", "checkpoint_offload", "tiled_loss", "tiled_mlp"}:
+        if pins.keys() - {"activation_checkpointing", "checkpoint_offload", "tiled_loss", "tiled_mlp", "compile"}:
             raise ZerokitError(f"{flag('stage')}/--offload-*/{flag('precision')}/{flag('micro-batch')}/"
                                f"{flag('grad-accum')}/{flag('tensor-parallel')}/{flag('sequence-parallel')}/"
                                f"{flag('hpz')} choose a setup for {flag('plan')}; with {flag('config')} the config "
@@ -474,7 +474,8 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
                               # a user's Trainer fills "auto" from its own arguments, unknown here: judge the largest
                               # micro batch that fits and the best precision, as `zerokit check` answers
                               answer_auto=bool(req.script_command),
-                              tiled={k: bool(pins.get(k)) for k in ("tiled_loss", "tiled_mlp")})
+                              tiled={**{k: bool(pins.get(k)) for k in ("tiled_loss", "tiled_mlp")},
+                                     **({"compile": pins["compile"]} if "compile" in pins else {})})
         if not result.valid:
             if verbose():
                 print(format_check(result), file=sys.stderr)

@@ -54,6 +54,7 @@ class RankOptions:
     merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base)
     tiled_loss: bool = False  # the LM head and loss through TiledFusedLogitsLoss (launch/parallel.py)
     tiled_mlp: bool = False  # every decoder MLP through TiledMLP
+    compile: str = "off"  # torch / deepcompile: engine.compile() after deepspeed.initialize (spec.setup.ZeroSetup.compile)
 
     def __post_init__(self):
         if self.tokens is None and self.data is None:

@@ -426,6 +426,7 @@ class Run:
     world: int = 1
     layout: Any = None  # launch/parallel.RankLayout: the TP, SP and data-parallel groups
     meter: Any = None  # the memory meter while it runs: None without one, or once memory_steps stopped it
+    compile_pending: bool = False  # --compile: engine.compile() waits for the CPU meter to stop (compile_engine)
     mem_method: str = "none"
     # main (base_source) and build_model_for
     base_src: str | None = None  # LoRA/QLoRA: the base the adapter trains on
@@ -591,6 +592,16 @@ def build_model_for(run: Run):
     return model
 
 
+def compile_engine(run: Run) -> None:
+    """engine.compile(): torch.compile of the engine's module (Inductor); with the config's compile.deepcompile,
+    DeepSpeed's graph passes (engine.compile -> get_deepcompile_backend). On CPU ranks only once the memory meter has
+    stopped: a frame dynamo first meets under an active TorchDispatchMode (the meter's) is never compiled, even after the
+    mode exits (measured: torch._dynamo.utils.counters stays empty; docs/measured-on-cpu.md), so the metered first steps
+    run eager and the compiled ones follow."""
+    run.engine.compile()
+    run.compile_pending = False
+
+
 def make_engine(run: Run, model) -> None:
     """Ulysses' SP groups, deepspeed.initialize (an AdamW at --lr when the config has no optimizer), the tiled loss's
     head switch, the meter told of the engine, training mode, and the step-phase meter with its init peak."""
@@ -616,6 +627,9 @@ def make_engine(run: Run, model) -> None:
         mpu=mpu,
     )
     run.engine = engine
+    run.compile_pending = args.compile != "off"
+    if run.compile_pending and (run.on_cuda or run.meter is None):
+        compile_engine(run)
     run.head_switch = parallel.HeadSwitch(engine.module.get_output_embeddings()) if args.tiled_loss else None
     run.sp_group = mpu.get_sequence_parallel_group() if mpu is not None else None
     # the whole vocabulary, as memory.tiled_loss_shards prices the slices: an AutoTP LM head's weight holds V / tp rows
@@ -872,6 +886,10 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
         }
         if args.checkpoint_offload:  # what went through the offload path this step, and came back
             rec["checkpoint_offload"] = offloaded
+        if args.compile != "off":  # frames dynamo compiled so far: 0 while the step ran eager (compile_engine)
+            from torch._dynamo.utils import counters
+
+            rec["compiled_frames"] = int(counters["frames"].get("ok", 0))
         rec.update(phases.step_fields())  # this step's peak per phase (forward, backward, step), the run's so far
         peak_alloc = max(peak_alloc, rec.get("peak_allocated_bytes", 0))
         metrics.write(rec)
@@ -881,6 +899,8 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
         if args.memory_steps and not run.on_cuda and phases.active and steps_run >= args.memory_steps:
             phases.stop()
             run.meter = None
+            if run.compile_pending:
+                compile_engine(run)
         if run.rank == 0 and (step % args.log_every == 0 or step == total_steps):
             avg = sum(step_times[-10:]) / len(step_times[-10:])
             print(f"step {step}/{total_steps}  loss {loss:.4f}  {global_tokens / step_time:,.0f} tok/s  "

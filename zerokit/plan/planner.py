@@ -29,7 +29,7 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
 )
 # Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp",
-                 "quantized_weights", "quantized_gradients")
+                 "quantized_weights", "quantized_gradients", "compile")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
             "gradient_accumulation_steps", "activation_checkpointing", "checkpoint_offload") + PARALLEL_KEYS
 # the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
@@ -160,8 +160,15 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
     if (qwz or qgz) and cluster.accelerator.is_cpu:
         raise ZerokitError(f"ZeRO++ qwZ and qgZ run DeepSpeed's CUDA quantizer kernels, not on {cluster.accelerator.name}: "
                            f"drop {flag('zero-quantized-weights')} / {flag('zero-quantized-gradients')}")
+    # compiling changes the training script: only where pinned (spec/features.py says what each mode needs)
+    compiled = pins.get("compile", "off")
+    if compiled == "deepcompile":
+        from zerokit.spec.features import deepcompile_problem
+
+        if problem := deepcompile_problem(cluster.accelerator):
+            raise ZerokitError(problem)
     return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm,
-                 quantized_weights=qwz, quantized_gradients=qgz)
+                 quantized_weights=qwz, quantized_gradients=qgz, compile=compiled)
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 
 
@@ -317,13 +324,14 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
                     if fam["checkpoint_offload"] == par.get("checkpoint_offload", fam["checkpoint_offload"])
                     and (fam["zero_stage"] == 3 or (par["hpz_partition_size"] == 1 and not par["quantized_weights"]
                                                     and not par["quantized_gradients"]))
+                    and (fam["zero_stage"] >= 1 or par["compile"] != "deepcompile")
                     and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
         searched = searched or bool(families)
         smallest = _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for,
                            best_per_family, family_failures, smallest)
     if not searched:
-        raise ZerokitError("the pinned options exclude one another (hpZ, qwZ and qgZ need ZeRO-3; AutoTP is planned "
-                           "with ZeRO-0/1/2, as measured): drop a pin")
+        raise ZerokitError("the pinned options exclude one another (hpZ, qwZ and qgZ need ZeRO-3, DeepCompile ZeRO "
+                           "1-3; AutoTP is planned with ZeRO-0/1/2, as measured): drop a pin")
     ranked = sorted(best_per_family, key=lambda e: e.time.tokens_per_second, reverse=True)
     if ranked:
         top = ranked[0].time.tokens_per_second

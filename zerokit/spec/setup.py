@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.options import ATTENTION_IMPLS, flag
+from zerokit.core.options import ATTENTION_IMPLS, COMPILE_MODES, flag
 from zerokit.spec.optimizer import DEFAULT_OPTIMIZER
 
 STAGES = (0, 1, 2, 3)
@@ -59,6 +59,10 @@ class ZeroSetup:
     # intra-node then an inter-node all-to-all. Priced with the same keys read from a config (ZeroKnobs).
     quantized_weights: bool = False
     quantized_gradients: bool = False
+    # How the engine runs (COMPILE_MODES): eager; "torch", the script calls engine.compile() (torch.compile, Inductor);
+    # "deepcompile", with the config's compile.deepcompile, engine.compile() builds DeepSpeed's graph passes
+    # (deepspeed/compile: init_z1_and_2 / init_z3), which schedule ZeRO's gathers, releases and reductions as ops.
+    compile: str = "off"
 
     def __post_init__(self):
         if self.zero_stage not in STAGES:
@@ -88,6 +92,13 @@ class ZeroSetup:
         if par.hpz_partition_size > 1 and self.zero_stage != 3:
             # only stage3.py reads zero_hpz_partition_size
             raise ZerokitError(f"ZeRO++ hpZ partitions ZeRO-3 parameters: use {flag('stage')} 3 or drop {flag('hpz')}")
+        if self.compile not in COMPILE_MODES:
+            raise ZerokitError(f"{flag('compile')} {self.compile!r}: use one of {', '.join(COMPILE_MODES)}")
+        if self.compile == "deepcompile" and self.zero_stage == 0:
+            # engine.get_deepcompile_backend: "DeepCompile supports ZeRO stage 1, 2, or 3 only ... Falling back to
+            # the torch compiler"
+            raise ZerokitError(f"DeepCompile runs ZeRO stage 1, 2 or 3 (at stage 0 DeepSpeed falls back to "
+                               f"torch.compile): use {flag('stage')} 1 or higher, or {flag('compile')} torch")
         if (self.quantized_weights or self.quantized_gradients) and self.zero_stage != 3:
             # only stage3.py and partition_parameters.py read zero_quantized_weights / zero_quantized_gradients
             raise ZerokitError(f"ZeRO++ qwZ and qgZ quantize ZeRO-3's collectives: use {flag('stage')} 3 or drop "
@@ -137,6 +148,8 @@ class ZeroSetup:
             parts.append("qwZ")
         if self.quantized_gradients:
             parts.append("qgZ")
+        if self.compile != "off":
+            parts.append("compiled" if self.compile == "torch" else "deepcompile")
         if self.tiled_loss:
             parts.append("tiled-loss")
         if self.tiled_mlp:
