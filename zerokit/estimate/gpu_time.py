@@ -243,26 +243,31 @@ def exposed_communication(stage: int, overlap_comm: bool, gradient_seconds: floa
     return max(0.0, gradient_seconds + parameter_seconds - zero3_overlap * compute.compute_seconds)
 
 
-# Each fitted figure's bounds, from its physical source: a fit may not leave them (bench/fit_time.py clamps its search
-# to them; tests/test_published_runs.py checks the committed figures).
+# Each fitted figure's bounds: a fit may not leave them (bench/fit_time.py searches inside them;
+# tests/test_published_runs.py checks the committed figures). Where a bound is a physical fact it is cited; where it
+# is a modelling choice it says so.
 FIT_BOUNDS = {
     # MAMF is the best matmul a search over shapes reached: a model's own matmuls cannot beat it (1.0). Below ~115 of
     # A100's 312 TFLOP/s "suggests a problem" (EleutherAI, "Transformer Math 101"): 115 / 271.2 (A100 MAMF) = 0.42
     "matmul_efficiency": (0.42, 1.0),
-    # hidden size at which a model's matmuls reach half their large-shape rate: 0 (none) up to GPT-2 small's 768,
-    # whose 768 x 3072 GEMMs still run near half of MAMF or better in ml-engineering's mamf-finder sweeps
+    # the hidden size at which a model's matmuls reach half their large-shape rate: from none (0) to the corpus's
+    # smallest model's hidden size (GPT-2 small, 768); a modelling bound
     "matmul_half_hidden": (0.0, 768.0),
-    # the host (torch dispatch, DeepSpeed's hooks) was measured on one H200 node (16-core Xeon, torch 2.11,
-    # DeepSpeed 0.19): another host CPU, or older torch / DeepSpeed releases, run the same Python 0.5x-3x as fast
+    # the host (torch dispatch, DeepSpeed's hooks) was measured on one H200 node (16-core Xeon, torch 2.11, DeepSpeed
+    # 0.19): other host CPUs and older torch / DeepSpeed releases run the same Python slower or faster; a modelling
+    # bound, 2x faster to 3x slower
     "host_scale": (0.5, 3.0),
     # the share of compute ZeRO-3's prefetched gathers and side-stream reduce-scatters hide behind: a share
     "zero3_overlap": (0.0, 1.0),
-    # NCCL's bus bandwidth over the catalog's link rate: nccl-tests reach 70-90% of NVLink / InfiniBand at large
-    # messages; small buckets and contention go lower, to 40%
+    # NCCL's bus bandwidth over the catalog's link rates (ring_node_share across nodes): at most the links; a published
+    # 2-node H100 all-reduce reached 90% of the rate the catalog's figures give (timing.ring_node_share); 40% is a
+    # modelling floor for small buckets and contended fabrics
     "collective_efficiency": (0.4, 1.0),
-    # DeepSpeedCPUAdam over the 2.5e9 params/s default: the ZeRO-Offload paper's CPU-Adam times span servers ~4x apart
+    # DeepSpeedCPUAdam over the 2.5e9 params/s default (timing.DEFAULT_CPU_ADAM_PARAMS_PER_S, from the ZeRO-Offload
+    # paper's 1B-parameter step of 0.22-0.44 s): host CPUs differ in cores and memory channels; a modelling bound
     "cpu_adam_scale": (0.25, 2.0),
-    # pinned host-device copies reach 80-90% of the PCIe datasheet (CUDA's bandwidthTest); pageable ones about half
+    # the share of the datasheet's PCIe rate host-device copies reach: at most all of it; half is a modelling floor
+    # (pageable rather than pinned buffers)
     "pcie_efficiency": (0.5, 1.0),
 }
 
