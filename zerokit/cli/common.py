@@ -219,8 +219,9 @@ def pins_from_args(args) -> dict:
         v = getattr(args, key, None)
         if v is not None:
             pins[key] = v in ("on", "offload")
-    if getattr(args, "compile", None) is not None:
-        pins["compile"] = args.compile
+    for key in ("compile", "offload_engine"):
+        if getattr(args, key, None) is not None:
+            pins[key] = getattr(args, key)
     for key in ("quantized_weights", "quantized_gradients"):
         v = getattr(args, f"zero_{key}", None)
         if v is not None:

@@ -356,6 +356,33 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
                                                  "ignores it; remove it or use stage 3"))
         # else priced: its buffers (estimate/memory.py zeropp_terms) and its bytes (estimate/timing.py collective_bytes)
     out += _deepcompile_findings(config, stage, accelerator)
+    out += _offload_engine_findings(zero, stage, accelerator)
+    return out
+
+
+def _offload_engine_findings(zero: Mapping, stage: int, accelerator) -> list[Finding]:
+    """zenflow and offload_optimizer.super_offload: refused where they cannot run (spec/features.py
+    offload_engine_problem), said where DeepSpeed would ignore them."""
+    from zerokit.spec.features import offload_engine_problem
+
+    offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), Mapping) else {}
+    device = offload.get("device", "none")
+    out = []
+    for engine, where, on in (("superoffload", "zero_optimization.offload_optimizer.super_offload",
+                               offload.get("super_offload") is True),
+                              ("zenflow", "zero_optimization.zenflow", isinstance(zero.get("zenflow"), Mapping))):
+        if not on:
+            continue
+        problem = offload_engine_problem(engine, accelerator, stage or None) if accelerator is not None else None
+        if problem:
+            out.append(Finding("error", where, problem.split(": ", 1)[1]))
+        elif device != "cpu":
+            out.append(Finding("warning", where, f"it runs an optimizer offloaded to the CPU (offload_optimizer.device "
+                                                 f"cpu), not {device}: zerokit prices plain ZeRO here"))
+        elif engine == "superoffload" and stage != 3:
+            out.append(Finding("warning", where, f"read at ZeRO-3 only (runtime/engine.py builds "
+                                                 f"SuperOffloadOptimizer_Stage3): at stage {stage} DeepSpeed uses "
+                                                 "ZeRO-Offload; zerokit prices that"))
     return out
 
 

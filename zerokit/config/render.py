@@ -18,6 +18,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
 from zerokit.core.resources import template_environment
 from zerokit.spec.hardware import Cluster
+from zerokit.spec.features import ZENFLOW
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.optimizer import ADAMW, optimizer_named
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
@@ -98,6 +99,7 @@ def render_ds_config(
     context = {
         "setup": setup,
         "knobs": knobs or (ZeroKnobs.for_model(model) if model else ZeroKnobs()),
+        "zenflow": ZENFLOW,
         "knobs_auto": knobs is None,
         # QLoRA's threshold (ZeroKnobs.for_model) is written as a number even for the HF Trainer, which would fill
         # "auto" with 10 h and keep small packed 4-bit weights whole on every rank

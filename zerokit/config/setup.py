@@ -83,6 +83,12 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
         checkpoint_offload=(isinstance(config.get("activation_checkpointing"), dict)
                             and config["activation_checkpointing"].get("cpu_checkpointing") is True),
     )
+    offload = zero.get("offload_optimizer")
+    if setup.offload_optimizer == "cpu" and isinstance(offload, dict) and offload.get("super_offload") is True \
+            and setup.zero_stage == 3:  # SuperOffloadOptimizer_Stage3 (runtime/engine.py, stage 3 only)
+        setup = replace(setup, offload_engine="superoffload")
+    elif setup.offload_optimizer == "cpu" and isinstance(zero.get("zenflow"), dict):  # configure_zenflow
+        setup = replace(setup, offload_engine="zenflow")
     block = config.get("compile")
     if isinstance(block, dict) and block.get("deepcompile") is True:  # engine.compile() builds DeepCompile's passes
         # at stage 0 DeepSpeed falls back to torch.compile (engine.get_deepcompile_backend)

@@ -127,6 +127,9 @@ def number(text) -> float:
 ON_OFF = ("on", "off")
 # how the engine is compiled (ZeroSetup.compile): not at all, torch.compile through engine.compile(), or DeepCompile
 COMPILE_MODES = ("off", "torch", "deepcompile")
+# what runs the offloaded optimizer (ZeroSetup.offload_engine): ZeRO-Offload's DeepSpeedCPUAdam after every step,
+# ZenFlow (zero_optimization.zenflow) or SuperOffload (offload_optimizer.super_offload, ZeRO-3, Superchips)
+OFFLOAD_ENGINES = ("zero-offload", "zenflow", "superoffload")
 
 
 def liger_kernels(text) -> str:
@@ -315,6 +318,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("zero-quantized-gradients", ("plan", "render", "launch"), "ZeRO++ qgZ: ZeRO-3 reduces gradients as int4 "
            "through two all-to-alls, across nodes (zero_quantized_gradients; CUDA; pins ZeRO-3)", choices=ON_OFF,
            group=_PIN),
+    Option("offload-engine", ("plan", "render", "launch"), "with --offload-optimizer cpu: zero-offload (DeepSpeedCPUAdam "
+           "after each backward), zenflow (the GPU updates the top 5%% of gradient columns each step, the CPU the rest "
+           "every 4 steps beside the GPU's work; zero_optimization.zenflow, DeepSpeed >= 0.17.5) or superoffload "
+           "(ZeRO-3 on a Superchip: GraceAdam beside the GPU's next step; offload_optimizer.super_offload, DeepSpeed "
+           ">= 0.18, CUDA) (default zero-offload)", choices=OFFLOAD_ENGINES, group=_PIN),
     Option("compile", RUNS, "torch: the training script compiles the engine (engine.compile(): torch.compile's "
            "Inductor fuses the element-wise work); deepcompile: DeepSpeed's DeepCompile too (compile.deepcompile, "
            "ZeRO 1-3, CUDA, torch >= 2.6), which runs ZeRO's gathers and releases as graph ops (check: how your "

@@ -36,6 +36,7 @@ from functools import lru_cache
 
 from zerokit.core.resources import bundled_data
 
+from zerokit.spec.features import ZENFLOW
 from zerokit.spec.hardware import Accelerator
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.optimizer import Optimizer
@@ -222,6 +223,8 @@ def gpu_compute(model: ModelSpec, acc: Accelerator, setup: ZeroSetup, seq_len: i
     backward = matmul_backward + accum * tokens * (attn_bwd / attention_rate + element_bwd / hbm)
     share = model.trainable / (zero_ranks if setup.zero_stage >= 1 else 1)
     opt = share * optimizer_bytes_per_param(optimizer, setup.precision) / hbm if setup.offload_optimizer == "none" else 0.0
+    if setup.offload_engine == "zenflow":  # the top-k columns' Adam runs on the GPU every step (ZENFLOW)
+        opt = ZENFLOW["topk_ratio"] * share * optimizer_bytes_per_param(optimizer, setup.precision) / hbm
     return GpuCompute(matmul, attn, memory, opt, backward, matmul_backward)
 
 
@@ -338,6 +341,7 @@ class GpuStepParts:
     # DeepCompile schedules ZeRO-3's prefetches in its graph (its proactive prefetching pass): all of the traffic may
     # hide behind compute, whatever share eager ZeRO-3's hooks were fitted to hide
     scheduled_prefetch: bool = False
+    offload_engine: str = "zero-offload"  # ZeroSetup.offload_engine: how the CPU's optimizer step meets the GPU's
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,32 @@ class GpuStep:
         return self.compute_seconds + self.optimizer_seconds + self.communication_seconds + self.offload_seconds
 
 
+# SuperOffload's GraceAdam "is 3x faster than PyTorch Adam ... and 1.3x faster than CPU-Adam" (DeepSpeed's
+# blogs/deepspeed-superoffload)
+GRACE_ADAM_OVER_CPU_ADAM = 1.3
+# ZenFlow "≈ 2x lower PCIe traffic" than ZeRO-Offload (DeepSpeed's blogs/deepspeed-zenflow)
+ZENFLOW_PCIE_SHARE = 0.5
+
+
+def offload_step_seconds(parts: GpuStepParts, fit: TimeFit, device_seconds: float) -> float:
+    """What the step waits for of the offloaded optimizer, by its engine (ZeroSetup.offload_engine):
+    - ZeRO-Offload: DeepSpeedCPUAdam runs after backward while the GPU waits, and the copies cross PCIe: all of it;
+    - ZenFlow (ZENFLOW, as render writes it): the CPU updates the other columns once every update_interval steps, in
+      a worker beside the GPU's forward and backward (overlap_step): a step waits for what of its share outlasts the
+      device's work; the copies are half ZeRO-Offload's (ZENFLOW_PCIE_SHARE); the top-k Adam is GPU work
+      (gpu_compute's optimizer_seconds);
+    - SuperOffload: GraceAdam (GRACE_ADAM_OVER_CPU_ADAM x CPU-Adam) runs beside the GPU's next step, rolled back if
+      that step is skipped (SuperOffloadOptimizer_Stage3): what outlasts the device's work, plus the copies."""
+    adam = parts.cpu_adam_seconds / fit.cpu_adam_scale
+    pcie = parts.pcie_seconds / fit.pcie_efficiency
+    if parts.offload_engine == "zenflow":
+        adam = max(0.0, adam / ZENFLOW["update_interval"] - device_seconds)
+        pcie *= ZENFLOW_PCIE_SHARE
+    elif parts.offload_engine == "superoffload":
+        adam = max(0.0, adam / GRACE_ADAM_OVER_CPU_ADAM - device_seconds)
+    return adam + pcie + parts.nvme_seconds
+
+
 def gpu_step(parts: GpuStepParts, fit: TimeFit) -> GpuStep:
     """The step a TimeFit makes of the priced parts: matmuls at the fitted share of MAMF, the host scaled, ZeRO's
     traffic at the fitted bus bandwidth and overlapping as exposed_communication schedules it, offload at the fitted
@@ -375,7 +405,7 @@ def gpu_step(parts: GpuStepParts, fit: TimeFit) -> GpuStep:
     grads, params = parts.gradient_comm_seconds / bus, parts.parameter_comm_seconds / bus
     overlap = 1.0 if parts.scheduled_prefetch else fit.zero3_overlap
     exposed = exposed_communication(parts.stage, parts.overlap_comm, grads, params, scaled, overlap)
-    offload = parts.cpu_adam_seconds / fit.cpu_adam_scale + parts.pcie_seconds / fit.pcie_efficiency + parts.nvme_seconds
+    offload = offload_step_seconds(parts, fit, scaled.compute_seconds)
     return GpuStep(matmul, c.attention_seconds, c.memory_seconds, parts.host_seconds * fit.host_scale,
                    c.optimizer_seconds, exposed + parts.sync_comm_seconds / bus, grads + params - exposed,
                    offload if math.isfinite(offload) else math.inf)

@@ -698,7 +698,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload
             gradient_comm_seconds=moved.gradients / link, parameter_comm_seconds=moved.parameters / link,
             sync_comm_seconds=sync_comm, cpu_adam_seconds=offload_parts.cpu_adam,
             pcie_seconds=offload_parts.pcie + checkpoint_pcie, nvme_seconds=offload_parts.nvme,
-            scheduled_prefetch=setup.compile == "deepcompile")
+            scheduled_prefetch=setup.compile == "deepcompile", offload_engine=setup.offload_engine)
         step_parts = gpu_step(gpu_parts, time_fit())
         host, optimizer = step_parts.host_seconds, step_parts.optimizer_seconds
         compute, comm, offload = step_parts.compute_seconds, step_parts.communication_seconds, step_parts.offload_seconds

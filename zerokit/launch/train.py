@@ -742,6 +742,8 @@ def start_metrics(run: Run, data: Data, pos: Position) -> MetricsLog:
         # the backend asked for (None: DeepSpeed's default) and the one the process group really runs
         "dist_backend_requested": args.dist_backend, "dist_backend": torch.distributed.get_backend(),
         "finetune": args.finetune.to_dict(), "trainable_params": trainable_count(run.engine.module),
+        # what DeepSpeed built from the config: its ZeRO optimizer's class (ZenFlowZeroOptimizer, SuperOffload's, ...)
+        "zero_optimizer": type(run.engine.optimizer).__name__,
     })
     return metrics
 

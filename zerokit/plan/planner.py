@@ -29,7 +29,7 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
 )
 # Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp",
-                 "quantized_weights", "quantized_gradients", "compile")
+                 "quantized_weights", "quantized_gradients", "compile", "offload_engine")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
             "gradient_accumulation_steps", "activation_checkpointing", "checkpoint_offload") + PARALLEL_KEYS
 # the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
@@ -162,13 +162,15 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
                            f"drop {flag('zero-quantized-weights')} / {flag('zero-quantized-gradients')}")
     # compiling changes the training script: only where pinned (spec/features.py says what each mode needs)
     compiled = pins.get("compile", "off")
-    if compiled == "deepcompile":
-        from zerokit.spec.features import deepcompile_problem
+    engine = pins.get("offload_engine", "zero-offload")
+    from zerokit.spec.features import deepcompile_problem, offload_engine_problem
 
-        if problem := deepcompile_problem(cluster.accelerator):
+    for problem in (deepcompile_problem(cluster.accelerator) if compiled == "deepcompile" else None,
+                    offload_engine_problem(engine, cluster.accelerator, pins.get("zero_stage"))):
+        if problem:
             raise ZerokitError(problem)
     return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm,
-                 quantized_weights=qwz, quantized_gradients=qgz, compile=compiled)
+                 quantized_weights=qwz, quantized_gradients=qgz, compile=compiled, offload_engine=engine)
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 
 
@@ -325,13 +327,16 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
                     and (fam["zero_stage"] == 3 or (par["hpz_partition_size"] == 1 and not par["quantized_weights"]
                                                     and not par["quantized_gradients"]))
                     and (fam["zero_stage"] >= 1 or par["compile"] != "deepcompile")
+                    and (par["offload_engine"] == "zero-offload" or (fam["offload_optimizer"] == "cpu" and (
+                        par["offload_engine"] != "superoffload" or fam["zero_stage"] == 3)))
                     and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
         searched = searched or bool(families)
         smallest = _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for,
                            best_per_family, family_failures, smallest)
     if not searched:
-        raise ZerokitError("the pinned options exclude one another (hpZ, qwZ and qgZ need ZeRO-3, DeepCompile ZeRO "
-                           "1-3; AutoTP is planned with ZeRO-0/1/2, as measured): drop a pin")
+        raise ZerokitError("the pinned options exclude one another (hpZ, qwZ, qgZ and SuperOffload need ZeRO-3, "
+                           "DeepCompile ZeRO 1-3, ZenFlow and SuperOffload --offload-optimizer cpu; AutoTP is planned "
+                           "with ZeRO-0/1/2, as measured): drop a pin")
     ranked = sorted(best_per_family, key=lambda e: e.time.tokens_per_second, reverse=True)
     if ranked:
         top = ranked[0].time.tokens_per_second

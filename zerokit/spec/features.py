@@ -45,3 +45,43 @@ def deepcompile_problem(accelerator) -> str | None:
                 f"{'.'.join(map(str, DEEPCOMPILE_TORCH))}, the installed torch is {'.'.join(map(str, torch))}: upgrade "
                 f"torch or use {flag('compile')} torch")
     return None
+
+
+# ZenFlow as DeepSpeed's tutorial configures it (docs/_tutorials/zenflow.md), what render writes and the time model
+# prices: the GPU updates the top 5% of gradient columns every step; the CPU updates the rest every 4 steps, its step
+# overlapped with the GPU's forward and backward (overlap_step)
+ZENFLOW = {"topk_ratio": 0.05, "update_interval": 4}
+# ZenFlow landed for ZeRO-1/2 in DeepSpeed 0.17.5 (PR 7391) and for ZeRO-3 in 0.18.1 (PR 7516); configure_zenflow
+# asks for torch >= 2.1. SuperOffload landed in 0.18.0 (PR 7559) and asserts a CUDA device (superoffload_stage3.py).
+ZENFLOW_SINCE = {1: (0, 17, 5), 2: (0, 17, 5), 3: (0, 18, 1)}
+ZENFLOW_TORCH = (2, 1)
+SUPEROFFLOAD_SINCE = (0, 18, 0)
+
+
+def _release(v: tuple[int, ...]) -> str:
+    return ".".join(map(str, v))
+
+
+def offload_engine_problem(engine: str, accelerator, stage: int | None = None) -> str | None:
+    """Why ZenFlow or SuperOffload cannot run here (the accelerator; the installed DeepSpeed and torch; the pinned
+    ZeRO stage, None when the planner chooses), in one line; None when it can or is not judged."""
+    if engine == "zero-offload":
+        return None
+    ds = installed_version("deepspeed")
+    if engine == "superoffload":
+        if accelerator.is_cpu:
+            return (f"{flag('offload-engine')} superoffload: SuperOffload asserts a CUDA device "
+                    f"(superoffload_stage3.py), not {accelerator.name}: use {flag('offload-engine')} zero-offload")
+        if ds is not None and ds < SUPEROFFLOAD_SINCE:
+            return (f"{flag('offload-engine')} superoffload: the installed DeepSpeed {_release(ds)} has no SuperOffload "
+                    f"(added in {_release(SUPEROFFLOAD_SINCE)}): upgrade DeepSpeed")
+        return None
+    since = ZENFLOW_SINCE.get(stage, min(ZENFLOW_SINCE.values())) if stage else min(ZENFLOW_SINCE.values())
+    if ds is not None and ds < since:
+        return (f"{flag('offload-engine')} zenflow: the installed DeepSpeed {_release(ds)} has no ZenFlow"
+                f"{f' at ZeRO-{stage}' if stage else ''} (added in {_release(since)}): upgrade DeepSpeed")
+    torch = installed_version("torch")
+    if torch is not None and torch[:2] < ZENFLOW_TORCH:
+        return (f"{flag('offload-engine')} zenflow: DeepSpeed runs ZenFlow on torch >= {_release(ZENFLOW_TORCH)}, the "
+                f"installed torch is {_release(torch)}: upgrade torch")
+    return None

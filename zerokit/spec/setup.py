@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from zerokit.core.errors import ZerokitError
-from zerokit.core.options import ATTENTION_IMPLS, COMPILE_MODES, flag
+from zerokit.core.options import ATTENTION_IMPLS, COMPILE_MODES, OFFLOAD_ENGINES, flag
 from zerokit.spec.optimizer import DEFAULT_OPTIMIZER
 
 STAGES = (0, 1, 2, 3)
@@ -63,6 +63,11 @@ class ZeroSetup:
     # "deepcompile", with the config's compile.deepcompile, engine.compile() builds DeepSpeed's graph passes
     # (deepspeed/compile: init_z1_and_2 / init_z3), which schedule ZeRO's gathers, releases and reductions as ops.
     compile: str = "off"
+    # What runs the offloaded optimizer (OFFLOAD_ENGINES), with offload_optimizer "cpu": ZeRO-Offload's DeepSpeedCPUAdam;
+    # ZenFlow (deepspeed/runtime/zenflow: the top-k gradient columns updated on the GPU every step, the rest by the
+    # CPU every update_interval steps, overlapped); SuperOffload (deepspeed/runtime/superoffload: ZeRO-3, GraceAdam
+    # overlapped with the GPU's next step, rolled back if the step is skipped)
+    offload_engine: str = "zero-offload"
 
     def __post_init__(self):
         if self.zero_stage not in STAGES:
@@ -92,6 +97,14 @@ class ZeroSetup:
         if par.hpz_partition_size > 1 and self.zero_stage != 3:
             # only stage3.py reads zero_hpz_partition_size
             raise ZerokitError(f"ZeRO++ hpZ partitions ZeRO-3 parameters: use {flag('stage')} 3 or drop {flag('hpz')}")
+        if self.offload_engine not in OFFLOAD_ENGINES:
+            raise ZerokitError(f"{flag('offload-engine')} {self.offload_engine!r}: use one of {', '.join(OFFLOAD_ENGINES)}")
+        if self.offload_engine != "zero-offload" and self.offload_optimizer != "cpu":
+            raise ZerokitError(f"{flag('offload-engine')} {self.offload_engine} runs an optimizer offloaded to the CPU: "
+                               f"use {flag('offload-optimizer')} cpu")
+        if self.offload_engine == "superoffload" and self.zero_stage != 3:
+            # runtime/engine.py builds SuperOffloadOptimizer_Stage3 only at stage 3
+            raise ZerokitError(f"SuperOffload is a ZeRO-3 optimizer: use {flag('stage')} 3")
         if self.compile not in COMPILE_MODES:
             raise ZerokitError(f"{flag('compile')} {self.compile!r}: use one of {', '.join(COMPILE_MODES)}")
         if self.compile == "deepcompile" and self.zero_stage == 0:
@@ -148,6 +161,8 @@ class ZeroSetup:
             parts.append("qwZ")
         if self.quantized_gradients:
             parts.append("qgZ")
+        if self.offload_engine != "zero-offload":
+            parts.append(self.offload_engine)
         if self.compile != "off":
             parts.append("compiled" if self.compile == "torch" else "deepcompile")
         if self.tiled_loss:
