@@ -335,8 +335,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
                            best_per_family, family_failures, smallest)
     if not searched:
         raise ZerokitError("the pinned options exclude one another (hpZ, qwZ, qgZ and SuperOffload need ZeRO-3, "
-                           "DeepCompile ZeRO 1-3, ZenFlow and SuperOffload --offload-optimizer cpu; AutoTP is planned "
-                           "with ZeRO-0/1/2, as measured): drop a pin")
+                           f"DeepCompile ZeRO 1-3, ZenFlow and SuperOffload {flag('offload-optimizer')} cpu; AutoTP is "
+                           "planned with ZeRO-0/1/2, as measured): drop a pin")
     ranked = sorted(best_per_family, key=lambda e: e.time.tokens_per_second, reverse=True)
     if ranked:
         top = ranked[0].time.tokens_per_second
