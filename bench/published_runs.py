@@ -241,6 +241,14 @@ def summary_line(name: str, ratios: list[float]) -> str:
             f"({round(share * len(ratios))}/{len(ratios)})  signed median {signed_median(ratios):.2f}")
 
 
+def lean_sources(members: list[dict]) -> str:
+    """Where a leaning group's runs come from: each source's count and signed median, most runs first."""
+    by: dict[str, list[float]] = {}
+    for m in members:
+        by.setdefault(m["run"]["group"], []).append(m["zk"])
+    return ", ".join(f"{g} {len(v)} x{signed_median(v):.2f}" for g, v in sorted(by.items(), key=lambda kv: -len(kv[1])))
+
+
 def group_lines(rows: list[dict], half: str) -> list[str]:
     out = []
     for title, key in GROUPINGS:
@@ -253,7 +261,7 @@ def group_lines(rows: list[dict], half: str) -> list[str]:
             cell = f"{g} n={len(members)} x{med:.2f} (rule x{signed_median([m['rule'] for m in members]):.2f})"
             if half == "held_out" and len(members) >= LEAN_MIN and abs(med - 1) > LEAN_LIMIT:
                 reason = LEAN_REASONS.get((title, g))
-                cell += f" LEANS: {reason}" if reason else " LEANS, no sourced reason"
+                cell += f" LEANS: {reason}" if reason else f" LEANS, no sourced reason ({lean_sources(members)})"
             cells.append(cell)
         out.append(f"  by {title}: " + "; ".join(cells))
     return out
