@@ -192,7 +192,7 @@ def test_qwz_halves_the_gathers_and_qgz_quarters_the_gradients_across_nodes():
 
 @pytest.mark.parametrize("extra,said", [
     (["--gpu", "cpu", "--gpus-per-node", "2"], "CUDA quantizer kernels, not on cpu"),
-    (["--stage", "2"], "hpZ, qwZ and qgZ need ZeRO-3"),
+    (["--stage", "2"], "hpZ, qwZ, qgZ and SuperOffload need ZeRO-3"),
 ])
 def test_zeropp_pins_where_deepspeed_cannot_run_them_are_refused_in_one_line(extra, said, tmp_path, capsys):
     args = ["render", *ZEROPP_PLAN, *extra, "--zero-quantized-weights", "on", "-o", str(tmp_path / "c.json")]
