@@ -138,7 +138,7 @@ def bounds(name: str) -> tuple[float, float]:
 def penalty(fit, generations: list[str]) -> float:
     """The pull toward first principles (every figure 1, matmul_half_hidden 0), a generation's efficiency toward the
     pooled one."""
-    lo, hi = bounds("matmul_half_hidden")
+    hi = bounds("matmul_half_hidden")[1]
     p = sum(math.log(getattr(fit, n)) ** 2 for n in ("matmul_efficiency_pooled", "host_scale", "zero3_overlap",
                                                      "collective_efficiency", "cpu_adam_scale", "pcie_efficiency")
             if getattr(fit, n) > 0)
