@@ -29,21 +29,29 @@ def installed_version(package: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
+def _release(v: tuple[int, ...]) -> str:
+    return ".".join(map(str, v))
+
+
+def older_than(package: str, since: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The installed release of `package` when it is older than `since` (compared on since's length), else None (newer,
+    or not installed here to judge)."""
+    v = installed_version(package)
+    return v if v is not None and v[:len(since)] < since else None
+
+
 def deepcompile_problem(accelerator) -> str | None:
     """Why DeepCompile cannot run for this accelerator with the installed DeepSpeed and torch, in one line; None
     when it can (or when they are not installed here to judge)."""
     if accelerator.is_cpu:
         return (f"{flag('compile')} deepcompile: DeepCompile's op is CUDA code and DeepSpeed enables it on CUDA devices "
                 f"only (is_deepcompile_supported), not on {accelerator.name}: use {flag('compile')} torch")
-    ds = installed_version("deepspeed")
-    if ds is not None and ds < DEEPCOMPILE_SINCE:
-        return (f"{flag('compile')} deepcompile: the installed DeepSpeed {'.'.join(map(str, ds))} has no DeepCompile "
-                f"(added in {'.'.join(map(str, DEEPCOMPILE_SINCE))}): upgrade DeepSpeed or use {flag('compile')} torch")
-    torch = installed_version("torch")
-    if torch is not None and torch[:2] < DEEPCOMPILE_TORCH:
-        return (f"{flag('compile')} deepcompile: DeepSpeed runs DeepCompile on torch >= "
-                f"{'.'.join(map(str, DEEPCOMPILE_TORCH))}, the installed torch is {'.'.join(map(str, torch))}: upgrade "
-                f"torch or use {flag('compile')} torch")
+    if ds := older_than("deepspeed", DEEPCOMPILE_SINCE):
+        return (f"{flag('compile')} deepcompile: the installed DeepSpeed {_release(ds)} has no DeepCompile "
+                f"(added in {_release(DEEPCOMPILE_SINCE)}): upgrade DeepSpeed or use {flag('compile')} torch")
+    if torch := older_than("torch", DEEPCOMPILE_TORCH):
+        return (f"{flag('compile')} deepcompile: DeepSpeed runs DeepCompile on torch >= {_release(DEEPCOMPILE_TORCH)}, "
+                f"the installed torch is {_release(torch)}: upgrade torch or use {flag('compile')} torch")
     return None
 
 
@@ -58,30 +66,24 @@ ZENFLOW_TORCH = (2, 1)
 SUPEROFFLOAD_SINCE = (0, 18, 0)
 
 
-def _release(v: tuple[int, ...]) -> str:
-    return ".".join(map(str, v))
-
-
 def offload_engine_problem(engine: str, accelerator, stage: int | None = None) -> str | None:
     """Why ZenFlow or SuperOffload cannot run here (the accelerator; the installed DeepSpeed and torch; the pinned
     ZeRO stage, None when the planner chooses), in one line; None when it can or is not judged."""
     if engine == "zero-offload":
         return None
-    ds = installed_version("deepspeed")
     if engine == "superoffload":
         if accelerator.is_cpu:
             return (f"{flag('offload-engine')} superoffload: SuperOffload asserts a CUDA device "
                     f"(superoffload_stage3.py), not {accelerator.name}: use {flag('offload-engine')} zero-offload")
-        if ds is not None and ds < SUPEROFFLOAD_SINCE:
+        if ds := older_than("deepspeed", SUPEROFFLOAD_SINCE):
             return (f"{flag('offload-engine')} superoffload: the installed DeepSpeed {_release(ds)} has no SuperOffload "
                     f"(added in {_release(SUPEROFFLOAD_SINCE)}): upgrade DeepSpeed")
         return None
-    since = ZENFLOW_SINCE.get(stage, min(ZENFLOW_SINCE.values())) if stage else min(ZENFLOW_SINCE.values())
-    if ds is not None and ds < since:
+    since = ZENFLOW_SINCE.get(stage) or min(ZENFLOW_SINCE.values())
+    if ds := older_than("deepspeed", since):
         return (f"{flag('offload-engine')} zenflow: the installed DeepSpeed {_release(ds)} has no ZenFlow"
                 f"{f' at ZeRO-{stage}' if stage else ''} (added in {_release(since)}): upgrade DeepSpeed")
-    torch = installed_version("torch")
-    if torch is not None and torch[:2] < ZENFLOW_TORCH:
+    if torch := older_than("torch", ZENFLOW_TORCH):
         return (f"{flag('offload-engine')} zenflow: DeepSpeed runs ZenFlow on torch >= {_release(ZENFLOW_TORCH)}, the "
                 f"installed torch is {_release(torch)}: upgrade torch")
     return None
