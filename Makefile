@@ -33,6 +33,7 @@ demo: setup
 # PYTHONDONTWRITEBYTECODE (set on some machines) is cleared for the tests: the suite starts hundreds of rank processes,
 # and each would compile zerokit's modules (and pytest rewrite the tests) again instead of reading the cached bytecode.
 test: setup
+	@bash scripts/setup_browser.sh
 	ruff check .
 	PYTHONDONTWRITEBYTECODE= python -m pytest -q -p no:cacheprovider -m "not timed" -n 2 --dist loadfile \
 		--no-loadscope-reorder --durations=25

@@ -42,7 +42,7 @@ printed beside: the memory model's own answer. The maxima's published / zerokit 
 
 Usage: python bench/alst_max_seq.py [--out bench/results/alst_max_seq.txt] [--write-range]
 --write-range: the range of published / zerokit over the maxima, with Ulysses and without, into
-zerokit/data/seq_len_range.json, which gives a `--seq-len max` answer on a GPU its likely range (plan/search.py
+zerokit/data/seq_len_range.json, which gives a `--seq-len max` answer on a GPU its likely range (planning/search.py
 likely_range).
 """
 
@@ -274,7 +274,7 @@ def seq_len_ranges(results: list[tuple[tuple, int | None, int | None]]) -> dict:
     bound the first, else None) of every row: the lowest and highest published / zerokit over the published maxima
     ("max" and "full" rows), with Ulysses (SP > 1) and without. Where the cap bound zerokit's answer, the maximum is
     compared with the memory model's answer too: which of the two stopped the published run is not published, so the
-    range spans both. plan/search.py likely_range turns them into a likely range of a `--seq-len max` answer on a GPU."""
+    range spans both. planning/search.py likely_range turns them into a likely range of a `--seq-len max` answer on a GPU."""
     groups: dict[str, list[float]] = {"ulysses": [], "one_sequence_per_rank": []}
     maxima = dict.fromkeys(groups, 0)
     for row, got, alone in results:
@@ -288,7 +288,7 @@ def seq_len_ranges(results: list[tuple[tuple, int | None, int | None]]) -> dict:
     out = {"_about": "published / zerokit's longest sequence over the published maxima of ALST's setups (arXiv "
                      "2506.13996 and ArcticTraining's recipes; Llama-3.1-8B and 70B), and / the memory model's alone "
                      "where liger-kernel's 32-bit cap bound zerokit's answer: a --seq-len max answer's likely range on "
-                     "a GPU is [answer x ratio_low, answer x ratio_high] (plan/search.py likely_range). Written by "
+                     "a GPU is [answer x ratio_low, answer x ratio_high] (planning/search.py likely_range). Written by "
                      + RANGE_COMMAND + "; tests/test_long_context.py recomputes it."}
     for key, ratios in groups.items():
         n = maxima[key]

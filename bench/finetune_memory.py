@@ -1,12 +1,12 @@
 """Fine-tuning memory, predicted vs measured: real 2-rank DeepSpeed jobs on CPU (gloo) training LoRA, QLoRA and partly
-frozen models, each rank's live tensor bytes metered per phase, against zerokit.plan.planner.evaluate for the same setup.
+frozen models, each rank's live tensor bytes metered per phase, against zerokit.planning.planner.evaluate for the same setup.
 
     python bench/finetune_memory.py                  # all jobs (~10 min on 2 cores), writes bench/results/finetune_memory.{txt,json}
     python bench/finetune_memory.py --only 'lora_z2' # a subset (regex on the job name); results are not written then
     python bench/finetune_memory.py --job NAME       # one job, printed (what tests/test_finetune_model.py's slow test runs)
 
 Each job: `torchrun --nproc_per_node 2` of this file's rank script (OMP_NUM_THREADS=1), modelled on the RANK_SCRIPT of
-tests/test_finetune.py and on zerokit/launch/train.py's metering: zerokit.measure.meter.MemoryMeter started before the
+tests/test_finetune.py and on zerokit/launching/train.py's metering: zerokit.measure.meter.MemoryMeter started before the
 model is built (so every tensor counts), MemoryMeter.register_deepspeed_engine, zerokit.measure.step_phases
 .StepPhaseMeter around forward / backward / step of the first STEPS optimizer steps. The model: the bundled config,
 random init (torch.manual_seed(0)); LoRA with peft's get_peft_model; --freeze with requires_grad_(False) on the
@@ -166,7 +166,7 @@ def rank_main(job_json: str, out_dir: str) -> None:
 
 # ------------------------------------------------------------------------------------------------------------------
 def predict(job: Job) -> dict:
-    from zerokit.plan.planner import evaluate
+    from zerokit.planning.planner import evaluate
     from zerokit.spec.finetune import trainable_split, with_finetune
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec

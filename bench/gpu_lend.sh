@@ -45,7 +45,7 @@ for name in $(python3 -c "import sys; sys.path.insert(0, 'bench/accuracy'); impo
   j0=$(date +%s)
   python3 bench/accuracy/run.py --lend --only "^${name}\$" --steps 8 --warmup 2 --runs "$RUNS" --no-save \
     --timeout 240 --results "/tmp/lend_$name" >/dev/null 2>"/tmp/lend_$name.err" || tail -3 "/tmp/lend_$name.err"
-  # where a job's time went: the rank's start record (launch/train.py main: setup, model, engine seconds)
+  # where a job's time went: the rank's start record (launching/train.py main: setup, model, engine seconds)
   echo "gpu_lend: $name $(( $(date +%s) - j0 )) s; rank 0 startup $(python3 -c "import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l)

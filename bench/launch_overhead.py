@@ -1,6 +1,6 @@
 """Wall time of `zerokit launch` vs the same job started with a hand-written deepspeed command.
 
-Both run the same training script (zerokit.launch.train), the same ds_config, the same packed tokens,
+Both run the same training script (zerokit.launching.train), the same ds_config, the same packed tokens,
 2 CPU ranks, tiny-llama, a few steps. `zerokit launch` adds: lint and the fit check, tokenization, writing
 the config/tokens/launch.json, the runner, and the report. The ratio says what that costs end to end.
 
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from zerokit.measure.ranks import free_port
-from zerokit.launch.rank_options import RankOptions
+from zerokit.launching.rank_options import RankOptions
 
 CONFIG = {
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from zerokit.core import resources
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     work = Path(tempfile.mkdtemp(prefix="zk-bench-"))
     env = dict(os.environ)
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
                     opts = work / f"rank_options{i}.json"
                     RankOptions(model=model, tokens=str(prepared.tokens_path), tokenizer=tok, ds_config=str(cfg),
                                 output_dir=str(out), steps=args.steps).save(opts)
-                    runs[name] = ([ds, "--num_gpus", "2", "--master_port", str(port), "--module", "zerokit.launch.train",
+                    runs[name] = ([ds, "--num_gpus", "2", "--master_port", str(port), "--module", "zerokit.launching.train",
                                    str(opts)], {"_port": str(port)})
             for name, (cmd, extra) in runs.items():
                 dt, rc = timed(cmd, {**env, **{k: v for k, v in extra.items() if not k.startswith("_")}})

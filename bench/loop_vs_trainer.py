@@ -6,7 +6,7 @@
 
 Both sides run through the CLI a user types, 2 CPU ranks over gloo, alternating A B A B ... so a shared machine's
 drift hits both alike:
-  A  zerokit launch --model M --config CFG --gpu cpu --gpus-per-node 2 --seq-len S --steps N   (zerokit.launch.train)
+  A  zerokit launch --model M --config CFG --gpu cpu --gpus-per-node 2 --seq-len S --steps N   (zerokit.launching.train)
   B  the same, then `-- python examples/train_hf_trainer.py --tokens DATA ...`                  (Trainer + ZerokitCallback)
 Same: the ds_config (rendered once by zerokit's deepspeed profile: every value concrete, the Trainer's arguments set
 to the same numbers, which its fill_match in transformers.integrations.deepspeed verifies), the data (the bundled
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def prepare(args, runs: Path) -> tuple[Path, Path, object]:
     """(ds_config path, tokens.npy path, setup): rendered and tokenized once, by zerokit."""
     from zerokit.config.render import render_ds_config, write_json_atomic
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.resolve import resolve_model

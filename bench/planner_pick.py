@@ -4,7 +4,7 @@
     python bench/planner_pick.py --top 6 --repeat 1 --steps 8   # a smoke run
     python bench/planner_pick.py --reuse               # re-read the runs already on disk (no jobs)
 
-1. Runs the planner once on a 2-rank CPU job (zerokit.plan.planner.make_plan, timed: the search time) with the
+1. Runs the planner once on a 2-rank CPU job (zerokit.planning.planner.make_plan, timed: the search time) with the
    hardware profile's measured compute and collectives, and re-evaluates every setup its search visits (the same
    _families x _micro_batches grid, planner.evaluate) to rank ALL fitting ones by predicted step time. The global
    batch is fixed, so step time ranks them as tokens/s does.
@@ -127,7 +127,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 
 def search(model_dir: str, cluster, seq_len: int, global_batch: int):
     """(plan, search seconds, every evaluated setup's Evaluation) for the job."""
-    from zerokit.plan import planner
+    from zerokit.planning import planner
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import Workload, ZeroSetup
 

@@ -131,8 +131,8 @@ def plan_argv(setup: dict) -> list[str]:
 
 def predict(run: dict) -> dict:
     """zerokit's plan of one run (pinned) and the rule of thumb on the same run."""
-    from zerokit.cli import parse
-    from zerokit.cli.plan import build_plan
+    from zerokit.api import build_plan
+    from zerokit.cli import request
 
     import contextlib
     import io
@@ -143,8 +143,8 @@ def predict(run: dict) -> dict:
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
-            args = parse(plan_argv(setup))
-        plan = build_plan(args)
+            req = request(plan_argv(setup))
+        plan = build_plan(req)
     except (ZerokitError, SystemExit) as e:
         why = str(e) if isinstance(e, ZerokitError) else (said.getvalue().strip().splitlines() or ["bad value"])[-1]
         raise CorpusError(f"run {run['id']}: zerokit cannot plan its setup: {why}") from e

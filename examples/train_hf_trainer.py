@@ -48,9 +48,9 @@ def packed_corpus(tok, seq_len: int) -> list[dict]:
 
 
 def zerokit_rows(tokens: str) -> list[dict]:
-    """The rows zerokit's loop feeds its model (zerokit.launch.train.make_dataset): tokens.npy and, where written
+    """The rows zerokit's loop feeds its model (zerokit.launching.train.make_dataset): tokens.npy and, where written
     beside it, labels.npy and attention_mask.npy (launch.data.load_arrays); labels = inputs where none were written."""
-    from zerokit.launch.data import load_arrays
+    from zerokit.launching.data import load_arrays
 
     arrays = load_arrays(tokens)
     rows = [{k: a[i].tolist() for k, a in arrays.items()} for i in range(arrays["input_ids"].shape[0])]

@@ -52,7 +52,7 @@ TOKENS = """
 import json, sys
 from pathlib import Path
 from zerokit.core.resources import bundled_tokenizer
-from zerokit.launch.data import tokenize_files
+from zerokit.launching.data import tokenize_files
 arr, total = tokenize_files([Path({data!r})], str(bundled_tokenizer()), 16)
 print(json.dumps({{"rows": arr.tolist(), "total": total, "tokenized": "tokenizers" in sys.modules,
                   "transformers": "transformers" in sys.modules}}))

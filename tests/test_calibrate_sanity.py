@@ -185,7 +185,7 @@ def test_cli_too_busy_prints_one_line_and_writes_nothing(tmp_path, monkeypatch, 
 
 def test_planner_ranks_a_slow_precision_last(tmp_path):
     """A slow precision recorded in a profile is priced at its measured rate, so the plan does not choose it."""
-    from zerokit.plan.planner import make_plan
+    from zerokit.planning.planner import make_plan
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import Workload
@@ -245,7 +245,7 @@ def test_slow_precision_is_never_planned_unless_pinned(tmp_path):
     """Issue 13: "never plan that precision there". Where fp32 does not fit and bf16 would, a measured bf16 wins;
     a bf16 measured under 1/10 of fp32 (spec.profile.SLOW_PRECISION_FACTOR) is left out with a note, and a pin
     still plans it."""
-    from zerokit.plan.planner import make_plan
+    from zerokit.planning.planner import make_plan
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import Workload

@@ -24,7 +24,7 @@ from zerokit.config.read import load_config_file
 from zerokit.config.setup import setup_from_config
 from zerokit.config.validate import validate_with_deepspeed
 from zerokit.config.check import check_config, largest_fitting_micro_batch
-from zerokit.plan.planner import evaluate
+from zerokit.planning.planner import evaluate
 from zerokit.spec.hardware import HardwareOptions, accelerator
 from zerokit.spec.model import load_model_spec
 from zerokit.spec.setup import Workload, ZeroSetup

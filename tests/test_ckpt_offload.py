@@ -42,7 +42,7 @@ def test_offload_moves_the_layer_inputs_out_and_back_with_equal_losses():
 
     import torch
 
-    from zerokit.launch.ckpt_offload import offload_context
+    from zerokit.launching.ckpt_offload import offload_context
 
     model, cfg = _tiny_llama()
     ids = torch.randint(0, cfg.vocab_size, (2, 64))

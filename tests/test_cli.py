@@ -185,7 +185,7 @@ def test_plan_trace_replaces_analytic_activations_with_a_traced_measure():
             "--stage", "2", "--precision", "fp32", "--micro-batch", "4", "--json"]
     analytic = json.loads(zk(*args).stdout)
     traced = json.loads(zk(*args, "--trace").stdout)
-    from zerokit.plan.refine import ANALYTIC_ACTIVATION_TERMS
+    from zerokit.planning.refine import ANALYTIC_ACTIVATION_TERMS
 
     # the start of backward holds every activation: there the traced peak replaces the analytic terms
     a_terms = analytic["memory"]["phase_terms"]["backward"]

@@ -1,4 +1,4 @@
-"""Data for the built-in loop (zerokit/launch/data.py, zerokit/launch/data_sources.py): local JSON/JSONL/CSV/Parquet
+"""Data for the built-in loop (zerokit/launching/data.py, zerokit/launching/data_sources.py): local JSON/JSONL/CSV/Parquet
 and datasets' own folders, chat and instruction records rendered with the chat template and masked, packing on and
 off, the content-hash cache, and one real 2-rank launch on the bundled instruction set.
 
@@ -23,8 +23,8 @@ pytest.importorskip("datasets")
 
 from zerokit.core import resources
 from zerokit.core.errors import ZerokitError
-from zerokit.launch import data as zdata
-from zerokit.launch.data_sources import DataSource, load_hub_split, resolve_source
+from zerokit.launching import data as zdata
+from zerokit.launching.data_sources import DataSource, load_hub_split, resolve_source
 
 REPO = Path(__file__).resolve().parents[1]
 TOK = str(resources.bundled_tokenizer())
@@ -288,7 +288,7 @@ def test_plain_jsonl_text_imports_neither_datasets_nor_transformers(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
     code = ("import json, sys\n"
-            "from zerokit.launch.data import resolve_source, tokenize\n"
+            "from zerokit.launching.data import resolve_source, tokenize\n"
             f"d = tokenize(resolve_source({str(f)!r}), {TOK!r}, 16)\n"
             "print(json.dumps({'n': int(d.tokens.shape[0]),\n"
             "    'heavy': [m for m in ('datasets', 'transformers', 'torch') if m in sys.modules]}))\n")
@@ -325,10 +325,10 @@ def test_run_directory_arrays_and_the_resume_check(tmp_path):
 
 
 def test_rank_dataset_feeds_labels_and_attention_mask(tmp_path):
-    """launch/train.py's make_dataset: the rows are the model's keyword arguments."""
+    """launching/train.py's make_dataset: the rows are the model's keyword arguments."""
     pytest.importorskip("torch")
-    from zerokit.launch.rank_options import RankOptions
-    from zerokit.launch.train import make_dataset
+    from zerokit.launching.rank_options import RankOptions
+    from zerokit.launching.train import make_dataset
 
     f = tmp_path / "chat.jsonl"
     f.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))

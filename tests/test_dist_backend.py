@@ -228,7 +228,7 @@ def test_a_backend_this_torch_lacks_is_refused_before_any_rank_starts(tmp_path):
 
 def test_the_backend_reaches_the_ranks_and_torch_is_imported_only_when_given(tmp_path):
     code = ("import json, sys\n"
-            "from zerokit.launch.prepare import LaunchRequest, prepare_launch\n"
+            "from zerokit.launching.prepare import LaunchRequest, prepare_launch\n"
             "from zerokit.spec.hardware import HardwareOptions\n"
             "backend = sys.argv[1] or None\n"
             f"req = LaunchRequest(model='tiny-llama', seq_len=32, steps=2, output_dir={str(tmp_path / 'run')!r},\n"
@@ -243,7 +243,7 @@ def test_the_backend_reaches_the_ranks_and_torch_is_imported_only_when_given(tmp
         assert r.returncode == 0, r.stderr[-2000:]
         seen[backend] = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen[""]["torch"] is False
-    from zerokit.launch.rank_options import RankOptions
+    from zerokit.launching.rank_options import RankOptions
 
     # what the ranks read back from rank_options.json
     assert RankOptions.from_dict(seen["gloo"]["options"]).dist_backend == "gloo"
@@ -264,7 +264,7 @@ def test_an_arch_list_variant_deepspeed_cannot_parse_is_refused_before_any_rank_
     pytest.importorskip("deepspeed")
     from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
 
-    from zerokit.launch.prepare import check_cuda_arch_list
+    from zerokit.launching.prepare import check_cuda_arch_list
 
     def deepspeed_parses(archs: str) -> bool:
         b = FusedAdamBuilder()

@@ -5,7 +5,7 @@ Oracles: peft's own get_nb_trainable_parameters() on the same model for the trai
 interrupted LoRA run (rank 1 SIGKILLed, restarted from its checkpoint) gives the uninterrupted run's fp32 losses and
 adapter exactly; the merged weights give the logits of base + adapter (peft PeftModel over the base) to float32
 rounding, for QLoRA over the same 4-bit base; --freeze leaves the frozen weights bit-identical to the deterministic
-initial model (launch/train.py build_model: the same weights at any ZeRO stage). Bad input: one line, exit 2, nothing
+initial model (launching/train.py build_model: the same weights at any ZeRO stage). Bad input: one line, exit 2, nothing
 written. Six real jobs (~3 min on 2 cores), each run once and shared by the tests that read it.
 """
 
@@ -119,11 +119,11 @@ def logits(model, x):
 
 
 def quantized_base(path: Path):
-    """The base 4-bit as the ranks loaded it (launch/train.py bnb_config with fp32 compute)."""
+    """The base 4-bit as the ranks loaded it (launching/train.py bnb_config with fp32 compute)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from zerokit.launch.train import bnb_config
+    from zerokit.launching.train import bnb_config
 
     return AutoModelForCausalLM.from_pretrained(str(path), quantization_config=bnb_config(Finetune(mode="qlora"),
                                                                                           torch.float32),
@@ -296,7 +296,7 @@ def test_frozen_parameters_are_bit_identical_after_training(workdir):
     import torch
     from safetensors.torch import load_file
 
-    from zerokit.launch.train import build_model
+    from zerokit.launching.train import build_model
     from zerokit.spec.finetune import is_frozen
 
     flags = [a for p in FROZEN for a in ("--freeze", p)]
@@ -318,8 +318,8 @@ def test_frozen_parameters_are_bit_identical_after_training(workdir):
 
 
 def test_ranks_get_the_finetune_and_the_plan_counts_it(tmp_path):
-    from zerokit.launch.prepare import LaunchRequest, prepare_launch
-    from zerokit.launch.rank_options import RankOptions
+    from zerokit.launching.prepare import LaunchRequest, prepare_launch
+    from zerokit.launching.rank_options import RankOptions
     from zerokit.spec.hardware import HardwareOptions
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.resolve import resolve_model

@@ -118,7 +118,7 @@ def test_the_run_report_reads_a_real_cuda_metrics_file():
     """tests/data/h200_run: the metrics of gpu-llama ZeRO-0 bf16 (micro batch 4, seq 2048) as the H200 rank wrote them.
     The report compares the allocated peak without the fit's context allowance, the allocator's reserve, nvidia-smi's
     figure and the part outside torch's allocator, each with what the rank measured."""
-    from zerokit.plan.planner import evaluate
+    from zerokit.planning.planner import evaluate
     from zerokit.report import run_report as zreport
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import Workload, ZeroSetup

@@ -143,7 +143,7 @@ def test_launch_without_gpu_prices_the_local_gpus_kind(tmp_path, monkeypatch, li
     """`zerokit launch` with no --gpu on a GPU machine: the GPU's catalog entry (its TFLOP/s and links) when nvidia-smi
     names one the catalog knows, else only its memory. Before, an H200 was priced on the default's (A100) 312 bf16
     TFLOP/s instead of its 989."""
-    from zerokit.launch.prepare import LaunchRequest, resolve_cluster
+    from zerokit.launching.prepare import LaunchRequest, resolve_cluster
 
     monkeypatch.setenv("PATH", f"{_fake_smi(tmp_path, [line])}{os.pathsep}/usr/bin:/bin")
     monkeypatch.setenv("ZEROKIT_CACHE_DIR", str(tmp_path / "cache"))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from zerokit.core.errors import ZerokitError
-from zerokit.launch.command import LaunchSpec, k8s_job_name, render_pytorchjob
+from zerokit.launching.command import LaunchSpec, k8s_job_name, render_pytorchjob
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = ["--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "32", "--steps", "3", "--plan"]
@@ -97,7 +97,7 @@ def test_manifest_is_a_valid_pytorchjob_for_the_kubeflow_sdk():
         assert rs.restart_policy == "OnFailure"
         pod = rs.template.spec
         (c,) = pod.containers
-        assert c.command == ["torchrun", "--nnodes=4", "--nproc-per-node=8", "--module", "zerokit.launch.train",
+        assert c.command == ["torchrun", "--nnodes=4", "--nproc-per-node=8", "--module", "zerokit.launching.train",
                              "/mnt/shared/runs/x/rank_options.json"]
         assert c.resources.limits == {"nvidia.com/gpu": "8"}
         assert [(p.name, p.container_port) for p in c.ports] == [("pytorchjob-port", 29555)]

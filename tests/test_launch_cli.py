@@ -101,7 +101,7 @@ def test_config_deepspeed_refuses_is_refused_before_anything_starts_where_it_mus
 
 
 def test_deepspeed_check_in_ranks_only_for_a_fresh_local_run(tmp_path):
-    from zerokit.launch.prepare import LaunchRequest, deepspeed_check_in_ranks
+    from zerokit.launching.prepare import LaunchRequest, deepspeed_check_in_ranks
 
     req = LaunchRequest(model="tiny-llama", config="ds.json", output_dir=str(tmp_path / "new"))
     assert deepspeed_check_in_ranks(req, multi_node=False)
@@ -116,7 +116,7 @@ def test_first_launch_of_a_config_imports_no_deepspeed_in_the_parent(tmp_path):
     from the tokenizers library, and DeepSpeed's config classes are left to the ranks (--check-config)."""
     (tmp_path / "ds.json").write_text(json.dumps({**REFUSED_BY_DEEPSPEED, "zero_optimization": {"stage": 2}}))
     code = ("import json, sys\n"
-            "from zerokit.launch.prepare import LaunchRequest, prepare_launch\n"
+            "from zerokit.launching.prepare import LaunchRequest, prepare_launch\n"
             "from zerokit.spec.hardware import HardwareOptions\n"
             f"req = LaunchRequest(model='tiny-llama', config={str(tmp_path / 'ds.json')!r}, seq_len=32, steps=2,\n"
             f"    output_dir={str(tmp_path / 'run')!r}, hardware=HardwareOptions(gpu='cpu', gpus_per_node=2))\n"
@@ -182,9 +182,9 @@ def test_dry_run_prints_command_and_runs_nothing(tmp_path):
            "--output-dir", out)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    cmd = next(x for x in lines if "--module zerokit.launch.train" in x)
+    cmd = next(x for x in lines if "--module zerokit.launching.train" in x)
     assert "--num_gpus 2" in cmd and "--master_port 29999" in cmd and cmd.endswith(str(out / "rank_options.json"))
-    # what the ranks will read from that file (launch/rank_options.RankOptions)
+    # what the ranks will read from that file (launching/rank_options.RankOptions)
     opts = json.loads(lines[lines.index(next(x for x in lines if x.startswith("# rank options"))) + 1])
     assert opts["steps"] == 2 and opts["save_every"] == 1 and opts["output_dir"] == str(out)
     assert any(x.startswith("export PYTHONPATH=") for x in lines)
@@ -230,7 +230,7 @@ def test_launch_end_to_end_with_report(tmp_path):
 
 def test_bundled_tokenizer_and_corpus():
     from zerokit.core import resources
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     tok = zdata.load_tokenizer(str(resources.bundled_tokenizer()))
     assert len(tok) == 2048 and tok.eos_token_id == 2 and tok.pad_token_id == 0 and tok.bos_token_id == 1
@@ -242,7 +242,7 @@ def test_bundled_tokenizer_and_corpus():
 
 def _pack_both_ways(files, tok_dir, seq_len=16):
     """(plain tokenizers result or None, transformers result) of tokenize_and_pack."""
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     plain = zdata.PlainFastTokenizer.from_tokenizer_dir(tok_dir)
     full = zdata.tokenize_and_pack(files, zdata.load_tokenizer(str(tok_dir)), seq_len)
@@ -284,7 +284,7 @@ def test_plain_tokenizer_gives_transformers_ids(tmp_path):
     (tmp_path / "m.txt").write_text("a <|mask|> b " * 50)
     plain, (arr, _) = _pack_both_ways([tmp_path / "m.txt"], masked)
     assert plain is None
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     assert (zdata.tokenize_files([tmp_path / "m.txt"], str(masked), 16)[0] == arr).all()
     from tokenizers import Tokenizer
@@ -304,7 +304,7 @@ def test_plain_tokenizer_gives_transformers_ids(tmp_path):
 def test_tokenizing_the_bundled_data_imports_no_transformers(tmp_path):
     code = ("import json, sys\n"
             "from zerokit.core import resources\n"
-            "from zerokit.launch.data import tokenize_files\n"
+            "from zerokit.launching.data import tokenize_files\n"
             "arr, total = tokenize_files([resources.bundled_corpus()], str(resources.bundled_tokenizer()), 64)\n"
             "print(json.dumps({'n': int(arr.shape[0]), 'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))\n")
     env = dict(os.environ, ZEROKIT_CACHE_DIR=str(tmp_path / "empty-cache"))
@@ -316,7 +316,7 @@ def test_tokenizing_the_bundled_data_imports_no_transformers(tmp_path):
 def test_data_directory_txt_and_jsonl(tmp_path):
     from zerokit.core.errors import ZerokitError
     from zerokit.core import resources
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     (tmp_path / "a.txt").write_text("The river flows north.\nIt is cold.\n")
     (tmp_path / "sub").mkdir()
@@ -341,7 +341,7 @@ def test_data_directory_txt_and_jsonl(tmp_path):
 
 def test_tokens_cache_round_trip(tmp_path):
     from zerokit.core import resources
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     f = tmp_path / "d.txt"
     f.write_text("Ada found a lantern near Amberly. " * 40)

@@ -1,4 +1,4 @@
-"""zerokit.launch.command: the argv parsed back by DeepSpeed's own runner, the sbatch script, real launches."""
+"""zerokit.launching.command: the argv parsed back by DeepSpeed's own runner, the sbatch script, real launches."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from zerokit.core.errors import ZerokitError
 from zerokit.measure.ranks import free_port
-from zerokit.launch.command import (
+from zerokit.launching.command import (
     LaunchSpec,
     build_launch_command,
     render_sbatch,
@@ -50,14 +50,14 @@ def test_local(ds_runner):
     argv, env = build_launch_command(spec)
     assert argv == [
         "deepspeed", "--num_gpus", "2", "--master_port", "29555",
-        "--module", "zerokit.launch.train", "--config", "run.json", "--steps", "5",
+        "--module", "zerokit.launching.train", "--config", "run.json", "--steps", "5",
     ]  # fmt: skip
     assert env == {}
     a = parse_back(ds_runner, argv)
     assert (a.num_gpus, a.num_nodes, a.master_port, a.module) == (2, -1, 29555, True)
     assert (a.include, a.exclude, a.launcher) == ("", "", "pdsh")  # launcher unused on one node
     assert a.hostfile == ds_runner.DLTS_HOSTFILE  # not given: DeepSpeed falls back to local resources
-    assert a.user_script == "zerokit.launch.train"
+    assert a.user_script == "zerokit.launching.train"
     assert a.user_args == ["--config", "run.json", "--steps", "5"]
 
 
@@ -87,7 +87,7 @@ def test_pdsh(ds_runner):
     a = parse_back(ds_runner, argv)
     assert (a.hostfile, a.launcher, a.num_nodes, a.num_gpus) == ("hostfiles/two-nodes-8gpu", "pdsh", 2, 8)
     assert (a.master_addr, a.master_port, a.ssh_port, a.no_ssh_check) == ("10.0.0.1", 29600, 2222, True)
-    assert (a.module, a.user_script, a.user_args) == (True, "zerokit.launch.train", ["--plan", "plan.json"])
+    assert (a.module, a.user_script, a.user_args) == (True, "zerokit.launching.train", ["--plan", "plan.json"])
     assert env == {}
 
 
@@ -113,7 +113,7 @@ def test_pdsh_command_from_deepspeeds_runner(ds_runner):
     assert cmd[:6] == ["pdsh", "-S", "-f", "1024", "-w", "n0,n1"]
     tail = cmd[cmd.index("deepspeed.launcher.launch") :]
     assert "--module" in tail and "--master_addr=127.0.0.1" in tail
-    assert tail[-3:] == ["zerokit.launch.train", "--tag", '"a b"']
+    assert tail[-3:] == ["zerokit.launching.train", "--tag", '"a b"']
     assert env["PDSH_SSH_ARGS_APPEND"].split()[-2:] == ["-p", "2200"]
 
 
@@ -125,7 +125,7 @@ def test_mpi_launchers(ds_runner, launcher):
     a = parse_back(ds_runner, argv)
     assert (a.launcher, a.hostfile, a.master_addr, a.no_ssh_check) == (launcher, "hostfiles/two-nodes-8gpu", "10.0.0.1", True)
     assert (a.num_nodes, a.num_gpus, a.include, a.exclude) == (-1, -1, "", "")  # refused by these runners
-    assert (a.module, a.user_script, a.user_args) == (True, "zerokit.launch.train", ["--x"])
+    assert (a.module, a.user_script, a.user_args) == (True, "zerokit.launching.train", ["--x"])
     # DeepSpeed's runner accepts it (validate_args runs in the constructor) and keeps `python -m`
     pool = {"worker-0": 8, "worker-1": 8}
     cls = ds_runner.OpenMPIRunner if launcher == "openmpi" else ds_runner.MPICHRunner
@@ -133,10 +133,10 @@ def test_mpi_launchers(ds_runner, launcher):
     i = cmd.index(sys.executable)
     if launcher == "openmpi":
         assert cmd[:3] == ["mpirun", "-n", "16"]
-        assert cmd[i:] == [sys.executable, "-u", "-m", "zerokit.launch.train", "--x"]
+        assert cmd[i:] == [sys.executable, "-u", "-m", "zerokit.launching.train", "--x"]
     else:
         assert cmd[:5] == ["mpirun", "-n", "16", "-ppn", "8"]
-        assert cmd[i + 1 : i + 3] == ["-u", "-m"] and "--module" in cmd and cmd[-2:] == ["zerokit.launch.train", "--x"]
+        assert cmd[i + 1 : i + 3] == ["-u", "-m"] and "--module" in cmd and cmd[-2:] == ["zerokit.launching.train", "--x"]
 
 
 def test_slurm(ds_runner):
@@ -149,13 +149,13 @@ def test_slurm(ds_runner):
     # DeepSpeed's SlurmRunner ignores --module, so the entry script is command.py, given the module
     assert a.module is False
     assert a.user_script == slurm_entry_script() and Path(a.user_script).is_file()
-    assert a.user_args == ["zerokit.launch.train", "--plan", "p.json"]
+    assert a.user_args == ["zerokit.launching.train", "--plan", "p.json"]
     assert env == {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "gpu01", "MASTER_PORT": "29700"}
     active = {"gpu01": list(range(8)), "gpu02": list(range(8))}
     cmd = ds_runner.SlurmRunner(a, "WORLD", {"gpu01": 8, "gpu02": 8}).get_cmd({}, active)
     assert cmd[:3] == ["srun", "-n", "16"]
     assert cmd[cmd.index("--nodes") + 1] == "2" and cmd[cmd.index("--gpus-per-node") + 1] == "8"
-    assert cmd[-5:] == [sys.executable, "-u", slurm_entry_script(), "zerokit.launch.train", "--plan", "p.json"][-5:]
+    assert cmd[-5:] == [sys.executable, "-u", slurm_entry_script(), "zerokit.launching.train", "--plan", "p.json"][-5:]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_slurm(ds_runner):
         (dict(launcher="openmpi", hostfile="h", ssh_port=22), "only applies to launcher pdsh"),
         (dict(launcher="pdsh", hostfile="h", ssh_port=0), "not a TCP port"),
         (dict(launcher="pdsh", hostfile="h", bind_cores_to_rank=True), "works only with launcher local"),
-        (dict(module="zerokit/launch/train.py"), "dotted Python module"),
+        (dict(module="zerokit/launching/train.py"), "dotted Python module"),
         (dict(script_args="--x"), "list of strings"),
         (dict(env={"BAD-NAME": "1"}), "not valid"),
         (dict(env={"A": 1}), "must be a string"),
@@ -296,7 +296,7 @@ def test_sbatch_script_runs_the_deepspeed_command(tmp_path, ds_runner):
     argv = ["deepspeed"] + (tmp_path / "args").read_text().splitlines()
     a = parse_back(ds_runner, argv)
     assert (a.launcher, a.num_nodes, a.num_gpus, a.master_addr, a.no_ssh_check) == ("slurm", 2, 4, "gpu07", True)
-    assert a.user_args == ["zerokit.launch.train", "--plan", "my plan.json", "$HOME"]  # no shell expansion
+    assert a.user_args == ["zerokit.launching.train", "--plan", "my plan.json", "$HOME"]  # no shell expansion
     assert (tmp_path / a.hostfile).read_text() == "gpu07 slots=4\ngpu08 slots=4\n"
     ran_env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
     assert (ran_env["MASTER_ADDR"], ran_env["MASTER_PORT"], ran_env["TAG"]) == ("gpu07", "29500", "x y")

@@ -1,7 +1,7 @@
 """The house rules, checked on the source (AST, nothing imported):
 
-1. One-way layers. zerokit/ is core -> spec -> estimate -> plan -> config -> report | measure -> launch ->
-   cli | integrations: a module imports only from its own layer or the layers before it (siblings do not
+1. One-way layers. zerokit/ is core -> spec -> estimate -> planning -> config -> report | measure -> launching ->
+   api -> serve -> cli | integrations: a module imports only from its own layer or the layers before it (siblings do not
    import each other). Every import counts, also the lazy ones inside functions.
 2. No import cycles between modules, lazy imports included.
 3. Heavy libraries (torch, deepspeed, transformers, peft, bitsandbytes, datasets, matplotlib, numpy,
@@ -12,7 +12,7 @@
 An import is every `import`, every `from ... import`, and every `importlib.import_module("zerokit...")`,
 `__import__(...)` or `runpy.run_module(...)` of a zerokit module named by a string; code under
 `if __name__ == "__main__":` counts like any other (a script entry point in a lower layer may not reach up either).
-5. zerokit.launch.train is the ranks' entry point (`python -m zerokit.launch.train`): no zerokit module imports it,
+5. zerokit.launching.train is the ranks' entry point (`python -m zerokit.launching.train`): no zerokit module imports it,
    so it runs once, as __main__.
 
 A test at the end proves the checker fails when a layer import is reversed, also through importlib or a __main__
@@ -29,7 +29,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "zerokit"
 
 # integrations: what runs inside a user's own training script (the HF Trainer callback); a sibling of cli
-LAYERS = ("core", "spec", "estimate", "plan", "config", ("report", "measure"), "launch", ("cli", "integrations"))
+LAYERS = ("core", "spec", "estimate", "planning", "config", ("report", "measure"), "launching", "api", "serve",
+          ("cli", "integrations"))
 HEAVY = ("torch", "deepspeed", "transformers", "peft", "bitsandbytes", "datasets", "matplotlib", "numpy",
          "accelerate", "huggingface_hub", "safetensors")
 # Modules that must import a heavy library at module level, and why. Nothing imports them at module level
@@ -209,11 +210,11 @@ def test_heavy_libraries_are_imported_lazily():
     assert not bad, "\n".join(bad)
 
 
-RANK_ENTRY = "zerokit.launch.train"
+RANK_ENTRY = "zerokit.launching.train"
 
 
 def test_the_rank_entry_point_is_imported_by_no_module():
-    """`python -m zerokit.launch.train` runs the module as __main__; an import of it from zerokit (as the old
+    """`python -m zerokit.launching.train` runs the module as __main__; an import of it from zerokit (as the old
     cli/rank.py did) would run it a second time in every rank, with a second copy of each class and global."""
     bad = [f"{mod}:{line}" for mod, src in _all_modules().items() if mod != RANK_ENTRY
            for imported, line, _top, _main in imports_of(src, mod) if imported == RANK_ENTRY]
@@ -231,20 +232,20 @@ def test_the_checker_catches_a_reversed_import(case):
     """The checks above fail when a layer import is reversed: mutate real modules in memory and look."""
     modules = _all_modules()
     if case == "upward":  # the memory model reaching up into the planner
-        modules["zerokit.estimate.memory"] += "\nfrom zerokit.plan.planner import make_plan\n"
-        assert any("zerokit.estimate.memory" in v and "plan is above estimate" in v for v in layer_violations(modules))
+        modules["zerokit.estimate.memory"] += "\nfrom zerokit.planning.planner import make_plan\n"
+        assert any("zerokit.estimate.memory" in v and "planning is above estimate" in v for v in layer_violations(modules))
     elif case == "sideways":  # the report reading the meter
         modules["zerokit.report.run_report"] += "\ndef f():\n    from zerokit.measure.meter import MemoryMeter\n"
         assert any("measure is beside report" in v for v in layer_violations(modules))
     elif case == "importlib":  # a module name in a string still counts
-        modules["zerokit.spec.model"] += "\nimport importlib\nimportlib.import_module('zerokit.launch.data')\n"
-        assert any("zerokit.spec.model" in v and "launch is above spec" in v for v in layer_violations(modules))
-    elif case == "main-guard":  # as launch/train.py once reached into cli/ from its __main__ guard
-        modules["zerokit.launch.command"] += "\nif __name__ == '__main__':\n    from zerokit.cli import main\n"
-        assert any("zerokit.launch.command" in v and "cli is above launch" in v for v in layer_violations(modules))
+        modules["zerokit.spec.model"] += "\nimport importlib\nimportlib.import_module('zerokit.launching.data')\n"
+        assert any("zerokit.spec.model" in v and "launching is above spec" in v for v in layer_violations(modules))
+    elif case == "main-guard":  # as launching/train.py once reached into cli/ from its __main__ guard
+        modules["zerokit.launching.command"] += "\nif __name__ == '__main__':\n    from zerokit.cli import main\n"
+        assert any("zerokit.launching.command" in v and "cli is above launching" in v for v in layer_violations(modules))
     elif case == "rank-entry":
-        modules["zerokit.launch.execute"] += "\ndef f():\n    from zerokit.launch.train import main\n"
-        with pytest.raises(AssertionError, match="zerokit.launch.execute"):
+        modules["zerokit.launching.execute"] += "\ndef f():\n    from zerokit.launching.train import main\n"
+        with pytest.raises(AssertionError, match="zerokit.launching.execute"):
             _all_modules_orig, globals()["_all_modules"] = _all_modules, lambda: modules
             try:
                 test_the_rank_entry_point_is_imported_by_no_module()

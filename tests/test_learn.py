@@ -1,4 +1,4 @@
-"""Learning from a finished run (launch/learn.py, spec.profile.LearnedRun, estimate.timing.learned_run).
+"""Learning from a finished run (launching/learn.py, spec.profile.LearnedRun, estimate.timing.learned_run).
 
 The real test: a 2-rank CPU `zerokit launch` planned on a hardware profile (and told --dist-backend gloo, which it
 checks reaches torch.distributed on every rank) writes its measured step time into that profile; the next plan of the same setup on that profile predicts the run's measured step time within 10% (issue 27's

@@ -22,8 +22,8 @@ from zerokit.core.resources import bundled_data
 from zerokit.estimate.memory import checkpoint_offload_bytes, estimate_memory
 from zerokit.estimate.gpu_time import time_fit
 from zerokit.estimate.timing import estimate_time
-from zerokit.plan.planner import evaluate, make_plan
-from zerokit.plan.search import longest_fitting
+from zerokit.planning.planner import evaluate, make_plan
+from zerokit.planning.search import longest_fitting
 from zerokit.spec.hardware import Cluster, accelerator
 from zerokit.spec.model import load_model_spec
 from zerokit.spec.setup import Workload, ZeroSetup

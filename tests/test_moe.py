@@ -180,7 +180,7 @@ def test_merged_experts_priced_in_memory(tmp_path):
 
 def test_bundled_moe_lora_plans_without_a_traceback():
     """The issue's commands: Mixtral-8x7B LoRA on 8 GPUs, and a Mixtral plan that does not fit, whose fine-tune
-    suggestions count LoRA and QLoRA (plan/planner.py finetune_suggestions)."""
+    suggestions count LoRA and QLoRA (planning/planner.py finetune_suggestions)."""
     rc, out = _plan(["plan", "mixtral-8x7b", "--finetune", "lora", "--gpus-per-node", "8"])
     assert rc in (0, 1) and "error:" not in out, out
     rc, out = _plan(["plan", "mixtral-8x7b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--stage", "3",

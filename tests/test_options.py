@@ -17,7 +17,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.options import COMMANDS, OPTIONS, Option, flag, for_command, option
 
 REPO = Path(__file__).resolve().parent.parent
-RUN_COMMANDS = [c for c in COMMANDS if c != "zerokit"]
+RUN_COMMANDS = [c for c in COMMANDS if c not in ("zerokit", "serve")]  # serve takes no run file
 
 
 def declaration_problems(options) -> list[str]:
@@ -75,7 +75,7 @@ def test_the_cli_declares_no_option_of_its_own():
 
 def test_every_option_reaching_the_ranks_is_a_field_they_read():
     """rank=True: the option's value is carried in RankOptions (or, for what trains, in its Finetune)."""
-    from zerokit.launch.rank_options import RankOptions
+    from zerokit.launching.rank_options import RankOptions
     from zerokit.spec.finetune import Finetune
 
     carried = {f.name for f in fields(RankOptions)} | {f.name for f in fields(Finetune)} | {"finetune"}
@@ -206,7 +206,7 @@ def test_launch_dry_run_from_a_run_file(tmp_path, capsys):
 
 
 def test_rank_options_round_trip_and_refuse_wrong_types(tmp_path):
-    from zerokit.launch.rank_options import RankOptions, options_file_from_argv
+    from zerokit.launching.rank_options import RankOptions, options_file_from_argv
     from zerokit.spec.finetune import Finetune
 
     opts = RankOptions(model="tiny-llama", ds_config="c.json", output_dir="out", steps=5, seq_len=64, lr=1e-4,
@@ -233,8 +233,8 @@ def test_rank_options_round_trip_and_refuse_wrong_types(tmp_path):
 
 # literals that spell a declared option's flag but mean another program's: (file, the whole literal) -> why
 NOT_ZEROKITS = {
-    ("zerokit/launch/command.py", "--hostfile"): "the deepspeed launcher's own flag, in its argv",
-    ("zerokit/launch/command.py", "--launcher"): "the deepspeed launcher's own flag, in its argv",
+    ("zerokit/launching/command.py", "--hostfile"): "the deepspeed launcher's own flag, in its argv",
+    ("zerokit/launching/command.py", "--launcher"): "the deepspeed launcher's own flag, in its argv",
 }
 
 
@@ -260,7 +260,7 @@ def option_flag_literals(sources: dict[str, str]) -> list[str]:
 def test_lower_layers_name_options_through_the_declarations():
     sources = {str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "zerokit").rglob("*.py"))
                if p.relative_to(REPO).parts[1] != "cli" and p.relative_to(REPO) != Path("zerokit/core/options.py")}
-    assert "zerokit/launch/prepare.py" in sources and "zerokit/cli/launch.py" not in sources
+    assert "zerokit/launching/prepare.py" in sources and "zerokit/cli/launch.py" not in sources
     assert option_flag_literals(sources) == []
     # the check can fail: a message, an f-string's constant part, a bare flag; not a docstring, a comment, a flag
     # that is no option (--num_gpus) or only begins like one (--seeds, --seed_x)

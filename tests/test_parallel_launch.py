@@ -1,8 +1,8 @@
 """Issue 11 for real: `zerokit launch` runs Ulysses sequence parallelism, AutoTP, ZeRO++ hpZ and ALST's tiled loss and
-MLP through its own loop (launch/train.py, launch/parallel.py), 2 or 4 CPU ranks over gloo, the bundled tiny
+MLP through its own loop (launching/train.py, launching/parallel.py), 2 or 4 CPU ranks over gloo, the bundled tiny
 random-init Llama (hidden 128, 4 heads / 2 KV heads), seq 256, fp32.
 
-Oracle: the losses of a single-process run on the same samples (launch/parallel.py: every rank of a TP or SP group
+Oracle: the losses of a single-process run on the same samples (launching/parallel.py: every rank of a TP or SP group
 reads its replica's samples, so an SP or TP job of one replica trains on what one process would). The first step's
 fp32 loss agrees to 4 decimals (as measured for DeepSpeed's own Ulysses SP, docs/measured-on-cpu.md: its
 first-step loss equals the single-process one), later ones to float noise; an SP run restarted after a crash equals
@@ -165,7 +165,7 @@ def test_launch_refuses_parallel_pins_with_a_config(workdir):
 def test_tiling_drops_the_predicted_memory_and_keeps_the_loss(workdir):
     """One process, ZeRO-2 fp32, seq 256, with and without the tiled loss and MLP (2 slices each): the same losses, and
     the measured per-rank peak (live tensor bytes) falls by what the memory model predicts, within 10%."""
-    from zerokit.plan.planner import evaluate
+    from zerokit.planning.planner import evaluate
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
@@ -190,7 +190,7 @@ def test_tiling_drops_the_predicted_memory_and_keeps_the_loss(workdir):
 def test_tensor_parallel_resumes_on_more_ranks_like_the_uninterrupted_run(workdir):
     """AutoTP 2 stopped at step 2 and resumed on 4 ranks (TP 2 x DP 2) through DeepSpeed's universal checkpoint: the
     global batch held (2 replicas of micro 1, accumulation re-derived to 1) and the uninterrupted TP 2 run's losses
-    (launch/checkpoints.py: the held batch deals the same samples to every step)."""
+    (launching/checkpoints.py: the held batch deals the same samples to every step)."""
     ref = run(workdir, "tp2_ref", "z1_tp2", 2)
     out = workdir / "tp2_resized"
     p = zk("--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", 2, "--seq-len", SEQ, "--steps", 2,

@@ -17,7 +17,7 @@ import pytest
 from zerokit.core.errors import ZerokitError
 from zerokit.estimate.memory import estimate_memory, phase_terms, tiled_loss_shards
 from zerokit.estimate.timing import estimate_time, model_parallel_bytes
-from zerokit.plan.planner import make_plan, parallel_options
+from zerokit.planning.planner import make_plan, parallel_options
 from zerokit.spec.hardware import Cluster, accelerator
 from zerokit.spec.model import load_model_spec
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from zerokit.spec.hostfile import parse_hostfile, write_deepspeed_env
-from zerokit.launch.command import LaunchSpec, build_launch_command, resolve_resources
+from zerokit.launching.command import LaunchSpec, build_launch_command, resolve_resources
 from zerokit.measure.ranks import free_port
 
 REPO = Path(__file__).resolve().parents[1]

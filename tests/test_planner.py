@@ -7,7 +7,7 @@ import pytest
 from specs import LLAMA3_8B
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.hardware import Cluster, accelerator, build_cluster
-from zerokit.plan.planner import evaluate, make_plan, simplicity
+from zerokit.planning.planner import evaluate, make_plan, simplicity
 from zerokit.spec.setup import Workload, ZeroSetup
 
 A100x8 = Cluster(accelerator=accelerator("a100-80gb"), gpus_per_node=8, cpu_memory_bytes=10**12)
@@ -133,7 +133,7 @@ def test_the_plan_keeps_its_memory_fraction_everywhere():
 
 
 def test_a_traced_plan_is_judged_against_its_own_memory_fraction():
-    from zerokit.plan.refine import ANALYTIC_ACTIVATION_TERMS, apply_activation_trace
+    from zerokit.planning.refine import ANALYTIC_ACTIVATION_TERMS, apply_activation_trace
 
     plan, _total, _mem = _plan_between()
     terms = plan.best.memory.phase_terms[plan.best.memory.peak_phase]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from zerokit.cli import parse
+from zerokit.cli import request
 from helpers import run_cli as run
-from zerokit.cli.plan import build_plan
+from zerokit.api import build_plan
 from zerokit.report.plan_text import TERM_LABELS
 
 pytest.importorskip("matplotlib")
@@ -47,7 +47,7 @@ def bars_of(fig) -> list[tuple[str, str, float]]:
 def plot_of(argv, path):
     from zerokit.report.plot import plot_memory
 
-    plan = build_plan(parse(argv))
+    plan = build_plan(request(argv))
     return plan, plot_memory(plan, path)
 
 

@@ -17,7 +17,7 @@ import pytest
 from zerokit.core.units import GiB, MiB
 from zerokit.estimate.memory import estimate_memory
 from zerokit.estimate.reserved import ROUNDING_BYTES_PER_TENSOR
-from zerokit.plan.planner import evaluate
+from zerokit.planning.planner import evaluate
 from zerokit.report.plan_text import format_memory
 from zerokit.report.run_report import build_report, prediction_from_evaluation
 from zerokit.spec.hardware import Cluster, accelerator

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from zerokit.core.errors import ZerokitError
-from zerokit.launch.checkpoints import (
+from zerokit.launching.checkpoints import (
     CKPT_SUBDIR,
     convert_to_universal,
     detect_resize,
@@ -121,7 +121,7 @@ def test_report_keeps_only_the_current_world():
 
 
 def test_prepare_holds_the_global_batch_with_config(tmp_path):
-    from zerokit.launch.prepare import LaunchRequest, prepare_launch
+    from zerokit.launching.prepare import LaunchRequest, prepare_launch
     from zerokit.spec.hardware import HardwareOptions
 
     fake_checkpoint(tmp_path / "run", world=2, micro=2, accum=2)
@@ -138,7 +138,7 @@ def test_prepare_holds_the_global_batch_with_config(tmp_path):
 
 
 def test_prepare_replans_with_the_global_batch_pinned(tmp_path):
-    from zerokit.launch.prepare import LaunchRequest, prepare_launch
+    from zerokit.launching.prepare import LaunchRequest, prepare_launch
     from zerokit.spec.hardware import HardwareOptions
 
     fake_checkpoint(tmp_path / "run", world=1, micro=4, accum=2, stage=3)
@@ -281,7 +281,7 @@ def test_tp_and_sp_checkpoints_hold_their_replicas_batch_and_refuse_what_deepspe
     """The shape file records the AutoTP and SP degrees: the global batch counts data-parallel replicas (ranks of one
     TP or SP group read the same samples), a resume may change only the data-parallel degree, and an SP checkpoint is
     not re-cut (DeepSpeed 0.19.8: check_resize_parallelism)."""
-    from zerokit.launch.checkpoints import check_resize_parallelism
+    from zerokit.launching.checkpoints import check_resize_parallelism
 
     tag = tmp_path / CKPT_SUBDIR / "step2"
     tag.mkdir(parents=True)

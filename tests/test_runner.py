@@ -1,4 +1,4 @@
-"""zerokit.launch.runner (restarts, process-group kill, shm cleanup), checkpoint bookkeeping, and the
+"""zerokit.launching.runner (restarts, process-group kill, shm cleanup), checkpoint bookkeeping, and the
 predicted-vs-measured report, with a fake launcher: fast, no DeepSpeed."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 
 from zerokit.report import run_report as zreport
-from zerokit.launch.runner import remove_shm, run_with_restarts, shm_files
-from zerokit.launch.checkpoints import latest_step, read_latest, stale_checkpoints, write_latest
+from zerokit.launching.runner import remove_shm, run_with_restarts, shm_files
+from zerokit.launching.checkpoints import latest_step, read_latest, stale_checkpoints, write_latest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A stand-in for `deepspeed ... zerokit.launch.train`: logs steps like the ranks do, marks checkpoints
+# A stand-in for `deepspeed ... zerokit.launching.train`: logs steps like the ranks do, marks checkpoints
 # complete, and fails on the attempts listed in FAKE_FAIL_ATTEMPTS after step FAKE_CRASH_AT.
 FAKE = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     sys.path.insert(0, os.environ["REPO"])
-    from zerokit.launch.checkpoints import write_latest, latest_step
+    from zerokit.launching.checkpoints import write_latest, latest_step
     out = Path(sys.argv[1]); resume = "--resume" in sys.argv
     attempt = int(os.environ["ZEROKIT_ATTEMPT"])
     fail = attempt in [int(x) for x in os.environ.get("FAKE_FAIL_ATTEMPTS", "").split(",") if x]
@@ -118,7 +118,7 @@ def test_ctrl_c_kills_the_whole_process_group(tmp_path):
     driver.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from zerokit.launch.runner import run_with_restarts
+        from zerokit.launching.runner import run_with_restarts
         r = run_with_restarts(lambda res, a: ([sys.executable, {str(launcher)!r}], {{}}), {str(tmp_path / 'o')!r},
                               max_restarts=3, log=lambda m: None)
         print(r.returncode, r.interrupted, r.restarts)

@@ -1,4 +1,4 @@
-"""`plan --deadline` and `plan --compare-gpus` (plan/scale.py): the total-time formula inverted.
+"""`plan --deadline` and `plan --compare-gpus` (planning/scale.py): the total-time formula inverted.
 
 Oracles: every row is the plan `zerokit plan` gives for that --gpu / --gpus-per-node / --nodes (the same setup and
 total time), the chosen count meets the deadline and the fewer counts searched before it do not, and the total time is
@@ -15,7 +15,7 @@ import pytest
 
 from zerokit.cli import main
 from zerokit.core.options import duration
-from zerokit.plan.scale import gpu_counts
+from zerokit.planning.scale import gpu_counts
 
 RUN = ["--params", "7e9", "--seq-len", "4096", "--samples", "500000", "--global-batch", "256"]
 

@@ -20,10 +20,10 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from zerokit.launch.command import LaunchSpec, build_launch_command
-from zerokit.launch.rank_options import RankOptions
-from zerokit.launch.runner import run_with_restarts, shm_files
-from zerokit.launch.checkpoints import read_latest, stale_checkpoints
+from zerokit.launching.command import LaunchSpec, build_launch_command
+from zerokit.launching.rank_options import RankOptions
+from zerokit.launching.runner import run_with_restarts, shm_files
+from zerokit.launching.checkpoints import read_latest, stale_checkpoints
 from zerokit.measure.ranks import free_port
 
 pytestmark = pytest.mark.slow

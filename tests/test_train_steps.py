@@ -1,4 +1,4 @@
-"""launch/train.py's steps in process, on the CPU, with no ranks launched (issue 26): `main` is configure ->
+"""launching/train.py's steps in process, on the CPU, with no ranks launched (issue 26): `main` is configure ->
 setup_process -> build_model_for -> make_engine -> make_data -> resume_position -> start_metrics -> train_loop ->
 export -> finish, and the steps that need no process group are called here directly (the bundled tiny-llama and
 corpus). tests/test_train.py runs them all for real, in 2-rank DeepSpeed jobs."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from zerokit.launch.rank_options import RankOptions
+from zerokit.launching.rank_options import RankOptions
 from zerokit.spec.finetune import Finetune
 
 torch = pytest.importorskip("torch")
@@ -24,7 +24,7 @@ def options(tmp_path, **kw) -> RankOptions:
 
 
 def test_configure_reads_the_config_and_run_defaults_to_one_cpu_rank(tmp_path):
-    from zerokit.launch.train import configure
+    from zerokit.launching.train import configure
 
     run = configure(options(tmp_path), 0.0)
     assert (run.stage, run.bf16, run.fp16, run.precision) == (2, False, False, "fp32")
@@ -33,7 +33,7 @@ def test_configure_reads_the_config_and_run_defaults_to_one_cpu_rank(tmp_path):
 
 
 def test_data_step_yields_batches_of_the_sequence_length(tmp_path):
-    from zerokit.launch.train import data_stream, make_data
+    from zerokit.launching.train import data_stream, make_data
     from zerokit.spec.setup import optimizer_steps
 
     args = options(tmp_path, seq_len=32, steps=3)
@@ -69,7 +69,7 @@ def test_data_step_yields_batches_of_the_sequence_length(tmp_path):
 
 
 def test_model_step_with_lora_trains_only_the_adapters(tmp_path):
-    from zerokit.launch.train import build_model, build_model_for, configure, trainable_count
+    from zerokit.launching.train import build_model, build_model_for, configure, trainable_count
 
     ft = Finetune(mode="lora", lora_r=4, lora_targets="q_proj,v_proj")
     run = configure(options(tmp_path, finetune=ft), 0.0)
@@ -90,7 +90,7 @@ def test_model_step_with_lora_trains_only_the_adapters(tmp_path):
 
 
 def test_model_step_with_freeze_trains_the_rest(tmp_path):
-    from zerokit.launch.train import build_model_for, configure
+    from zerokit.launching.train import build_model_for, configure
     from zerokit.spec.finetune import is_frozen
 
     ft = Finetune(freeze=("embed_tokens", "layers.0."))

@@ -17,7 +17,7 @@ import pytest
 
 from tests.test_launch_cli import REPO, assert_one_line_error, zk
 from zerokit.core.errors import ZerokitError
-from zerokit.launch import user_script
+from zerokit.launching import user_script
 
 EXAMPLE = REPO / "examples" / "train_hf_trainer.py"
 PLAIN = REPO / "tests" / "helpers" / "plain_ds_script.py"
@@ -41,8 +41,8 @@ def test_python_prefix_module_and_bare_script(tmp_path):
         parsed = user_script.parse_command(cmd)
         assert (parsed.target, parsed.is_module, parsed.args) == (str(script), False, ("--x", "1")), cmd
         assert parsed.uses_hf_trainer
-    mod = user_script.parse_command(["python", "-m", "zerokit.launch.user_script", "--a"])
-    assert mod.is_module and mod.target == "zerokit.launch.user_script" and mod.args == ("--a",)
+    mod = user_script.parse_command(["python", "-m", "zerokit.launching.user_script", "--a"])
+    assert mod.is_module and mod.target == "zerokit.launching.user_script" and mod.args == ("--a",)
     assert "runpy" in mod.source  # read from the module's file, not imported
 
 

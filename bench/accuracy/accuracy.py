@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-# Predicted per-rank terms grouped into what the CPU meter can tell apart. zerokit.launch.train logs the
+# Predicted per-rank terms grouped into what the CPU meter can tell apart. zerokit.launching.train logs the
 # category mix at each phase's peak: tensors labelled by MemoryMeter.register_deepspeed_engine
 # (parameters, buffers, gradients, optimizer_states; "other" = made before the engine was registered and
 # not recognised by name, e.g. ZeRO-3's fp32 gradient partition under offload), the rest by the phase that

@@ -17,7 +17,7 @@ nothing and every step is measured (--gpu is left to launch's auto-detection).
 Measured per rank: peak memory = the highest per-phase peak (forward, backward, step) over the metered
 steps (the training peak: model build and deepspeed.initialize are logged apart as init_peak_bytes);
 step time = median of the steps after the warm-up (first 2) and after the meter stopped.
-Predicted: zerokit.plan.planner.evaluate for the same setup, with the knobs read back from the rendered config
+Predicted: zerokit.planning.planner.evaluate for the same setup, with the knobs read back from the rendered config
 (what `zerokit check` and `zerokit launch --config` do).
 """
 
@@ -315,7 +315,7 @@ def full_grid() -> list[Job]:
 # ----------------------------------------------------------------------------------------------------------
 def detect_device() -> tuple[str, int, int | None]:
     """('cpu'|'cuda', ranks, GPU MiB) the way `zerokit launch` sees the machine (nvidia-smi, no torch)."""
-    from zerokit.launch.probes import cuda_devices as _cuda_devices
+    from zerokit.launching.probes import cuda_devices as _cuda_devices
 
     n, mib = _cuda_devices()
     if n:
@@ -444,7 +444,7 @@ def fastest_of_repeats(first: dict[int, dict], others: list[dict[int, dict]]) ->
 
 
 def predict(job: Job, cluster, cfg: dict) -> dict:
-    from zerokit.plan.planner import evaluate
+    from zerokit.planning.planner import evaluate
     from zerokit.spec.setup import Workload, ZeroKnobs
 
     spec = job.spec()

@@ -16,6 +16,7 @@ from zerokit.cli.check import add_check_parser
 from zerokit.cli.common import _Parser, add_options, complete
 from zerokit.cli.launch import add_launch_parser
 from zerokit.cli.plan import add_plan_parser, add_render_parser
+from zerokit.cli.serve import add_serve_parser
 from zerokit.core.errors import EXIT_INVALID, EXIT_OK, ZerokitError
 from zerokit.core.quiet import VERBOSE_ENV
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
     add_launch_parser(sub)
     add_calibrate_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -42,13 +44,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return complete(args, args.command or "zerokit")
 
 
+def request(argv: list[str]):
+    """A command line as zerokit.api's Request (parsed, completed, nothing printed): for benchmarks and tests that
+    hold an argv and want the API's objects."""
+    from zerokit.api import Request
+
+    args = parse(argv)
+    return Request(args.command, {k: v for k, v in vars(args).items() if k not in ("func", "command")})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False)
     if debug or getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # read by zerokit.core.quiet here and in the ranks
     if not getattr(args, "command", None):
-        print("error: no command given: zerokit plan|render|check|launch|calibrate ... (see `zerokit --help`)",
+        print("error: no command given: zerokit plan|render|check|launch|calibrate|serve ... (see `zerokit --help`)",
               file=sys.stderr)
         return EXIT_INVALID
     try:

@@ -42,8 +42,8 @@ def cmd_calibrate(args) -> int:
 
     from zerokit.spec.profile import local_profile_path
 
-    if args.from_run:  # learn from a run instead of measuring (launch/learn.py)
-        from zerokit.launch import learn
+    if args.from_run:  # learn from a run instead of measuring (launching/learn.py)
+        from zerokit.launching import learn
 
         print(learn.describe(*learn.learn(args.from_run, args.output)))
         return EXIT_OK

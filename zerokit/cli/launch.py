@@ -6,26 +6,18 @@
     zerokit launch ... --k8s job.yaml --k8s-image IMAGE --k8s-volume CLAIM:/mnt/shared   # a Kubeflow PyTorchJob
     zerokit launch --model DIR --gpus-per-node 8 -- python train.py --deepspeed {ds_config}   # your own script
 
-This module only parses: launch/prepare.py validates and plans (writing nothing), launch/execute.py writes
-the run directory, runs the ranks through the restart supervisor and writes the report.
+This module only parses and prints: zerokit.api.run_launch builds the request, launching/prepare.py validates and
+plans (writing nothing), launching/execute.py writes the run directory, runs the ranks through the restart
+supervisor and writes the report.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from zerokit.cli.common import (
-    add_options,
-    finetune_from_args,
-    gpu_name_note,
-    hardware_from_args,
-    memory_fraction_from_args,
-    pins_from_args,
-)
-from zerokit.core.errors import EXIT_OK, ZerokitError
-from zerokit.core.options import flag
+from zerokit.cli.common import add_options, to_request
+from zerokit.core.errors import EXIT_OK
 
 
 OWN_SCRIPT_HELP = (
@@ -55,69 +47,23 @@ def add_launch_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def request_from_args(args):
-    if not args.model:
-        raise ZerokitError(f"no model given: {flag('model')} ID|DIR|bundled name (e.g. tiny-llama), or `model:` in "
-                           "the -c run file")
-    if args.profile == "accelerate":
-        raise ZerokitError(f"{flag('profile')} accelerate is render's (it writes accelerate_config.yaml): launch takes "
-                           "hf or deepspeed")
-    gpu_name_note(args)
-    from zerokit.launch.prepare import LaunchRequest
-
-    return LaunchRequest(
-        model=args.model, hardware=hardware_from_args(args), data=args.data, tokenizer=args.tokenizer, config=args.config,
-        data_format=args.data_format, packing={"on": True, "off": False}.get(args.packing), data_split=args.data_split,
-        data_config=args.data_config,
-        pins=pins_from_args(args), memory_fraction=memory_fraction_from_args(args), output_dir=args.output_dir,
-        steps=args.steps, epochs=args.epochs, save_every=args.save_every, resume=args.resume,
-        max_restarts=args.max_restarts, seq_len=args.seq_len, global_batch=args.global_batch, lr=args.lr,
-        warmup_steps=args.warmup_steps, seed=args.seed, master_port=args.master_port, launcher=args.launcher,
-        master_addr=args.master_addr, sbatch=args.sbatch, time_limit=args.time_limit, partition=args.partition,
-        k8s=args.k8s, k8s_image=args.k8s_image, k8s_volume=args.k8s_volume, gpus_per_pod=args.gpus_per_pod,
-        dry_run=args.dry_run, script_command=tuple(script_command(args)), samples=args.samples, profile=args.profile,
-        finetune=finetune_from_args(args), merge=args.merge, no_save=args.no_save,
-        report_to=tuple(args.report_to or ()), report_dir=args.report_dir,
-    )
-
-
-def script_command(args) -> list[str]:
-    """What followed `--` (argparse keeps the `--` in a REMAINDER); checks what needs it is there."""
-    cmd = list(args.script_argv or [])
-    if cmd[:1] == ["--"]:
-        cmd = cmd[1:]
-    if not cmd:
-        if not (args.plan or args.config):
-            raise ZerokitError(f"give {flag('plan')} (the planner chooses) or {flag('config')} DS_CONFIG, or your own "
-                               "script after `--`: e.g. `-- python train.py --deepspeed {ds_config}`")
-        for name in ("samples", "profile"):
-            if getattr(args, name) is not None:
-                raise ZerokitError(f"{flag(name)} is for your own script (after `--`): drop it, or give the script")
-    return cmd
-
-
 def run_launch(args) -> int:
-    from zerokit.launch import execute
-    from zerokit.launch.prepare import prepare_launch
+    from zerokit import api
 
-    plan = prepare_launch(request_from_args(args))
+    req = to_request(args)
+    result = api.run_launch(req, args.script_argv, report=not args.no_report)
     if args.dry_run:
-        print(execute.describe_command(plan, args.resume))
-        print(f"# ds_config ({plan.cfg_path}):")
-        print(json.dumps(plan.ds_config, indent=2))
+        print(result.command)
+        print(f"# ds_config ({result.plan.cfg_path}):")
+        print(json.dumps(result.ds_config, indent=2))
         if args.k8s:
-            from zerokit.launch import k8s
+            from zerokit.launching import k8s
 
             print(f"# {args.k8s} (not written):")
-            print(k8s.job(plan).manifest, end="")
+            print(k8s.job(result.plan).manifest, end="")
         print("# dry run: nothing was written or started")
         return EXIT_OK
-    execute.write_run_directory(plan)
-    if args.sbatch:
-        print(execute.write_sbatch(plan))
+    if result.written is not None:  # the sbatch script or the Kubernetes manifest
+        print(result.written)
         return EXIT_OK
-    if args.k8s:
-        print(execute.write_k8s(plan))
-        return EXIT_OK
-    sys.stderr.flush()
-    return execute.run(plan, report=not args.no_report)
+    return result.exit_code

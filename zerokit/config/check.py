@@ -86,7 +86,7 @@ class CheckResult:
     model: object | None = None  # spec.model.ModelSpec judged (its trainable count), None without --model
     parallelism: object | None = None  # spec.setup.Parallelism the config asks for (TP, SP, hpZ), once DeepSpeed reads it
     workload: object | None = None  # spec.setup.Workload judged (with --seq-len max: at the longest that fits)
-    seq_len_search: object | None = None  # --seq-len max: plan/search.py SeqLenSearch
+    seq_len_search: object | None = None  # --seq-len max: planning/search.py SeqLenSearch
     warnings: list = field(default_factory=list)  # e.g. a sequence past the model's rotary positions
 
     @property
@@ -144,7 +144,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     checkpoint_offload: None = what the config says (activation_checkpointing.cpu_checkpointing); with
     activation_checkpointing given, False unless given.
     longest_seq (--seq-len max): the longest sequence the config fits at this world size, searched over the memory
-    model (plan/search.py); result.seq_len_search says it and what binds, result.evaluation is at that length.
+    model (planning/search.py); result.seq_len_search says it and what binds, result.evaluation is at that length.
     deepspeed_now=False leaves DeepSpeed's config classes to whoever imports DeepSpeed next (a launch's ranks) when
     the verdict is not cached; a config zerokit cannot read a setup from is still put to DeepSpeed now."""
 
@@ -153,7 +153,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
     from zerokit.config.read import parallelism_from_config
     from zerokit.config.setup import setup_from_config, trainer_default_optimizer
     from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
-    from zerokit.plan.planner import evaluate
+    from zerokit.planning.planner import evaluate
 
     from zerokit.config.read import checked_config
 
@@ -251,7 +251,7 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                 "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
         fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
         if longest_seq:
-            from zerokit.plan.search import SeqLenSearch, binding, likely_range, longest_fitting, seq_len_limit
+            from zerokit.planning.search import SeqLenSearch, binding, likely_range, longest_fitting, seq_len_limit
 
             granule, limit = setup.sequence_parallel, seq_len_limit(model)
             longest, at, beyond = longest_fitting(

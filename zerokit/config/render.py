@@ -130,7 +130,7 @@ def render_ds_config(
         # config.py), applied by deepspeed.checkpointing.checkpoint, which a script calls after
         # deepspeed.checkpointing.configure(deepspeed_config=...). HF models checkpoint through torch.utils.checkpoint
         # instead: zerokit's loop reads this key and offloads their layer inputs with DeepSpeed's
-        # CheckpointHiddenStatesOffload (launch/ckpt_offload.py); `check` reads it as checkpointing with offload.
+        # CheckpointHiddenStatesOffload (launching/ckpt_offload.py); `check` reads it as checkpointing with offload.
         rendered["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": True}
     return rendered
 

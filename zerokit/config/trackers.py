@@ -5,7 +5,7 @@ from the ds_config's `tensorboard`, `wandb` and `csv_monitor` blocks: deepspeed/
 learning rate itself at every optimizer step ("Train/Samples/lr" at engine.global_samples, engine.step), and a
 training loop writes its own scalars through `engine.monitor.write_events([(tag, value, step), ...])`, on rank 0 only.
 So zerokit renders those blocks into the run's ds_config (with_monitor) and zerokit's loop writes its step figures
-through the engine's monitor (launch/train.py); nothing here imports DeepSpeed or a tracker.
+through the engine's monitor (launching/train.py); nothing here imports DeepSpeed or a tracker.
 
 Where each writes (DeepSpeed joins output_path and job_name: TensorBoardMonitor.get_summary_writer,
 csvMonitor.setup_log_dir; wandb.init takes its directory from $WANDB_DIR, which the ranks get):

@@ -23,7 +23,7 @@ MAX_PARAMS = 10**15
 # published LLM has 126 (Llama-3.1-405B). (10**12 layers hung the meta build before this bound.)
 MAX_LAYERS = 10_000
 
-# Vocabulary. zerokit packs token ids as int32 (launch/data.py) and the largest published vocabulary has 262,208
+# Vocabulary. zerokit packs token ids as int32 (launching/data.py) and the largest published vocabulary has 262,208
 # entries (Gemma 3): an id must fit int32.
 MAX_VOCAB = 2**31 - 1
 

@@ -46,7 +46,7 @@ def positive_int(text) -> int:
                    f"a positive integer up to {MAX_COUNT:,}")
 
 
-SEQ_LEN_MAX = "max"  # --seq-len max: the longest sequence that fits (plan/search.py)
+SEQ_LEN_MAX = "max"  # --seq-len max: the longest sequence that fits (planning/search.py)
 
 
 def seq_len(text) -> int | str:
@@ -77,6 +77,10 @@ def fraction(text) -> float:
 
 def port(text) -> int:
     return _number(text, int, lambda v: 1 <= v <= 65535, "a port number", "a TCP port, 1 to 65535")
+
+
+def nonneg_port(text) -> int:
+    return _number(text, int, lambda v: 0 <= v <= 65535, "a port number", "a TCP port, 0 (any free one) to 65535")
 
 
 def nonempty(text) -> str:
@@ -154,7 +158,7 @@ DIST_BACKENDS = ("nccl", "gloo", "mpi", "ccl", "hccl")
 # the declaration
 
 # the commands; "zerokit" is the top-level parser (its options come before the command)
-COMMANDS = ("zerokit", "plan", "render", "check", "launch", "calibrate")
+COMMANDS = ("zerokit", "plan", "render", "check", "launch", "calibrate", "serve")
 PLANNING = ("plan", "render", "check")
 RUNS = ("plan", "render", "check", "launch")
 
@@ -178,6 +182,7 @@ class Option:
     exclusive: str | None = None  # options sharing this tag exclude each other on a command
     rank: bool = False  # its value reaches the training ranks (launch.rank_options.RankOptions has a field `key`)
     aliases: tuple[str, ...] = ()  # further long flags, e.g. DeepSpeed's spelling
+    cli_only: bool = False  # how the command line presents an answer (--json, --plot): no Python keyword takes it
 
     @property
     def flag(self) -> str:
@@ -220,9 +225,9 @@ _RUN, _OWN, _MULTI = "run", "your own training script", "multi-node"
 
 OPTIONS: tuple[Option, ...] = (
     # -- the top level
-    Option("debug", ("zerokit",), "show Python tracebacks on errors (implies -v)", type=None),
+    Option("debug", ("zerokit",), "show Python tracebacks on errors (implies -v)", type=None, cli_only=True),
     Option("verbose", ("zerokit",), "let DeepSpeed, transformers and the hub client print their own warnings",
-           type=None, short="-v"),
+           type=None, short="-v", cli_only=True),
     # -- every run command
     Option("config-file", RUNS + ("calibrate",), "a run config file (YAML or JSON): long option names as keys "
            "(dashes or underscores), e.g. `gpus-per-node: 8`; flags given on the command line override it; keys "
@@ -357,15 +362,16 @@ OPTIONS: tuple[Option, ...] = (
            type=duration, metavar="DURATION"),
     Option("compare-gpus", ("plan",), "one row per GPU type: the chosen setup, step time, total time and GPU-hours on "
            "--gpus-per-node x --nodes of each (e.g. a100-80gb,h100-80gb,l40s)", type=name_list, metavar="GPU,GPU"),
-    Option("json", PLANNING, "print one JSON object", type=None),
+    Option("json", PLANNING, "print one JSON object", type=None, cli_only=True),
     Option("trace", ("plan",), "measure activations by tracing the model under FakeTensorMode (slower)", type=None),
     Option("plot", ("plan",), "also draw the per-GPU memory of the chosen setup beside the others and the budget "
-           "(FILE.svg or FILE.png; needs matplotlib: pip install 'zerokit[plot]')", metavar="FILE"),
+           "(FILE.svg or FILE.png; needs matplotlib: pip install 'zerokit[plot]')", metavar="FILE", cli_only=True),
     Option("output", ("render", "calibrate"), "where to write: render's ds_config (default ds_config.json; - for "
            "stdout); calibrate's profile (default: this machine's own, which plans here use without "
            "--hardware-profile: $ZEROKIT_HARDWARE_PROFILE, else $ZEROKIT_CACHE_DIR/hardware/profile.json)",
            short="-o"),
-    Option("profile", ("render", "launch"), "render: deepspeed (every value concrete; default), hf ('auto' where the "
+    Option("profile", ("plan", "render", "launch"), "plan, render: the ds_config as deepspeed (every value concrete; "
+           "default), hf ('auto' where the "
            "HF Trainer fills values) or accelerate (the hf config and, beside it, accelerate_config.yaml for "
            "`accelerate launch --config_file`); launch, for your own script: hf (the default for a script built on "
            "TrainingArguments) or deepspeed (for deepspeed.initialize)", choices=("deepspeed", "hf", "accelerate")),
@@ -441,6 +447,13 @@ OPTIONS: tuple[Option, ...] = (
            group=_MULTI),
     Option("gpus-per-pod", ("launch",), "--k8s: GPUs (ranks) per pod (default --gpus-per-node: one pod per node); a "
            "divisor of --gpus-per-node", type=gpus_per_node, metavar="N", group=_MULTI),
+    # -- serve
+    Option("host", ("serve",), "address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 shares the page "
+           "on your network)", default="127.0.0.1"),
+    Option("port", ("serve",), "TCP port (default 8765; 0: a free one, printed)", type=nonneg_port, default=8765),
+    Option("models-dir", ("serve",), "a folder of model directories (each with config.json) the page may plan by "
+           "name; without it the page takes bundled names, hub ids and uploaded config.json files, never a path on "
+           "this machine", metavar="DIR"),
     # -- calibrate
     Option("from-run", ("calibrate",), "instead of measuring: learn from a finished `zerokit launch` run directory "
            "(its measured step time beside the prediction) into the profile it was planned on, or -o PROFILE; the "
@@ -452,6 +465,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}
+_BY_KEY = {o.key: o for o in OPTIONS}
 
 
 def option(name: str) -> Option:
@@ -514,20 +528,65 @@ def read_run_file(path: str, command: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ZerokitError(f"{path} holds a {type(data).__name__}, not a mapping of option names to values: write "
                            "one `name: value` per line")
-    mine = {o.name: o for o in for_command(command)}
+    return typed_values(data, command, path)
+
+
+def _declared(raw_key) -> Option | None:
+    """The option a key names: its long name with dashes or underscores, or its attribute (Option.key, e.g.
+    micro_batch_size for --micro-batch); None for no option."""
+    name = str(raw_key).strip().lstrip("-").replace("_", "-")
+    return _BY_NAME.get(name) or _BY_KEY.get(name.replace("-", "_"))
+
+
+def typed_values(data, command: str, where: str, *, others: str = "skip") -> dict[str, Any]:
+    """Values for `command` from a mapping of option names to values (a run file's, the Python API's keywords, the
+    web page's JSON), typed by the declarations and keyed by Option.key: the one typing path of them all.
+
+    A key that is no option, or a value an option refuses, is a one-line ZerokitError naming the key (with the
+    closest name) and the fix. A key of another command is skipped (others="skip": one run.yaml serves plan,
+    render, check and launch) or refused (others="refuse": a keyword the function does not take)."""
+    mine = {o.name for o in for_command(command)}
     values: dict[str, Any] = {}
     for raw_key, value in data.items():
-        name = str(raw_key).strip().lstrip("-").replace("_", "-")
-        if name == "config-file":
-            raise ZerokitError(f"{path}: a run config file cannot name another (key {raw_key!r}): merge the two files")
-        if name not in _BY_NAME:
-            raise ZerokitError(f"{path}: unknown key {raw_key!r}{_closest(name, _BY_NAME)} (keys are zerokit's long "
-                               "option names)")
-        opt = mine.get(name)
+        opt = _declared(raw_key)
+        if opt is not None and opt.name == "config-file" and others == "skip":
+            raise ZerokitError(f"{where}: a run config file cannot name another (key {raw_key!r}): merge the two files")
         if opt is None:
-            continue  # another command's option
+            name = str(raw_key).strip().lstrip("-").replace("_", "-")
+            hint = _closest(name, mine if others == "refuse" else _BY_NAME)
+            raise ZerokitError(f"{where}: unknown {'keyword' if others == 'refuse' else 'key'} {raw_key!r}"
+                               f"{hint.replace('-', '_') if others == 'refuse' else hint} (keys are zerokit's long "
+                               "option names)")
+        if opt.name not in mine or (others == "refuse" and opt.cli_only):
+            if others == "skip":
+                continue  # another command's option
+            why = ("the command line's only" if opt.cli_only else
+                   f"{' and '.join(c for c in opt.commands if c != 'zerokit')}'s, not {command}'s")
+            raise ZerokitError(f"{where}: {raw_key!r} is {why}: drop it")
         try:
             values[opt.key] = opt.parse(value)
         except ValueError as e:
-            raise ZerokitError(f"{path}: {raw_key}: {e}") from None
+            raise ZerokitError(f"{where}: {raw_key}: {e}") from None
     return values
+
+
+def complete_values(given: dict[str, Any], command: str, from_file: dict[str, Any], path: str | None = None
+                    ) -> dict[str, Any]:
+    """Every option of `command` (and the top level's): the values given, over the run file's, over the declared
+    defaults. Options that exclude each other (Option.exclusive): one given directly drops the file's other."""
+    mine = for_command(command) + (for_command("zerokit") if command != "zerokit" else [])
+    from_file = dict(from_file)
+    tags = {o.key: o.exclusive for o in mine if o.exclusive}
+    for key, tag in tags.items():
+        rivals = [o.key for o in mine if o.exclusive == tag and o.key != key]
+        if key in from_file and any(r in given for r in rivals):
+            del from_file[key]
+        elif key in from_file and any(r in from_file for r in rivals):
+            other = next(r for r in rivals if r in from_file)
+            raise ZerokitError(f"{path}: {key.replace('_', '-')} and {other.replace('_', '-')} exclude each other: "
+                               "keep one")
+    out = dict(given)
+    for opt in mine:
+        if opt.key not in out:
+            out[opt.key] = from_file[opt.key] if opt.key in from_file else (False if opt.is_switch else opt.default)
+    return out

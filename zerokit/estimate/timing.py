@@ -380,7 +380,7 @@ def model_parallel_calls(model: ModelSpec, setup: ZeroSetup) -> CollectiveCalls:
         per_micro = model.num_layers * (2 * forward_passes + column) + 1
         return CollectiveCalls(accum * per_micro + (1 if setup.zero_stage >= 1 else 0), accum * forward_passes)
     if sp > 1:
-        # + the loss's two all_gathers (launch/parallel.sp_group_loss, as transformers' deepspeed_sp_compute_loss)
+        # + the loss's two all_gathers (launching/parallel.sp_group_loss, as transformers' deepspeed_sp_compute_loss)
         return CollectiveCalls(accum * model.num_layers * 4 * (forward_passes + 1),
                                accum * (model.num_layers * forward_passes + 2))
     return CollectiveCalls(0, 0)

@@ -9,7 +9,7 @@ Trainer's output_dir) the records zerokit.report.run_report reads: "start", one 
 time, tokens, tokens/s, the loss when the Trainer logs it, peak memory) and "end".
 
 Measured as zerokit's own loop measures (zerokit/measure/step_phases.py): on CUDA the allocator's peak, reset at
-each step; on CPU the exact live-tensor-byte meter that zerokit.launch.user_script started before the script
+each step; on CPU the exact live-tensor-byte meter that zerokit.launching.user_script started before the script
 built its model (started here, at the Trainer's init, when the script was not run through zerokit: the model's
 parameters are then registered, its earlier temporaries missed). One phase, "step", from on_step_begin to
 on_step_end: the Trainer runs forward and backward inside one call.
@@ -26,7 +26,7 @@ import time
 
 from transformers import TrainerCallback  # this module runs inside a training script: transformers is loaded
 
-from zerokit.launch.checkpoints import MetricsLog
+from zerokit.launching.checkpoints import MetricsLog
 from zerokit.measure.step_phases import memory_steps_from_env
 
 
@@ -58,7 +58,7 @@ class ZerokitCallback(TrainerCallback):
     def on_init_end(self, args, state, control, model=None, **kwargs):
         if getattr(args, "include_num_input_tokens_seen", "no") in ("no", False):
             args.include_num_input_tokens_seen = "all"  # tokens/s needs the Trainer's count
-        from zerokit.launch.user_script import active_meter
+        from zerokit.launching.user_script import active_meter
 
         import torch
 
@@ -72,7 +72,7 @@ class ZerokitCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         import torch
 
-        from zerokit.launch.user_script import active_meter
+        from zerokit.launching.user_script import active_meter
         from zerokit.measure.step_phases import StepPhaseMeter
 
         self._rank, self._world = int(args.process_index), int(args.world_size)

@@ -133,7 +133,7 @@ def adapter_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]
 
 
 def _quantized_model(cfg: dict, dtype, device):
-    """A random-init model of `cfg` loaded 4-bit as QLoRA trains it (zerokit.launch.train: NF4, double quantization,
+    """A random-init model of `cfg` loaded 4-bit as QLoRA trains it (zerokit.launching.train: NF4, double quantization,
     uint8 storage, the run's dtype as compute dtype): transformers quantizes only while loading saved weights."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
@@ -149,7 +149,7 @@ def _quantized_model(cfg: dict, dtype, device):
 
         model.config.save_pretrained(tmp)
         save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        # loaded as zerokit.launch.train build_quantized loads it (fp32; time_jobs then casts as DeepSpeed does): the
+        # loaded as zerokit.launching.train build_quantized loads it (fp32; time_jobs then casts as DeepSpeed does): the
         # 4-bit weights' quant_state keeps the loading dtype, which dequantize_4bit returns
         return type(model).from_pretrained(tmp, quantization_config=q, dtype=torch.float32,
                                            device_map=quantized_device_map(device))
@@ -183,7 +183,7 @@ def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[flo
             # the ~0.3 s their timed loops need, and the full benchmark's 96 jobs ran past 7 min (1-thread host init)
             with torch.device(device):
                 model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
-        if job.get("lora_r"):  # as zerokit.launch.train wraps a LoRA run (peft get_peft_model)
+        if job.get("lora_r"):  # as zerokit.launching.train wraps a LoRA run (peft get_peft_model)
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=job["lora_r"], target_modules="all-linear"))
@@ -195,9 +195,9 @@ def time_jobs(jobs: list[dict], device, min_time_s: float, lockstep) -> list[flo
                 if p.dtype.is_floating_point and p.dtype != dtypes[job["precision"]]:
                     p.data = p.data.to(dtypes[job["precision"]])
         if job["checkpointing"]:
-            model.gradient_checkpointing_enable()  # as zerokit.launch.train does
+            model.gradient_checkpointing_enable()  # as zerokit.launching.train does
         model.train()
-        model.config.use_cache = False  # as zerokit.launch.train runs it
+        model.config.use_cache = False  # as zerokit.launching.train runs it
         x = torch.randint(0, model.config.vocab_size, (job["micro_batch"], job["seq"]), device=device)
 
         def once():

@@ -91,10 +91,10 @@ def _rank_main() -> None:
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
-    import torch._dynamo  # as zerokit.launch.train: imported before zero.Init
+    import torch._dynamo  # as zerokit.launching.train: imported before zero.Init
 
     spec = json.loads(os.environ["ZEROKIT_ENGINE_SPEC"])
-    # the backend zerokit.launch.train gets: the accelerator's default (gloo on CPU, nccl on GPUs)
+    # the backend zerokit.launching.train gets: the accelerator's default (gloo on CPU, nccl on GPUs)
     deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if spec["backend"] == "nccl" else torch.device("cpu")
     results = []
@@ -106,11 +106,11 @@ def _rank_main() -> None:
         conf = AutoConfig.from_pretrained(job["model_dir"])
         model = AutoModelForCausalLM.from_config(conf)
         if job["ckpt"]:
-            model.gradient_checkpointing_enable()  # as zerokit.launch.train does
-        model.config.use_cache = False  # as zerokit.launch.train runs it (a KV cache in training costs time)
+            model.gradient_checkpointing_enable()  # as zerokit.launching.train does
+        model.config.use_cache = False  # as zerokit.launching.train runs it (a KV cache in training costs time)
         sp = int(cfg.get("sequence_parallel_size") or 1)
         mpu = None
-        if sp > 1:  # Ulysses as zerokit.launch.parallel.register_ulysses sets it up: the sdpa wrapper and the SP groups,
+        if sp > 1:  # Ulysses as zerokit.launching.parallel.register_ulysses sets it up: the sdpa wrapper and the SP groups,
             # once per process (DeepSpeed asserts "sequence parallel group is already initialized"; the wrapper replaces
             # sdpa in transformers' registry, so the later models of the same shape run it too)
             if sp not in sp_mpus:
@@ -120,8 +120,8 @@ def _rank_main() -> None:
                     model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=sp,
                     micro_batch_size=cfg["train_micro_batch_size_per_gpu"], seq_length_is_variable=True)
             mpu = sp_mpus[sp]
-        if job.get("lora_r"):  # as zerokit.launch.train applies LoRA: peft over the (zero.Init) base, then at
-            # ZeRO-3 the adapters cast to a 16-bit run's dtype (DeepSpeed skips them: see launch/train.py)
+        if job.get("lora_r"):  # as zerokit.launching.train applies LoRA: peft over the (zero.Init) base, then at
+            # ZeRO-3 the adapters cast to a 16-bit run's dtype (DeepSpeed skips them: see launching/train.py)
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=job["lora_r"], target_modules="all-linear"))
@@ -135,7 +135,7 @@ def _rank_main() -> None:
         x = torch.randint(0, conf.vocab_size, (cfg["train_micro_batch_size_per_gpu"], job["seq_len"]),
                           generator=torch.Generator().manual_seed(0)).to(device)
         batch = {"input_ids": x, "labels": x}
-        if sp > 1:  # this rank's slice of the sequence, with its global positions (launch/parallel.sp_shard); the loss
+        if sp > 1:  # this rank's slice of the sequence, with its global positions (launching/parallel.sp_shard); the loss
             # is the slice's own (the group's weighted mean adds two small all_gathers, priced by their latency)
             chunk = job["seq_len"] // sp
             lo = chunk * (dist.get_rank() % sp)

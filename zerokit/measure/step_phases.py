@@ -1,6 +1,6 @@
 """Per-phase memory peaks of one optimizer step, as the metrics JSONL records them.
 
-One class for both places a training step is measured: zerokit's own loop (zerokit/launch/train.py: phases
+One class for both places a training step is measured: zerokit's own loop (zerokit/launching/train.py: phases
 forward, backward, step) and a user's HF Trainer through zerokit.integrations.hf.ZerokitCallback (one phase,
 "step", from on_step_begin to on_step_end, since the Trainer runs forward and backward inside one call).
 The same figures in both, so the predicted-vs-measured report reads them the same way.

@@ -221,6 +221,31 @@ def format_plan(plan) -> str:
     return "\n".join(out)
 
 
+def plan_html(plan, deadline=None) -> str:
+    """A plan as HTML for a notebook (zerokit.api.Plan._repr_html_): the verdict, the chosen setup beside the others
+    (per-GPU memory, step time, why each loses), and the whole text table folded under them. Every value escaped."""
+    import html
+
+    text = format_plan(plan)
+    if deadline is not None:
+        text = f"{format_deadline(deadline, plan.workload)}\n{text}"
+    e = html.escape
+    if plan.best is None:
+        return f"<div><b>NOTHING FITS</b><pre>{e(text)}</pre></div>"
+    b = plan.best
+    verdict = ("<b style='color:#1a7f37'>FITS</b>" if plan.fits
+               else "<b style='color:#cf222e'>DOES NOT FIT</b> (least memory)")
+    rows = [(b.setup.label, b.memory.per_gpu_total, b.time.step_seconds, "chosen" if plan.fits else "least memory")]
+    rows += [(r["label"], r["per_gpu_bytes"], r["step_seconds"], r["reason"]) for r in plan.rejected[:12]]
+    cells = "".join(f"<tr><td>{e(label)}</td><td style='text-align:right'>{e(fmt_bytes(mem))}</td>"
+                    f"<td style='text-align:right'>{e(fmt_seconds(step))}</td><td>{e(why)}</td></tr>"
+                    for label, mem, step, why in rows)
+    return (f"<div>{verdict}: {e(b.setup.label)}, {e(fmt_bytes(b.memory.per_gpu_total))} per GPU of "
+            f"{e(fmt_bytes(plan.budget.gpu_bytes))}, step {e(fmt_seconds(b.time.step_seconds))}"
+            "<table><tr><th>setup</th><th>per GPU</th><th>step</th><th></th></tr>" + cells + "</table>"
+            f"<details><summary>the whole plan</summary><pre>{e(text)}</pre></details></div>")
+
+
 def format_check(result) -> str:
     out = [f"check {result.config_path} (world size {result.world_size})"]
     for f in result.findings:

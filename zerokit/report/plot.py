@@ -20,7 +20,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_bytes, check_writable_file
 from zerokit.core.options import flag
 from zerokit.core.units import GiB, fmt_bytes
-from zerokit.plan.planner import Plan, evaluate
+from zerokit.planning.planner import Plan, evaluate
 from zerokit.report.plan_text import TERM_LABELS
 from zerokit.spec.setup import ZeroSetup
 

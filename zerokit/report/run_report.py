@@ -64,7 +64,7 @@ def _steady(recs: list[dict]) -> list[dict]:
 
 def current_world(metrics: dict[int, list[dict]]) -> dict[int, list[dict]]:
     """Only the records of runs with the latest run's world size: a run resumed on another number of ranks
-    (launch/checkpoints.py Resize) appends to the same metrics files, and the earlier run's ranks and steps would
+    (launching/checkpoints.py Resize) appends to the same metrics files, and the earlier run's ranks and steps would
     otherwise stand next to the new prediction. The files keep everything; records without a run id (a user's
     callback, older runs) stay."""
     starts = [r for recs in metrics.values() for r in recs if r.get("event") == "start" and "world_size" in r]
@@ -246,7 +246,7 @@ REPORT_SCALARS = (
 
 
 def report_scalars(report: dict) -> list[tuple[str, float]]:
-    """The predicted-vs-measured figures as (tag, value) for a tracker (launch/train.py writes them through DeepSpeed's
+    """The predicted-vs-measured figures as (tag, value) for a tracker (launching/train.py writes them through DeepSpeed's
     monitor at the run's end): Report/predicted_X, Report/measured_X and Report/ratio_X (measured / predicted) for
     each row that has the figure."""
     rows = {r["name"]: r for r in report.get("rows", ())}

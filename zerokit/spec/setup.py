@@ -39,7 +39,7 @@ class ZeroSetup:
     # ALST's activation-checkpoint offload: the checkpointed layer inputs (the hidden states each recomputed layer
     # starts from) are moved to pinned host memory in forward and brought back for the recompute (DeepSpeed 0.19.8
     # runtime/activation_checkpointing/offload_activations.py CheckpointHiddenStatesOffload, around HF's gradient
-    # checkpointing; launch/ckpt_offload.py). Needs activation_checkpointing.
+    # checkpointing; launching/ckpt_offload.py). Needs activation_checkpointing.
     checkpoint_offload: bool = False
     # the ds_config's communication_data_type (fp32 | fp16 | bf16): the dtype gradients are reduced in; None =
     # DeepSpeed's default, the training precision (DeepSpeedEngine.communication_data_type)
@@ -306,7 +306,7 @@ def steps_per_epoch(samples: int, global_batch: int) -> int:
 
 def optimizer_steps(num_sequences: int, world: int, micro: int, accum: int, steps: int | None = None,
                     epochs: float | None = None) -> int:
-    """Optimizer steps of a run, counted exactly as zerokit.launch.train streams the data: DistributedSampler pads
+    """Optimizer steps of a run, counted exactly as zerokit.launching.train streams the data: DistributedSampler pads
     every rank to ceil(n / world) samples, the last micro batch of an epoch may be short, and the data stream runs
     across epoch boundaries, so a fractional epoch counts its micro batches. `steps` given wins; at least one."""
     if steps is not None:

@@ -21,7 +21,7 @@ from zerokit.core.errors import EXIT_DOES_NOT_FIT, ZerokitError
 from zerokit.core.limits import MAX_WORLD_SIZE
 from zerokit.core.options import flag
 from zerokit.core.units import fmt_seconds
-from zerokit.plan.planner import make_plan
+from zerokit.planning.planner import make_plan
 from zerokit.spec.hardware import HardwareOptions
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.setup import Workload

@@ -2,8 +2,8 @@
 
 zerokit prepares the run directory as for a run here (config, tokens, rank options), on a shared volume: the
 PersistentVolumeClaim of --k8s-volume CLAIM:PATH, mounted at PATH both where zerokit runs and in every pod, so the
-absolute paths in the rank options mean the same file everywhere. The manifest (launch/command.py render_pytorchjob,
-templates/pytorchjob.yaml.j2) runs `torchrun ... --module zerokit.launch.train RUN/rank_options.json` in every pod:
+absolute paths in the rank options mean the same file everywhere. The manifest (launching/command.py render_pytorchjob,
+templates/pytorchjob.yaml.j2) runs `torchrun ... --module zerokit.launching.train RUN/rank_options.json` in every pod:
 one Master and workers, --gpus-per-pod ranks and GPUs each (default --gpus-per-node: a pod per node).
 
 check_request refuses what the request alone gets wrong, before anything slow; job() checks the paths the pods read
@@ -19,8 +19,8 @@ from typing import Any
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
-from zerokit.launch.command import DNS1123_SUBDOMAIN, PYTORCHJOB_PORT, k8s_job_name, render_pytorchjob
-from zerokit.launch.rank_options import RankOptions
+from zerokit.launching.command import DNS1123_SUBDOMAIN, PYTORCHJOB_PORT, k8s_job_name, render_pytorchjob
+from zerokit.launching.rank_options import RankOptions
 
 # what the ranks started here get but a pod must not: PYTHONPATH names this checkout (the image has zerokit installed)
 _NOT_IN_PODS = ("PYTHONPATH",)
@@ -122,7 +122,7 @@ def rank_options(plan: Any) -> RankOptions:
     """What the pods' ranks are told (written as RUN/rank_options.json). As for a run here, except: a bundled model
     and tokenizer by name, since the image's zerokit has them elsewhere (the ranks resolve names themselves:
     spec.resolve.resolve_model); and, when the operator restarts pods (--max-restarts), resume set, since the ranks of
-    a restarted pod are a first attempt to launch/train.py (no ZEROKIT_ATTEMPT): they must resume from
+    a restarted pod are a first attempt to launching/train.py (no ZEROKIT_ATTEMPT): they must resume from
     checkpoints/latest, and with none yet they start from the beginning (train.py resume_position)."""
     from zerokit.core.resources import bundled_tokenizer
 

@@ -127,7 +127,7 @@ def plan_granule(cluster, pins: dict) -> int:
 def candidate_setups(model, cluster, workload, pins: dict) -> list:
     """Every setup make_plan may choose (planner.parallel_options x planner._families, as make_plan pairs them), each
     at its smallest micro batch: memory grows with the micro batch, so a family fits some length at all only there."""
-    from zerokit.plan.planner import _families, _micro_batches, parallel_options
+    from zerokit.planning.planner import _families, _micro_batches, parallel_options
     from zerokit.spec.setup import ZeroSetup
 
     pairs: dict[int, tuple[int, int] | None] = {}
@@ -157,7 +157,7 @@ def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
     The fit at a length is "some candidate setup fits" (candidate_setups). A setup that does not fit at s fits at no
     longer s, so once a length fits, the setups that failed there are dropped for the rest of the search: the first
     probes judge every candidate, the later ones a handful. The plan at the answer is then make_plan's own choice."""
-    from zerokit.plan.planner import evaluate, make_plan
+    from zerokit.planning.planner import evaluate, make_plan
 
     granule = plan_granule(cluster, pins)
     limit = seq_len_limit(model)

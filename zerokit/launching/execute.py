@@ -1,5 +1,5 @@
 """`zerokit launch`, running: write the run directory, start the deepspeed launcher through the restart
-supervisor (launch/runner.py), then write the predicted-vs-measured report."""
+supervisor (launching/runner.py), then write the predicted-vs-measured report."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import sys
 from zerokit.core.errors import EXIT_INVALID, EXIT_OK, ZerokitError
 from zerokit.core.fsutil import atomic_write_text
 from zerokit.core.options import flag
-from zerokit.launch.checkpoints import CKPT_SUBDIR, config_rejection, convert_to_universal
-from zerokit.launch.command import build_launch_command, render_sbatch
-from zerokit.launch.prepare import LaunchPlan
+from zerokit.launching.checkpoints import CKPT_SUBDIR, config_rejection, convert_to_universal
+from zerokit.launching.command import build_launch_command, render_sbatch
+from zerokit.launching.prepare import LaunchPlan
 
 
 def describe_command(plan: LaunchPlan, resume: bool) -> str:
@@ -29,8 +29,8 @@ def describe_command(plan: LaunchPlan, resume: bool) -> str:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += ["# command:", shlex.join(argv)]
     if plan.uses_own_loop:
-        if plan.request.k8s:  # what the pods' ranks are told (launch/k8s.py)
-            from zerokit.launch import k8s
+        if plan.request.k8s:  # what the pods' ranks are told (launching/k8s.py)
+            from zerokit.launching import k8s
 
             opts = k8s.rank_options(plan)
         else:
@@ -64,7 +64,7 @@ def convert_for_resize(plan: LaunchPlan) -> str:
 def write_run_directory(plan: LaunchPlan) -> None:
     """The config and the packed tokens every rank memory-maps (and, for pdsh, DeepSpeed's .deepspeed_env)."""
     from zerokit.config.render import write_json_atomic
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     if plan.resize is not None:
         print(convert_for_resize(plan), flush=True)
@@ -72,8 +72,8 @@ def write_run_directory(plan: LaunchPlan) -> None:
     write_json_atomic(plan.cfg_path, plan.ds_config)
     if plan.uses_own_loop:  # a user's script brings its own data and reads its own options
         zdata.write_data(plan.data, plan.files, plan.tokenizer, plan.tokens_path.parent)  # tokens (labels, mask)
-        if plan.request.k8s:  # the pods' ranks: bundled names, resume on a restarted pod (launch/k8s.py)
-            from zerokit.launch import k8s
+        if plan.request.k8s:  # the pods' ranks: bundled names, resume on a restarted pod (launching/k8s.py)
+            from zerokit.launching import k8s
 
             k8s.rank_options(plan).save(plan.rank_options_path)
         else:
@@ -95,8 +95,8 @@ def write_sbatch(plan: LaunchPlan) -> str:
 
 
 def write_k8s(plan: LaunchPlan) -> str:
-    """The PyTorchJob manifest (launch/k8s.py) at --k8s FILE; the one line saying what it runs and how to submit it."""
-    from zerokit.launch import k8s
+    """The PyTorchJob manifest (launching/k8s.py) at --k8s FILE; the one line saying what it runs and how to submit it."""
+    from zerokit.launching import k8s
 
     req = plan.request
     job = k8s.job(plan)
@@ -108,10 +108,10 @@ def write_k8s(plan: LaunchPlan) -> str:
 
 def learn_from(plan: LaunchPlan, result, measured: dict) -> None:
     """A run planned on a hardware profile that finished and measured its steps: its step time goes into that
-    profile (launch/learn.py), so the next plan near it on this hardware is priced on what it measured."""
+    profile (launching/learn.py), so the next plan near it on this hardware is priced on what it measured."""
     if not (plan.prediction.get("profile_path") and result.ok and measured.get("step_seconds")):
         return
-    from zerokit.launch import learn
+    from zerokit.launching import learn
 
     try:
         print(learn.describe(*learn.learn(plan.out_abs)))
@@ -122,7 +122,7 @@ def learn_from(plan: LaunchPlan, result, measured: dict) -> None:
 def run(plan: LaunchPlan, report: bool = True) -> int:
     """Train: launch.json, the launcher under the restart supervisor, the report. Returns the exit code."""
     from zerokit.config.render import write_json_atomic
-    from zerokit.launch.runner import run_with_restarts
+    from zerokit.launching.runner import run_with_restarts
 
     req, out = plan.request, plan.out_abs
     argv0, env0 = build_launch_command(plan.launch_spec(req.resume))

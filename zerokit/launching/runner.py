@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from zerokit.launch.checkpoints import CKPT_SUBDIR, METRICS_SUBDIR, config_rejection, latest_step
+from zerokit.launching.checkpoints import CKPT_SUBDIR, METRICS_SUBDIR, config_rejection, latest_step
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer"

@@ -4,13 +4,13 @@ Nothing here starts a process or touches the file system (render_sbatch and rend
 their templates).
 The argv is what DeepSpeed's own runner (deepspeed/launcher/runner.py, 0.19) parses:
 
-  local    deepspeed --num_gpus G --master_port P --module zerokit.launch.train ARGS...
+  local    deepspeed --num_gpus G --master_port P --module zerokit.launching.train ARGS...
   pdsh     deepspeed --hostfile H --launcher pdsh --num_nodes N --num_gpus G [--master_addr A]
-                     --master_port P [--ssh_port S] [--no_ssh_check] --module zerokit.launch.train ARGS...
+                     --master_port P [--ssh_port S] [--no_ssh_check] --module zerokit.launching.train ARGS...
   openmpi  deepspeed --hostfile H --launcher openmpi [--master_addr A] --master_port P
-  mpich              [--no_ssh_check] --module zerokit.launch.train ARGS...
+  mpich              [--no_ssh_check] --module zerokit.launching.train ARGS...
   slurm    deepspeed --hostfile H --launcher slurm --num_nodes N --num_gpus G --master_addr A
-                     --master_port P --no_ssh_check /abs/zerokit/launch/command.py zerokit.launch.train ARGS...
+                     --master_port P --no_ssh_check /abs/zerokit/launching/command.py zerokit.launching.train ARGS...
 
 --include/--exclude replace --num_nodes/--num_gpus (DeepSpeed refuses both together). openmpi and
 mpich take no --num_nodes/--num_gpus/--include/--exclude (DeepSpeed's runners refuse them): every
@@ -49,7 +49,7 @@ from zerokit.spec.hostfile import ENV_KEY
 
 LAUNCHERS = ("local", "pdsh", "openmpi", "mpich", "slurm")
 MULTI_NODE = ("pdsh", "openmpi", "mpich", "slurm")
-DEFAULT_MODULE = "zerokit.launch.train"
+DEFAULT_MODULE = "zerokit.launching.train"
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -98,7 +98,7 @@ def validate(spec: LaunchSpec) -> None:
     if not spec.deepspeed_bin:
         raise ZerokitError("deepspeed_bin is empty: give the deepspeed launcher, e.g. 'deepspeed' or '.venv/bin/deepspeed'")
     if not isinstance(spec.module, str) or not _MODULE.match(spec.module):
-        raise ZerokitError(f"module {spec.module!r} is not a dotted Python module name, e.g. zerokit.launch.train")
+        raise ZerokitError(f"module {spec.module!r} is not a dotted Python module name, e.g. zerokit.launching.train")
     if not isinstance(spec.script_args, list) or not all(isinstance(a, str) for a in spec.script_args):
         raise ZerokitError("script_args must be a list of strings")
     for key, value in spec.env.items():
@@ -320,7 +320,7 @@ def k8s_job_name(run_name: str) -> str:
 
 
 def pytorchjob_pod_command(spec: LaunchSpec, pods: int, ranks_per_pod: int) -> list[str]:
-    """What every pod runs: torchrun starting `ranks_per_pod` ranks of spec.module (zerokit.launch.train
+    """What every pod runs: torchrun starting `ranks_per_pod` ranks of spec.module (zerokit.launching.train
     RUN/rank_options.json, or a user's script through launch.user_script), as the deepspeed launcher does here.
 
     torchrun, not DeepSpeed's runner, because the operator's rendezvous is torchrun's: it sets PET_NNODES,
@@ -330,7 +330,7 @@ def pytorchjob_pod_command(spec: LaunchSpec, pods: int, ranks_per_pod: int) -> l
     PyTorchJobs run torchrun too (kubeflow.training constants.ENTRYPOINT_TORCH). DeepSpeed's runner with --no_ssh
     would need a hostfile naming every pod in each of them (deepspeed/launcher/runner.py main: the world comes from
     fetch_hostfile, and --node_rank must index it) and the pod's index spliced into its arguments. The ranks are the
-    same either way: zerokit.launch.train reads LOCAL_RANK, and deepspeed.init_distributed RANK, WORLD_SIZE,
+    same either way: zerokit.launching.train reads LOCAL_RANK, and deepspeed.init_distributed RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT, which torchrun sets for every rank as deepspeed/launcher/launch.py does;
     pytorchjob_env adds the one variable of launch.py's that DeepSpeed reads and torchrun does not set. Restarts
     are the operator's (restartPolicy), so torchrun keeps its default --max-restarts 0."""

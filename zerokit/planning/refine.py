@@ -4,7 +4,7 @@ and what a hardware profile changed. The measuring itself is zerokit.measure's; 
 from __future__ import annotations
 
 from zerokit.estimate.memory import fit_problems
-from zerokit.plan.planner import Plan
+from zerokit.planning.planner import Plan
 
 # The memory model's terms that a trace of forward + backward measures directly. Kept analytic:
 # logits_output (the logits a training loop's outputs object keeps alive through backward belong to

@@ -1,4 +1,4 @@
-"""Training data for `zerokit launch`: tokenize the examples (launch/data_sources.py finds them and their format),
+"""Training data for `zerokit launch`: tokenize the examples (launching/data_sources.py finds them and their format),
 mask what is not trained on, pack or pad to seq_len, and cache the result by content.
 
 Formats:
@@ -32,7 +32,7 @@ from typing import Any
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
-from zerokit.launch.data_sources import (
+from zerokit.launching.data_sources import (
     DataFormat,
     DataSource,
     detect_format,

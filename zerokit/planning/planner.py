@@ -188,7 +188,8 @@ class Plan:
     memory_fraction: float = DEFAULT_MEMORY_FRACTION  # the share of device memory every fit was judged on
     finetune: Finetune = field(default_factory=Finetune)  # what model.trained.trainable_params came from
     warnings: list[str] = field(default_factory=list)  # e.g. a sequence past the model's rotary positions
-    seq_len_search: object | None = None  # --seq-len max: plan/search.py SeqLenSearch
+    seq_len_search: object | None = None  # --seq-len max: planning/search.py SeqLenSearch
+    others: list[Evaluation] = field(default_factory=list, repr=False)  # the Evaluations behind `rejected`, in order
 
     @property
     def budget(self) -> Budget:
@@ -380,7 +381,7 @@ def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pa
 
 def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked, chosen, smallest,
                  family_failures) -> Plan:
-    rejected = []
+    rejected, others = [], []
     for ev in ranked:
         if ev is chosen:
             continue
@@ -388,10 +389,12 @@ def _finish_plan(model, cluster, workload, pins, knobs, memory_fraction, ranked,
         reason = (f"fits, but {slower:.0%} slower" if slower > TIE_TOLERANCE
                   else "fits, as fast: the chosen setup is simpler")
         rejected.append(_rejection(ev, reason))
+        others.append(ev)
     for ev in family_failures:
         rejected.append(_rejection(ev, "does not fit: " + "; ".join(ev.reasons)))
+        others.append(ev)
     plan = Plan(model, cluster, workload, chosen is not None, chosen or smallest, rejected, [],
-                memory_fraction=memory_fraction)
+                memory_fraction=memory_fraction, others=others)
     if chosen is None and smallest is not None:
         plan.suggestions = suggest(model, cluster, workload, smallest, knobs, memory_fraction)
         plan.notes.append(PIPELINE_NOTE)

@@ -2,7 +2,7 @@
 
 The deepspeed launcher starts, on every rank,
 
-    python -u -m zerokit.launch.user_script --local_rank=N train.py ARGS        (or: -m MODULE ARGS)
+    python -u -m zerokit.launching.user_script --local_rank=N train.py ARGS        (or: -m MODULE ARGS)
 
 and this module runs the script as `python train.py --local_rank=N ARGS` would run (runpy, as __main__, with
 the same sys.argv the script gets under a plain `deepspeed train.py ARGS`: DeepSpeed's launcher,
@@ -14,7 +14,7 @@ building its model; a callback only runs once the Trainer exists. On CUDA nothin
 counters see everything anyway. zerokit.integrations.hf.ZerokitCallback finds the meter through
 active_meter() and writes the per-rank metrics the predicted-vs-measured report reads.
 
-Environment (set by `zerokit launch`, see launch/prepare.py): ZEROKIT_OUTPUT_DIR (the run directory: the
+Environment (set by `zerokit launch`, see launching/prepare.py): ZEROKIT_OUTPUT_DIR (the run directory: the
 callback writes OUT/metrics/rank{R}.jsonl there), ZEROKIT_NO_MEMORY_METER=1 to run without the CPU meter.
 
 The parent side is here too: parse_command() reads what follows `--` on zerokit's command line and refuses what
@@ -35,7 +35,7 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
 from zerokit.core.process import close_process_groups
 
-MODULE = "zerokit.launch.user_script"  # what the deepspeed launcher starts on every rank (--module)
+MODULE = "zerokit.launching.user_script"  # what the deepspeed launcher starts on every rank (--module)
 
 # {name} in the script's arguments -> the value from the run: the config path, and what the plan chose, so the
 # script trains what was planned (e.g. --per_device_train_batch_size {micro_batch}). Other braces are left alone.
@@ -165,7 +165,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:
             lead.append(argv[0])
             argv = argv[1:]
     if not argv:
-        raise SystemExit("usage: python -m zerokit.launch.user_script [--local_rank=N] (SCRIPT | -m MODULE) [ARGS...]")
+        raise SystemExit("usage: python -m zerokit.launching.user_script [--local_rank=N] (SCRIPT | -m MODULE) [ARGS...]")
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("-m needs a module name")
@@ -175,9 +175,9 @@ def split_argv(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     lead, target, is_module, args = split_argv(list(sys.argv[1:] if argv is None else argv))
-    # Run as `python -m`, this module is __main__; the callback's `import zerokit.launch.user_script` must find
+    # Run as `python -m`, this module is __main__; the callback's `import zerokit.launching.user_script` must find
     # this same module object (and its meter), not a fresh copy with none.
-    sys.modules.setdefault(__spec__.name if __spec__ else "zerokit.launch.user_script", sys.modules[__name__])
+    sys.modules.setdefault(__spec__.name if __spec__ else "zerokit.launching.user_script", sys.modules[__name__])
     _start_meter()
     sys.argv = [target] + lead + args
     try:

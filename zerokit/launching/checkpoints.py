@@ -10,7 +10,7 @@ checkpoints), the runner (which restarts from them) and launch preparation (whic
     <output_dir>/metrics/rank{R}.jsonl  one JSON record per line ("start", "step", "end"): MetricsLog writes them
                                         (zerokit's loop and ZerokitCallback), report/run_report.read_metrics reads
     <output_dir>/config_rejected.txt    DeepSpeed's config classes refused ds_config.json in the ranks (one line,
-                                        rank 0): the run ends there, no restart (launch/prepare.py: deferred check)
+                                        rank 0): the run ends there, no restart (launching/prepare.py: deferred check)
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class CheckpointShape:
     zero_stage: int | None = None
     precision: str | None = None  # fp32 | bf16 | fp16
     zero_partitions: int = 0  # zero_pp_rank_*_optim_states.pt files: 0 = ZeRO-0, whose optimizer is not partitioned
-    # the AutoTP and Ulysses degrees (ranks of one TP or SP group read the same samples: launch/parallel.py RankLayout)
+    # the AutoTP and Ulysses degrees (ranks of one TP or SP group read the same samples: launching/parallel.py RankLayout)
     tensor_parallel: int = 1
     sequence_parallel: int = 1
 

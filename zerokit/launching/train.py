@@ -1,8 +1,8 @@
 """The per-rank training entry point that `zerokit launch` starts under the deepspeed launcher.
 
-    deepspeed --num_gpus 2 --module zerokit.launch.train RUN/rank_options.json
+    deepspeed --num_gpus 2 --module zerokit.launching.train RUN/rank_options.json
 
-RUN/rank_options.json is launch/rank_options.RankOptions, written by `zerokit launch` (the ranks parse no command
+RUN/rank_options.json is launching/rank_options.RankOptions, written by `zerokit launch` (the ranks parse no command
 line; a restart resumes from the latest checkpoint).
 
 Every rank builds the HF causal LM (under ZeRO-3 through transformers' own zero.Init path), the
@@ -53,7 +53,7 @@ from typing import Any
 
 from zerokit.core.errors import EXIT_INVALID, ZerokitError
 from zerokit.core.options import flag
-from zerokit.launch.checkpoints import (
+from zerokit.launching.checkpoints import (
     CKPT_SUBDIR,
     FINAL_SUBDIR,
     UNIVERSAL_SUFFIX,
@@ -65,7 +65,7 @@ from zerokit.launch.checkpoints import (
     write_latest,
     write_shape,
 )
-from zerokit.launch.rank_options import RankOptions, options_file_from_argv
+from zerokit.launching.rank_options import RankOptions, options_file_from_argv
 from zerokit.measure.step_phases import StepPhaseMeter
 from zerokit.spec.finetune import Finetune, is_frozen, lora_config
 from zerokit.spec.setup import optimizer_steps
@@ -279,16 +279,16 @@ def trainable_count(module) -> int:
 
 def make_dataset(args):
     """Rows of {"input_ids", "labels", and "attention_mask" where the data was padded}: the model's arguments.
-    Labels are the input ids unless launch/data.py masked positions (prompts, padding: -100) in labels.npy."""
+    Labels are the input ids unless launching/data.py masked positions (prompts, padding: -100) in labels.npy."""
     import numpy as np
     import torch
 
     if args.tokens:
-        from zerokit.launch.data import load_arrays
+        from zerokit.launching.data import load_arrays
 
         arrays = load_arrays(args.tokens)
     else:
-        from zerokit.launch.data import resolve_source, tokenize
+        from zerokit.launching.data import resolve_source, tokenize
         from zerokit.spec.resolve import resolve_model
 
         data = tokenize(resolve_source(args.data or None), args.tokenizer or resolve_model(args.model).tokenizer,
@@ -389,8 +389,8 @@ def _fmt_eta(s: float) -> str:
 def config_accepted(ds_config: dict, out: Path) -> bool:
     """DeepSpeed's config classes on the config, as `zerokit check` puts them (validate_with_deepspeed), for the
     launcher's world size. A launch defers this to the ranks when the verdict is not cached, because they import
-    DeepSpeed anyway and the parent then imports nothing heavy (launch/prepare.py). Refused: every rank writes the
-    same one-line reason for the parent (launch/execute.py; an atomic replace, so the writes cannot mix), no rank prints
+    DeepSpeed anyway and the parent then imports nothing heavy (launching/prepare.py). Refused: every rank writes the
+    same one-line reason for the parent (launching/execute.py; an atomic replace, so the writes cannot mix), no rank prints
     anything. Every rank, not rank 0 alone: the launcher kills the others when the first rank exits, and a rank 0 killed
     before writing left no reason, so the supervisor restarted the job (seen with two test files at a time)."""
     from zerokit.config.validate import validate_with_deepspeed
@@ -424,7 +424,7 @@ class Run:
     on_cuda: bool = False
     rank: int = 0
     world: int = 1
-    layout: Any = None  # launch/parallel.RankLayout: the TP, SP and data-parallel groups
+    layout: Any = None  # launching/parallel.RankLayout: the TP, SP and data-parallel groups
     meter: Any = None  # the memory meter while it runs: None without one, or once memory_steps stopped it
     compile_pending: bool = False  # --compile: engine.compile() waits for the CPU meter to stop (compile_engine)
     mem_method: str = "none"
@@ -519,7 +519,7 @@ def setup_process(run: Run) -> None:
     import deepspeed
     from deepspeed import comm as dist
 
-    from zerokit.launch import parallel
+    from zerokit.launching import parallel
 
     args = run.args
     run.local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by the deepspeed launcher on every rank
@@ -528,7 +528,7 @@ def setup_process(run: Run) -> None:
         torch.cuda.set_device(run.local_rank)
     deepspeed.init_distributed(dist_backend=args.dist_backend)  # None: the accelerator's communication_backend_name()
     run.rank, run.world = dist.get_rank(), dist.get_world_size()
-    # TP and SP groups (the config's keys): every rank of one reads the same samples (launch/parallel.py)
+    # TP and SP groups (the config's keys): every rank of one reads the same samples (launching/parallel.py)
     run.layout = parallel.RankLayout.from_config(run.ds_config, run.rank, run.world)
 
     # memory: CUDA allocator counters, or on CPU the exact live-tensor-byte meter from zerokit.measure.meter
@@ -553,7 +553,7 @@ def build_model_for(run: Run):
     (apply_finetune), ZeRO-3's 16-bit adapters cast, --tiled-mlp's MLPs tiled. Needs no process group below ZeRO-3."""
     import torch
 
-    from zerokit.launch import parallel
+    from zerokit.launching import parallel
 
     args, finetune = run.args, run.args.finetune
     if finetune.mode == "qlora":
@@ -609,7 +609,7 @@ def make_engine(run: Run, model) -> None:
 
     import deepspeed
 
-    from zerokit.launch import parallel
+    from zerokit.launching import parallel
 
     args, ds_config = run.args, run.ds_config
     # Ulysses: the SP groups and the attention wrapper, before the engine (which takes their mpu)
@@ -687,7 +687,7 @@ def resume_position(run: Run, data: Data) -> Position:
         dist.barrier()
         tag = read_latest(ckpt_dir)
         if engine.load_universal_checkpoint():
-            # the launcher converted the latest checkpoint for this world size (launch/checkpoints.py
+            # the launcher converted the latest checkpoint for this world size (launching/checkpoints.py
             # convert_to_universal); a restart within this run finds a newer one written by this world size,
             # which DeepSpeed loads the ordinary way (engine.load_checkpoint reads only this flag)
             if (ckpt_dir / (tag + UNIVERSAL_SUFFIX)).is_dir():
@@ -787,7 +787,7 @@ def save_checkpoint(run: Run, data: Data, step: int, e: int, b: int) -> None:
                                save_latest=False, exclude_frozen_parameters=run.args.finetune.uses_lora)
     _crash_hook("checkpoint", step, run.rank)
     dist.barrier()  # every rank has finished writing its part
-    if run.rank == 0:  # what wrote it, for a resume on another world size (launch/checkpoints.py read_shape)
+    if run.rank == 0:  # what wrote it, for a resume on another world size (launching/checkpoints.py read_shape)
         layout = run.layout
         write_shape(run.ckpt_dir / tag, run.world, data.mb, data.ga, run.stage, run.precision,
                     layout.tensor_parallel, layout.sequence_parallel)
@@ -800,7 +800,7 @@ def forward_loss(run: Run, batch: dict):
     the same mean computed here (the model then returns no loss: it gets no labels)."""
     import torch
 
-    from zerokit.launch import parallel
+    from zerokit.launching import parallel
 
     engine, layout, head_switch = run.engine, run.layout, run.head_switch
     if layout.sequence_parallel == 1 and head_switch is None:
@@ -834,7 +834,7 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
 
     from deepspeed import comm as dist
 
-    from zerokit.launch import ckpt_offload
+    from zerokit.launching import ckpt_offload
 
     args, engine, layout, phases = run.args, run.engine, run.layout, run.phases
     ga, total_steps, world = data.ga, data.total_steps, run.world
@@ -856,7 +856,7 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
             e_cur, b_cur, batch = next(it)
             batch = {k: v.to(engine.device) for k, v in batch.items()}
             # checkpoint offload: the checkpointed layer inputs go to host memory in forward and come back for the
-            # recompute; the context spans forward and backward (launch/ckpt_offload.py)
+            # recompute; the context spans forward and backward (launching/ckpt_offload.py)
             offload = ckpt_offload.offload_context(run.on_cuda) if args.checkpoint_offload else contextlib.nullcontext()
             with offload:
                 # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a
@@ -1176,10 +1176,10 @@ def merge_adapter(base_src: str, adapter_dir: Path, dest: Path, finetune: Finetu
     merged.save_pretrained(str(dest), safe_serialization=True)
 
 
-if __name__ == "__main__":  # `python -m zerokit.launch.train RUN/rank_options.json`, on every rank
+if __name__ == "__main__":  # `python -m zerokit.launching.train RUN/rank_options.json`, on every rank
     from zerokit.core.process import finish_rank
 
-    # this module runs once, as __main__: nothing in zerokit imports zerokit.launch.train (tests/test_layers.py)
+    # this module runs once, as __main__: nothing in zerokit imports zerokit.launching.train (tests/test_layers.py)
     _opts = RankOptions.load(options_file_from_argv(sys.argv[1:]), attempt=_env_int("ZEROKIT_ATTEMPT") or 0)
     # metrics closed, checkpoints and final/ behind the last barrier: process groups destroyed, then out without
     # the interpreter's teardown (zerokit.core.process says why). An exception above propagates with its traceback.

@@ -21,7 +21,7 @@ from zerokit.core.options import SEQ_LEN_MAX, flag
 from zerokit.core.quiet import verbose
 from zerokit.config import trackers as trackers_mod
 from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION
-from zerokit.launch.checkpoints import (
+from zerokit.launching.checkpoints import (
     CKPT_SUBDIR,
     Resize,
     check_resize_parallelism,
@@ -29,10 +29,10 @@ from zerokit.launch.checkpoints import (
     held_accumulation,
     read_latest,
 )
-from zerokit.launch.command import LaunchSpec, validate
-from zerokit.launch import k8s, learn, user_script
-from zerokit.launch.rank_options import RANK_OPTIONS_FILE, RankOptions
-from zerokit.launch.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
+from zerokit.launching.command import LaunchSpec, validate
+from zerokit.launching import k8s, learn, user_script
+from zerokit.launching.rank_options import RANK_OPTIONS_FILE, RankOptions
+from zerokit.launching.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
 from zerokit.spec.finetune import Finetune
 from zerokit.spec.hardware import Cluster, HardwareOptions, local_gpus_in_catalog
@@ -50,8 +50,8 @@ class LaunchRequest:
     hardware: HardwareOptions = HardwareOptions()
     data: str | None = None  # None: the bundled tiny corpus
     tokenizer: str | None = None  # None: the model's own (ResolvedModel.tokenizer)
-    data_format: str | None = None  # text | chat | instruction; None: from the columns (launch/data_sources.py)
-    packing: bool | None = None  # None: on for text, off for chat and instruction (launch/data.py)
+    data_format: str | None = None  # text | chat | instruction; None: from the columns (launching/data_sources.py)
+    packing: bool | None = None  # None: on for text, off for chat and instruction (launching/data.py)
     data_split: str | None = None  # a hub or saved dataset's split; None: train
     data_config: str | None = None  # a hub dataset's configuration
     config: str | None = None  # a ds_config.json to use (checked); None: plan one
@@ -74,7 +74,7 @@ class LaunchRequest:
     sbatch: str | None = None  # write a Slurm batch script here instead of running
     time_limit: str = "04:00:00"
     partition: str | None = None
-    k8s: str | None = None  # write a Kubeflow PyTorchJob manifest here instead of running (launch/k8s.py)
+    k8s: str | None = None  # write a Kubeflow PyTorchJob manifest here instead of running (launching/k8s.py)
     k8s_image: str | None = None  # --k8s: the pods' container image
     k8s_volume: str | None = None  # --k8s: CLAIM:PATH, the PersistentVolumeClaim holding the run directory
     gpus_per_pod: int | None = None  # --k8s: ranks per pod; None: --gpus-per-node (a pod per node)
@@ -181,7 +181,7 @@ class LaunchPlan:
                 "world_size": self.cluster.world_size, "precision": setup.precision}
 
     def launch_spec(self, resume: bool) -> LaunchSpec:
-        """What launch/command.py turns into the deepspeed command (a fresh run, or a resume)."""
+        """What launching/command.py turns into the deepspeed command (a fresh run, or a resume)."""
         req, cluster = self.request, self.cluster
         common = dict(num_gpus=cluster.gpus_per_node, master_port=self.port, script_args=self.script_args(resume),
                       env=self.env, deepspeed_bin=self.deepspeed_bin)
@@ -326,7 +326,7 @@ def check_finetune(req: LaunchRequest, model: ResolvedModel, spec):
 
 
 def check_resume_finetune(req: LaunchRequest) -> None:
-    """--resume trains what the run trained: a LoRA checkpoint holds adapters and no base (launch/train.py saves with
+    """--resume trains what the run trained: a LoRA checkpoint holds adapters and no base (launching/train.py saves with
     exclude_frozen_parameters), a full one every weight; DeepSpeed loads neither into the other. The run's launch.json
     says what it was; one without the key was written before zerokit's loop could fine-tune anything but every weight."""
     if not (req.resume and req.output_dir):
@@ -374,7 +374,7 @@ def choose_seq_len(req: LaunchRequest, spec) -> int:
 
 def tokenize_data(req: LaunchRequest, model: ResolvedModel, config: dict, spec, seq_len: int):
     """(files, tokenizer, launch.data.TokenizedData): the empty-data and vocabulary checks need the tokens."""
-    from zerokit.launch import data as zdata
+    from zerokit.launching import data as zdata
 
     source = zdata.resolve_source(req.data, req.data_split, req.data_config)
     tokenizer = req.tokenizer or model.tokenizer
@@ -391,7 +391,7 @@ def deepspeed_check_in_ranks(req: LaunchRequest, multi_node: bool) -> bool:
     """Whether DeepSpeed's config classes may judge --config in the ranks rather than here.
 
     Why: they need DeepSpeed imported, which imports torch (2 s here on 2 cores, a cold launch's largest cost);
-    the ranks import it anyway and check before anything else (launch/train.py config_accepted). Only where a
+    the ranks import it anyway and check before anything else (launching/train.py config_accepted). Only where a
     refusal can end as cleanly as a refusal here: a fresh local run, whose new run directory execute.run removes
     again with the one-line reason. A dry run, an sbatch script, a k8s manifest, a resume, a multi-node launch or an
     existing --output-dir are checked here first, as is a verdict already cached (config/check.py)."""
@@ -494,7 +494,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
         return ds_config, evaluation, steps, result.deepspeed_checked
 
     from zerokit.config.render import render_ds_config
-    from zerokit.plan.planner import make_plan
+    from zerokit.planning.planner import make_plan
 
     if held is not None:  # the checkpoint's stage and precision: its optimizer state only loads into the same kind
         pins.pop("gradient_accumulation_steps", None)  # re-derived for the new world size
@@ -524,7 +524,7 @@ def choose_setup(req: LaunchRequest, model: ResolvedModel, spec, cluster: Cluste
 
 def _with_universal_load(ds_config: dict, resize: Resize) -> dict:
     """DeepSpeed's `checkpoint.load_universal` (runtime/config.py): the ranks load checkpoints/<tag>_universal
-    (launch/train.py picks the tag). ZeRO-0 needs no conversion: its optimizer state is not partitioned."""
+    (launching/train.py picks the tag). ZeRO-0 needs no conversion: its optimizer state is not partitioned."""
     if not resize.needs_conversion:
         return ds_config
     return dict(ds_config, checkpoint=dict(ds_config.get("checkpoint") or {}, load_universal=True))
@@ -571,7 +571,7 @@ def output_dir(req: LaunchRequest, data) -> Path:
             raise ZerokitError(f"{flag('resume')}: {out} has no complete checkpoint (checkpoints/latest): drop "
                                f"{flag('resume')} to start fresh")
         if (out / "data" / "tokens.npy").is_file() and data is not None:
-            from zerokit.launch.data import written_data_matches
+            from zerokit.launching.data import written_data_matches
 
             if not written_data_matches(out / "data", data):  # tokens, labels and attention masks alike
                 raise ZerokitError(f"{flag('resume')}: the data or {flag('seq-len')} differ from the run in {out} (its "
@@ -674,7 +674,7 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
                     **learn.prediction_keys(cluster, spec, seq_len)}, deepspeed_checked=deepspeed_checked, script=script,
         data=data, resize=resize, trackers=trackers, report_dir=report_dir, report_args=report_args,
     )
-    validate(plan.launch_spec(req.resume))  # the command's own checks (launch/command.py), now, not at run time
+    validate(plan.launch_spec(req.resume))  # the command's own checks (launching/command.py), now, not at run time
     if req.k8s:
         k8s.job(plan)  # the pods' paths, the GPUs per pod and the manifest's own checks, before anything is written
     return plan

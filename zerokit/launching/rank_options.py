@@ -1,5 +1,5 @@
 """What one training rank is told to do: `RankOptions`, written into the run directory by `zerokit launch`
-(launch/execute.py) and read back, typed, by every rank (`python -m zerokit.launch.train RUN/rank_options.json`).
+(launching/execute.py) and read back, typed, by every rank (`python -m zerokit.launching.train RUN/rank_options.json`).
 
 A file instead of a command line: the ranks parse nothing, so an option that reaches them is declared once
 (zerokit.core.options, `rank=True`) and carried as a typed field here; the file stays in the run directory as the
@@ -41,7 +41,7 @@ class RankOptions:
     seed: int = 1234
     gradient_checkpointing: bool = False  # model.gradient_checkpointing_enable()
     # with it: the checkpointed layer inputs offloaded to host memory in forward and back for the recompute
-    # (launch/ckpt_offload.py, around each step's forward and backward)
+    # (launching/ckpt_offload.py, around each step's forward and backward)
     checkpoint_offload: bool = False
     lr: float = 1e-3  # only when the config has no optimizer block
     no_save: bool = False  # no checkpoint and no final/ weights (a run that only measures)
@@ -52,7 +52,7 @@ class RankOptions:
     dist_backend: str | None = None  # deepspeed.init_distributed(dist_backend=...); None: DeepSpeed's default
     finetune: Finetune = Finetune()  # what trains: full, --freeze patterns, LoRA or QLoRA
     merge: bool = False  # LoRA/QLoRA: also write final/merged (the adapter merged into the base)
-    tiled_loss: bool = False  # the LM head and loss through TiledFusedLogitsLoss (launch/parallel.py)
+    tiled_loss: bool = False  # the LM head and loss through TiledFusedLogitsLoss (launching/parallel.py)
     tiled_mlp: bool = False  # every decoder MLP through TiledMLP
     compile: str = "off"  # torch / deepcompile: engine.compile() after deepspeed.initialize (spec.setup.ZeroSetup.compile)
 
@@ -101,7 +101,7 @@ class RankOptions:
 
     @classmethod
     def load(cls, path: str | os.PathLike, attempt: int = 0) -> "RankOptions":
-        """The options a rank runs: the file's, resuming on every restart (as launch/runner.py relaunches), the
+        """The options a rank runs: the file's, resuming on every restart (as launching/runner.py relaunches), the
         CPU meter's step count from the environment when the file leaves it open."""
         try:
             d = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -138,6 +138,6 @@ def options_file_from_argv(argv: list[str]) -> str:
     """The rank's one argument, the options file, among what the deepspeed launcher passes (`--local_rank=N`)."""
     paths = [a for a in argv if not a.startswith("--local_rank") and not a.startswith("--local-rank")]
     if len(paths) != 1:
-        raise ZerokitError("usage: python -m zerokit.launch.train RUN_DIR/rank_options.json (written by "
+        raise ZerokitError("usage: python -m zerokit.launching.train RUN_DIR/rank_options.json (written by "
                            f"`zerokit launch`); got {argv}")
     return paths[0]

@@ -1,4 +1,4 @@
-"""What zerokit's rank entrypoint (launch/train.py) does for parallelism beyond data parallelism and for ALST's tiled
+"""What zerokit's rank entrypoint (launching/train.py) does for parallelism beyond data parallelism and for ALST's tiled
 compute, each piece as DeepSpeed 0.19.8 ships it (deepspeed/runtime/sequence_parallel/ulysses_sp.py,
 module_inject/auto_tp.py):
 
@@ -15,7 +15,7 @@ Data layout: DeepSpeed builds TP groups (utils/groups.py _init_tp_mesh_device: a
 (sequence_parallel/parallel_state_sp.py initialize_sequence_parallel: range(i * sp, (i + 1) * sp)) from consecutive
 ranks, so rank r belongs to data-parallel replica r // (tp x sp). DeepSpeed's own UlyssesSPDataLoaderAdapter gathers
 one sample from each rank of the group instead; zerokit's loop keeps its resumable sampler over data-parallel
-replicas (the position in an epoch is samples consumed, launch/train.py) and slices the sequence the way the adapter
+replicas (the position in an epoch is samples consumed, launching/train.py) and slices the sequence the way the adapter
 does (labels shifted and padded with -100 first, position_ids the global positions).
 """
 
