@@ -227,8 +227,18 @@ GROUPINGS = (("GPU generation", lambda run, p: p["generation"]),
              ("model size", lambda run, p: size_class(p["params"])))
 LEAN_LIMIT = 0.15  # a group of LEAN_MIN or more held-out runs leaning more than this one way needs a reason
 LEAN_MIN = 5
-# Sourced reasons for a held-out group that leans: (grouping, group) -> the reason. Each names its source.
-LEAN_REASONS: dict[tuple[str, str], str] = {}
+# Sourced reasons for the runs of a held-out group that leans, by source: each with its cite, quote and confidence
+LEAN_REASONS = Path(__file__).resolve().parent / "data" / "leaning_reasons.yaml"
+
+
+def lean_reasons() -> dict[str, list[dict]]:
+    """bench/data/leaning_reasons.yaml by source: the public words on why a source's runs ran as they did."""
+    import yaml
+
+    out: dict[str, list[dict]] = {}
+    for entry in yaml.safe_load(LEAN_REASONS.read_text(encoding="utf-8")) or []:
+        out.setdefault(entry["source"], []).append(entry)
+    return out
 
 
 def signed_median(ratios: list[float]) -> float:
@@ -241,16 +251,25 @@ def summary_line(name: str, ratios: list[float]) -> str:
             f"({round(share * len(ratios))}/{len(ratios)})  signed median {signed_median(ratios):.2f}")
 
 
-def lean_sources(members: list[dict]) -> str:
-    """Where a leaning group's runs come from: each source's count and signed median, most runs first."""
+def lean_sources(members: list[dict], reasons: dict[str, list[dict]]) -> str:
+    """Where a leaning group's runs come from: each source's count and signed median, most runs first, and for each
+    the confidence of its sourced reason (bench/data/leaning_reasons.yaml) or "no sourced reason"."""
     by: dict[str, list[float]] = {}
     for m in members:
         by.setdefault(m["run"]["group"], []).append(m["zk"])
-    return ", ".join(f"{g} {len(v)} x{signed_median(v):.2f}" for g, v in sorted(by.items(), key=lambda kv: -len(kv[1])))
+    cells = []
+    for g, v in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        found = reasons.get(g, [])
+        levels = ("high", "medium", "low")
+        best = min((e["confidence"] for e in found), key=levels.index) if found else None
+        why = f"sourced reason, {best}" if best else ("no sourced reason" if abs(signed_median(v) - 1) > LEAN_LIMIT
+                                                       else "no lean")
+        cells.append(f"{g} {len(v)} x{signed_median(v):.2f} [{why}]")
+    return ", ".join(cells)
 
 
 def group_lines(rows: list[dict], half: str) -> list[str]:
-    out = []
+    out, reasons = [], lean_reasons()
     for title, key in GROUPINGS:
         groups: dict[str, list[dict]] = {}
         for row in rows:
@@ -260,8 +279,7 @@ def group_lines(rows: list[dict], half: str) -> list[str]:
             med = signed_median([m["zk"] for m in members])
             cell = f"{g} n={len(members)} x{med:.2f} (rule x{signed_median([m['rule'] for m in members]):.2f})"
             if half == "held_out" and len(members) >= LEAN_MIN and abs(med - 1) > LEAN_LIMIT:
-                reason = LEAN_REASONS.get((title, g))
-                cell += f" LEANS: {reason}" if reason else f" LEANS, no sourced reason ({lean_sources(members)})"
+                cell += f" LEANS ({lean_sources(members, reasons)})"
             cells.append(cell)
         out.append(f"  by {title}: " + "; ".join(cells))
     return out
@@ -316,6 +334,10 @@ def table(rows: list[dict], split: dict[str, str], cmd: str) -> str:
         lines.append(summary_line("zerokit (first principles)", [r["raw"] for r in part]))
         lines.append(summary_line("rule of thumb", [r["rule"] for r in part]))
         lines += group_lines(part, half)
+        if half == "held_out":
+            lines.append("  a LEANS group's sources, each with the confidence of its sourced reason: the cites and "
+                         "quotes are in bench/data/leaning_reasons.yaml (collected after this table was first printed; "
+                         "they explain a lean and change no prediction)")
         others: dict[str, list[dict]] = {}
         for r in rows:
             if split[r["run"]["group"]] == half and r["run"]["framework"] != FITTED_FRAMEWORK:

@@ -56,6 +56,17 @@ def test_every_run_is_complete_and_sourced(pr):
     assert len({r["group"] for r in runs}) >= 20  # many sources, so one cannot carry a half
 
 
+def test_every_sourced_lean_reason_names_its_runs_a_cite_and_a_quote(pr):
+    """bench/data/leaning_reasons.yaml: each reason belongs to a held-out source of the corpus and to its runs."""
+    runs = {r["id"]: r for r in pr.load_runs()}
+    reasons = pr.lean_reasons()
+    assert reasons
+    for source, entries in reasons.items():
+        for e in entries:
+            assert e["runs"] and all(runs[i]["group"] == source for i in e["runs"]), source
+            assert e["cite"] and len(e["quote"]) >= 20 and e["confidence"] in ("high", "medium", "low"), source
+
+
 def test_the_split_is_by_source_once_and_holds_every_group(pr, ft):
     runs, split = pr.load_runs(), ft.load_split()
     assert {r["group"] for r in runs} <= set(split) and set(split.values()) == {"fit", "held_out"}
