@@ -66,7 +66,7 @@ def cli_plan_json(argv):
     return json.loads(out)
 
 
-def test_a_plan_over_http_is_plan_json(server):
+def test_a_plan_over_http_is_plan_json(server, tmp_path):
     status, out = request(server, "POST", "/api/plan", {"options": FORM})
     assert status == 200
     page = json.loads(out)
@@ -75,6 +75,20 @@ def test_a_plan_over_http_is_plan_json(server):
     assert sum(page["setups"][0]["terms"].values()) == page["setups"][0]["per_gpu_bytes"]
     assert page["downloads"]["ds_config_deepspeed.json"] == page["plan"]["ds_config"]
     assert page["downloads"]["ds_config_hf.json"]["train_micro_batch_size_per_gpu"] == "auto"
+    # the run file and the command, read back by zerokit's own run-file reader and parser
+    import shlex
+
+    from zerokit.cli import parse
+
+    run = tmp_path / "run.yaml"
+    run.write_text(page["downloads"]["run.yaml"])
+    by_file = parse(["launch", "-c", str(run)])
+    argv = shlex.split(page["downloads"]["launch_command"])
+    assert argv[:2] == ["zerokit", "launch"]
+    by_flags = parse(argv[1:])
+    for args in (by_file, by_flags):
+        assert (args.model, args.gpu, args.gpus_per_node, args.seq_len, args.global_batch, args.plan) == (
+            "tiny-llama", "cpu", 2, 64, 8, True)
 
 
 def test_a_model_under_models_dir_and_an_uploaded_config(server):

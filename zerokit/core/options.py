@@ -531,7 +531,7 @@ def read_run_file(path: str, command: str) -> dict[str, Any]:
     return typed_values(data, command, path)
 
 
-def _declared(raw_key) -> Option | None:
+def declared(raw_key) -> Option | None:
     """The option a key names: its long name with dashes or underscores, or its attribute (Option.key, e.g.
     micro_batch_size for --micro-batch); None for no option."""
     name = str(raw_key).strip().lstrip("-").replace("_", "-")
@@ -548,7 +548,7 @@ def typed_values(data, command: str, where: str, *, others: str = "skip") -> dic
     mine = {o.name for o in for_command(command)}
     values: dict[str, Any] = {}
     for raw_key, value in data.items():
-        opt = _declared(raw_key)
+        opt = declared(raw_key)
         if opt is not None and opt.name == "config-file" and others == "skip":
             raise ZerokitError(f"{where}: a run config file cannot name another (key {raw_key!r}): merge the two files")
         if opt is None:

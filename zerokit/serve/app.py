@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.options import declared, flag
 
 MAX_BODY_BYTES = 1 << 20  # a request: the form's options and, at most, one uploaded config.json or ds_config
 MAX_UPLOAD_BYTES = 256 << 10  # an uploaded config.json or ds_config, as JSON text (the largest HF config is ~30 KiB)
@@ -171,7 +172,7 @@ class _Model:
                 return str(candidate)
         if looks_like_path or Path(model).exists():
             raise BadRequest(400, f"model {model[:80]!r} is a path on the server: name a bundled model or a hub id, "
-                                  "upload its config.json, or start the server with --models-dir"
+                                  f"upload its config.json, or start the server with {flag('models-dir')}"
                                   + (" (it is not a model directory under it)" if self.models_dir else ""))
         return model
 
@@ -227,11 +228,12 @@ def downloads(p, opts: dict) -> dict:
         launch_opts["model"] = "MODEL_DIR"
     if p.deadline is not None:  # planned for the GPUs the deadline needs
         launch_opts.update(gpus_per_node=p.cluster.gpus_per_node, nodes=p.cluster.nodes)
-    run_yaml = "".join(f"{k.replace('_', '-')}: {json.dumps(v)}\n" for k, v in launch_opts.items())
-    flags = " ".join(f"--{k.replace('_', '-')} {_shell(v)}" for k, v in launch_opts.items() if k != "model")
+    run_yaml = "".join(f"{declared(k).name}: {json.dumps(v)}\n" for k, v in launch_opts.items())
+    flags = " ".join(f"{declared(k).flag} {_shell(v)}" for k, v in launch_opts.items() if k != "model")
     return {"ds_config_deepspeed.json": p.ds_config_for("deepspeed"), "ds_config_hf.json": p.ds_config_for("hf"),
             api.ACCELERATE_YAML: api.accelerate_config_text(p), "run.yaml": run_yaml + "plan: true\n",
-            "launch_command": f"zerokit launch --model {_shell(launch_opts['model'])} {flags} --plan".replace("  ", " ")}
+            "launch_command": f"zerokit launch {flag('model')} {_shell(launch_opts['model'])} {flags} {flag('plan')}"
+                              .replace("  ", " ")}
 
 
 def _shell(value) -> str:
