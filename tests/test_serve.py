@@ -89,6 +89,10 @@ def test_a_plan_over_http_is_plan_json(server, tmp_path):
     for args in (by_file, by_flags):
         assert (args.model, args.gpu, args.gpus_per_node, args.seq_len, args.global_batch, args.plan) == (
             "tiny-llama", "cpu", 2, 64, 8, True)
+        from zerokit.api import launch_request
+        from zerokit.cli.common import to_request
+
+        assert launch_request(to_request(args, echo=False)).model == "tiny-llama"  # launch's own checks take it
 
 
 def test_a_model_under_models_dir_and_an_uploaded_config(server):

@@ -29,6 +29,7 @@ from zerokit.core.options import SEQ_LEN_MAX, complete_values, flag, option, rea
 
 DEFAULT_PLAN_SEQ_LEN = 2048  # plan, render, check: tokens per sample unless seq_len (capped at the model's maximum)
 ACCELERATE_YAML = "accelerate_config.yaml"
+SCRIPT_ONLY_OPTIONS = ("samples", "profile")  # launch takes these only for a user's own script (after `--`)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,7 +627,7 @@ def script_command(req, script_argv) -> list[str]:
         if not (req.plan or req.config):
             raise ZerokitError(f"give {flag('plan')} (the planner chooses) or {flag('config')} DS_CONFIG, or your own "
                                "script after `--`: e.g. `-- python train.py --deepspeed {ds_config}`")
-        for name in ("samples", "profile"):
+        for name in SCRIPT_ONLY_OPTIONS:
             if getattr(req, name) is not None:
                 raise ZerokitError(f"{flag(name)} is for your own script (after `--`): drop it, or give the script")
     return cmd

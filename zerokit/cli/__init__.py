@@ -13,7 +13,7 @@ import sys
 
 from zerokit.cli.calibrate import add_calibrate_parser
 from zerokit.cli.check import add_check_parser
-from zerokit.cli.common import _Parser, add_options, complete
+from zerokit.cli.common import _Parser, add_options, complete, to_request
 from zerokit.cli.launch import add_launch_parser
 from zerokit.cli.plan import add_plan_parser, add_render_parser
 from zerokit.cli.serve import add_serve_parser
@@ -47,10 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def request(argv: list[str]):
     """A command line as zerokit.api's Request (parsed, completed, nothing printed): for benchmarks and tests that
     hold an argv and want the API's objects."""
-    from zerokit.api import Request
-
-    args = parse(argv)
-    return Request(args.command, {k: v for k, v in vars(args).items() if k not in ("func", "command")})
+    return to_request(parse(argv), echo=False)
 
 
 def main(argv: list[str] | None = None) -> int:

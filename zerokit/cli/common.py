@@ -71,9 +71,10 @@ def complete(args: argparse.Namespace, command: str) -> argparse.Namespace:
     return args
 
 
-def to_request(args: argparse.Namespace):
-    """The completed namespace as the API's Request (zerokit.api): what every command hands down."""
+def to_request(args: argparse.Namespace, echo: bool = True):
+    """The completed namespace as the API's Request (zerokit.api): what every command hands down; echo: its notes and
+    warnings printed on stderr as they come (the commands), or only kept (benchmarks and tests)."""
     from zerokit.api import Request
 
-    return Request(args.command, {k: v for k, v in vars(args).items() if k not in ("func", "command")}, echo=True)
+    return Request(args.command, {k: v for k, v in vars(args).items() if k not in ("func", "command")}, echo=echo)
 

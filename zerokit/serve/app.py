@@ -11,7 +11,6 @@ an uploaded config.json, in a temporary folder removed after the answer.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -164,13 +163,13 @@ class _Model:
         return self.opts
 
     def _named(self, model: str) -> str:
-        looks_like_path = model.startswith(("/", ".", "~", "\\")) or os.sep in model.strip("/") and Path(model).exists()
+        looks_like_path = model.startswith(("/", ".", "~", "\\")) or Path(model).exists()
         if self.models_dir:
             root = Path(self.models_dir).resolve()
             candidate = (root / model).resolve()
             if candidate.is_relative_to(root) and (candidate / "config.json").is_file():
                 return str(candidate)
-        if looks_like_path or Path(model).exists():
+        if looks_like_path:
             raise BadRequest(400, f"model {model[:80]!r} is a path on the server: name a bundled model or a hub id, "
                                   f"upload its config.json, or start the server with {flag('models-dir')}"
                                   + (" (it is not a model directory under it)" if self.models_dir else ""))
@@ -220,10 +219,9 @@ def downloads(p, opts: dict) -> dict:
     """What the page offers to save: the ds_config in both profiles, accelerate's yaml, a run file and the command."""
     from zerokit import api
 
-    launch_opts = {k: v for k, v in opts.items() if k not in ("deadline", "compare_gpus", "profile", "params",
-                                                               "hidden_size", "num_layers", "vocab_size", "doc_len",
-                                                               "attention", "liger_kernels", "checkpoint_reentrant",
-                                                               "training_loop", "client_optimizer")}
+    # the options `zerokit launch` takes, less those it takes only for a user's own script (the command is --plan)
+    launch_opts = {k: v for k, v in opts.items()
+                   if "launch" in declared(k).commands and declared(k).key not in api.SCRIPT_ONLY_OPTIONS}
     if "model" not in launch_opts:
         launch_opts["model"] = "MODEL_DIR"
     if p.deadline is not None:  # planned for the GPUs the deadline needs
@@ -253,13 +251,10 @@ def check(data: dict, models_dir: str | None = None) -> dict:
         raise BadRequest(400, "config must be the object a ds_config.json holds: upload one")
     if len(json.dumps(config)) > MAX_UPLOAD_BYTES:
         raise BadRequest(413, f"the ds_config is over {MAX_UPLOAD_BYTES:,} bytes")
-    opts = _options(data)
-    for name in ("deadline", "compare_gpus", "profile"):
-        opts.pop(name, None)
-    for name in ("stage", "zero_stage", "offload_optimizer", "offload_param", "tensor_parallel", "sequence_parallel",
-                 "hpz", "hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "offload_engine",
-                 "memory_fraction", "global_batch", "samples", "epochs"):
-        opts.pop(name, None)  # the config says these (check takes none of them)
+    # the options `zerokit check` takes; the batch is the config's own (train_batch_size), and check judges one step,
+    # not a training length
+    opts = {k: v for k, v in _options(data).items()
+            if "check" in declared(k).commands and declared(k).key not in ("global_batch", "samples", "epochs")}
     with _Model(data, opts, models_dir) as given:
         req = api.request("check", given, where="the page")
         req.config = Path(str(data.get("config_name") or "ds_config.json")).name[:100]  # a label: never opened
