@@ -92,6 +92,14 @@ def make_server(host: str = "127.0.0.1", port: int = 8765, models_dir: str | Non
     class Server(ThreadingHTTPServer):
         daemon_threads = True
         allow_reuse_address = True
+        # the listen backlog: socketserver's default of 5 resets connections when a team's page (or the test's 50
+        # concurrent plans) opens more at once than the accept loop has taken yet
+        request_queue_size = 128
+
+        def handle_error(self, request, client_address):
+            if isinstance(sys.exc_info()[1], ConnectionError):  # the client left before its answer: nothing to say
+                return
+            super().handle_error(request, client_address)
 
     return Server((host, port), Handler)
 

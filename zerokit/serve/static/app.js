@@ -216,9 +216,7 @@ function setTab(name) {
 }
 
 async function start() {
-  const cat = await (await fetch("/api/catalog")).json();
-  for (const m of cat.models) $("#models").appendChild(el("option", {value: m}));
-  for (const g of cat.gpus) $("#gpus").appendChild(el("option", {value: g}));
+  // the form's state and its listeners first, so that nothing typed (or uploaded) before the catalog arrives is lost
   const q = new URLSearchParams(location.search);
   for (const [k, v] of q) { const f = form.elements.namedItem(k); if (f) f.value = v; }
   form.addEventListener("input", schedule);
@@ -234,5 +232,8 @@ async function start() {
   $("#tab-plan").onclick = () => setTab("plan");
   $("#tab-check").onclick = () => setTab("check");
   setTab(q.get("tab") === "check" ? "check" : "plan");
+  const cat = await (await fetch("/api/catalog")).json();  // the names the fields suggest
+  for (const m of cat.models) $("#models").appendChild(el("option", {value: m}));
+  for (const g of cat.gpus) $("#gpus").appendChild(el("option", {value: g}));
 }
 start();
