@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from zerokit.config.auto import AUTO, TRAINER_FILLED_KEYS, auto_keys
-from zerokit.config.keys import FP16_ONLY_KEYS, ZERO_DEPRECATED, deepspeed_keys, did_you_mean
+from zerokit.config.keys import FP16_ONLY_KEYS, ZERO_DEPRECATED, DeepSpeedKeys, deepspeed_keys, did_you_mean
 from zerokit.config.read import (
     BF16_OLD_NAME,
     batch_fix,
@@ -132,22 +132,10 @@ def batch_findings(config: Mapping, world_size: int) -> list[Finding]:
                     f"{tb} != micro batch {micro} x accumulation {accum} x {world_size} ranks: {fix}")]
 
 
-def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding]:
-    """Problems DeepSpeed lets through silently or reports only at run time; errors first.
-
-    accelerator: a zerokit.spec.hardware.Accelerator, to check the precision against; None skips that rule.
-    A block of a type DeepSpeed cannot read is reported alone: the other rules read the blocks as DeepSpeed would.
-    """
-    checked_world_size(world_size)
-    type_errors = _type_findings(checked_config(config))
-    if type_errors:
-        return type_errors
-    schema = deepspeed_keys()
-    out: list[Finding] = []
-    zero = config.get("zero_optimization")
-    zero = zero if isinstance(zero, Mapping) else {}
+def _top_level_findings(config: Mapping, schema: DeepSpeedKeys) -> list[Finding]:
+    """lint_config's top-level keys DeepSpeed does not read: removed, misplaced or unknown."""
     zero_keys = set(schema.zero)
-
+    out: list[Finding] = []
     # top level: DeepSpeed ignores keys it does not read
     for key in config:
         if key in schema.top:
@@ -170,7 +158,12 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
                 or ("integer" in BLOCK_TYPES[close] and config[key] == AUTO))
             fix = did_you_mean(key, schema.top) if typo else "remove it if it is not for your own script or tool"
             out.append(Finding("error" if typo else "warning", key, f"DeepSpeed ignores unknown top-level keys: {fix}"))
+    return out
 
+
+def _block_key_findings(config: Mapping, schema: DeepSpeedKeys) -> list[Finding]:
+    """lint_config's removed, misplaced or unknown keys inside the blocks DeepSpeed reads."""
+    out: list[Finding] = []
     # misplaced or unknown keys inside blocks DeepSpeed's pydantic models reject
     for block, (_, block_keys) in schema.blocks.items():
         node = lookup(config, block)
@@ -191,9 +184,12 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
             else:
                 hint = did_you_mean(key, block_keys)
                 out.append(Finding("error", where, f"DeepSpeed rejects unknown key {key!r}: {hint or 'remove it'}"))
+    return out
 
-    out.extend(batch_findings(config, world_size))
 
+def _precision_findings(config: Mapping, accelerator) -> list[Finding]:
+    """lint_config's fp16 / bf16 blocks: both enabled, the old bf16 name, a precision the accelerator lacks."""
+    out: list[Finding] = []
     fp16_on = lookup(config, "fp16.enabled") is True
     bf16 = bf16_block(config)
     bf16_on = isinstance(bf16, Mapping) and bf16.get("enabled") is True
@@ -208,11 +204,12 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
             if on and not accelerator.supports(name):
                 usable = ", ".join(p for p in accelerator.precisions if p != name)
                 out.append(Finding("error", f"{name}.enabled", f"{accelerator.name} does not support {name}: use {usable}"))
+    return out
 
-    stage = zero.get("stage", 0)
-    stage = stage if is_int(stage) else 0
-    opt_dev = lookup(zero, "offload_optimizer.device", "none") or "none"
-    param_dev = lookup(zero, "offload_param.device", "none") or "none"
+
+def _optimizer_findings(config: Mapping, stage: int, opt_dev: str, accelerator) -> list[Finding]:
+    """lint_config's optimizer block against the ZeRO optimizer offload (opt_dev) and the accelerator."""
+    out: list[Finding] = []
     opt_type = lookup(config, "optimizer.type")
     opt_params = lookup(config, "optimizer.params", {})
     opt_params = opt_params if isinstance(opt_params, Mapping) else {}
@@ -260,6 +257,34 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
     if "max_grad_norm" in opt_params:
         out.append(Finding("error", "optimizer.params.max_grad_norm",
                            "DeepSpeed raises on max_grad_norm as an optimizer parameter: use top-level gradient_clipping"))
+    return out
+
+
+def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding]:
+    """Problems DeepSpeed lets through silently or reports only at run time; errors first.
+
+    accelerator: a zerokit.spec.hardware.Accelerator, to check the precision against; None skips that rule.
+    A block of a type DeepSpeed cannot read is reported alone: the other rules read the blocks as DeepSpeed would.
+    """
+    checked_world_size(world_size)
+    type_errors = _type_findings(checked_config(config))
+    if type_errors:
+        return type_errors
+    schema = deepspeed_keys()
+    out: list[Finding] = []
+    zero = config.get("zero_optimization")
+    zero = zero if isinstance(zero, Mapping) else {}
+
+    out.extend(_top_level_findings(config, schema))
+    out.extend(_block_key_findings(config, schema))
+    out.extend(batch_findings(config, world_size))
+    out.extend(_precision_findings(config, accelerator))
+
+    stage = zero.get("stage", 0)
+    stage = stage if is_int(stage) else 0
+    opt_dev = lookup(zero, "offload_optimizer.device", "none") or "none"
+    param_dev = lookup(zero, "offload_param.device", "none") or "none"
+    out.extend(_optimizer_findings(config, stage, opt_dev, accelerator))
 
     for old, new in ZERO_DEPRECATED.items():
         if old in zero:

@@ -821,112 +821,61 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup,
 PHASES = ("backward", "backward_recompute", "backward_end", "step")
 
 
-def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
-                knobs: ZeroKnobs) -> dict[str, dict[str, int]]:
-    """The per-rank terms live at each point where a step can peak (steady state: optimizer states exist).
+def _stage3_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, states: dict[str, int], bufs: dict[str, int],
+                  persistent: dict[str, int], live: dict[str, int], e: int, n: int, on_cpu: bool) -> tuple[int, int]:
+    """phase_terms' ZeRO-3 terms: adds what every phase holds to persistent and the parameters forward gathers to
+    live (taking the reduce bucket out of bufs); returns the bytes of the parameters kept whole
+    (stage3_persistent_bytes) and of hpZ's secondary partition (0 without hpZ)."""
+    # ZeRO-3 keeps its gradient partition and one reduce bucket for the whole run (stage3.py ipg
+    # buffer; measured alive at every phase), so they are not in the per-phase gradient terms.
+    persistent["gradients"] = states["gradients"]
+    persistent["reduce_buckets"] = bufs.pop("reduce_buckets", 0)
+    # Parameters gathered in forward stay gathered until backward uses them again while the live
+    # count is under stage3_max_live_parameters and the reuse distance under
+    # stage3_max_reuse_distance (measured: the whole 16-bit model of the grid's 1-12M-parameter
+    # models alive at the start of backward); DeepSpeed's estimator's 2 x largest layer otherwise.
+    window = min(knobs.stage3_max_live_parameters, knobs.stage3_max_reuse_distance)
+    persistent_bytes = stage3_persistent_bytes(model, e, knobs.stage3_param_persistence_threshold)
+    # Modules no gradient reaches (frozen embeddings, layers before the first trainable one) fire no backward hook:
+    # once the trace is complete (the second step) the coordinator releases their parameters after forward, their
+    # next use being the next step (measured: LoRA and --freeze at ZeRO-3, tiny-llama, the embedding's 1 MiB fp32
+    # absent at the start of backward; bench/results/finetune_memory.txt). With checkpointing the gradient reaches
+    # the embedding output (enable_input_require_grads) and they stay (measured).
+    released = 0 if setup.activation_checkpointing else e * model.trained.no_backward_params + model.trained.no_backward_quantized_bytes
+    live["stage3_live_params"] = min(weight_bytes(model, e) - released,
+                                     persistent_bytes + e * max(window, 2 * model.largest_layer_params))
+    if n == 1 and (setup.offload_param == "none" or on_cpu):
+        # one rank holds every partition whole: all_gather_coalesced takes _no_gather_coalesced, and NoGatherHandle
+        # points param.data at ds_tensor.data on the same device, a view, no copy (partition_parameters.py).
+        # Measured on an H200 (bench/results/accuracy_h200.txt): ZeRO-3 at one rank peaked 471 MiB above ZeRO-0, its
+        # gradient partition, not 940 (+ a gathered copy of the 469 MiB model)
+        live["stage3_live_params"] = 0
+    if setup.offload_param != "none" and on_cpu:
+        persistent["parameters_offloaded"] = e * model.params // n
+    hpz_bytes = 0
+    if setup.hpz_partition_size > 1:
+        # ZeRO++ hpZ: a parameter released after its gather keeps a secondary partition over its group of hpz
+        # ranks, in its own dtype (partition_parameters.py _partition -> _partition_param_sec: ds_secondary_tensor
+        # of ds_numel / hpz elements), which backward gathers from; stage3.py _post_step drops them all after the
+        # optimizer step (invalidate_secondary_tensor). A model inside the live window (above) is released only at
+        # the end of backward: the copies exist from there to the step. Measured on 4 ranks at hpz 2 (fp32
+        # params / 2: 2,525,440 B on tiny-llama, alive after init and the first forward, gone after the step and
+        # absent at the next start of backward; bench/results/accuracy_cpu_parallel.txt).
+        hpz_bytes = weight_bytes(model, e) // setup.hpz_partition_size
+        frozen = model.frozen_unquantized_params
+        if knobs.zero_quantized_nontrainable_weights and not on_cpu and frozen > 0:
+            # _partition_param_sec quantizes a frozen weight's secondary partition too: int8 + scales
+            hpz_bytes -= int((e - QWZ_BYTES_PER_ELEMENT) * frozen) // setup.hpz_partition_size
+        if model.params > window:
+            persistent["hpz_secondary_partition"] = hpz_bytes
+    return persistent_bytes, hpz_bytes
 
-    Measured with zerokit.measure.meter's live-tensor-byte meter on real 2-rank DeepSpeed runs
-    (bench/results/accuracy_cpu.txt; docs/memory-model.md, "Phases"):
-    - backward: the start of backward. Every activation is still saved, the loss's backward has
-      written the fp32 gradient of the logits while the nll gradient is alive (8 bytes per logit in
-      all, logits_grad + loss_backward_transient). No gradient or reduce bucket exists yet: DeepSpeed
-      allocates the buckets at the first gradient hook (stage_1_and_2.py process_gradients ->
-      setup_buckets) and the gradient partition at the first reduction; both are freed after the step.
-      With activation checkpointing only the layer inputs and the final norm are saved at that point.
-    - backward_recompute (checkpointing): the last layer recomputed while the logits the outputs hold
-      are alive.
-    - backward_end: every gradient (full at stage 0/1, the partition at 2/3) and the buckets, the logits
-      the outputs still hold, no activations.
-    - step: the optimizer step: gradients, the fp32 gradient partition and torch AdamW's foreach
-      temporaries (two fp32 tensors the size of what it updates), the logits the outputs hold.
-    The forward end never exceeds the start of backward (same activations, 8 bytes per logit less the
-    logits the previous step's outputs held, freed when the new outputs replace them).
-    """
-    e = dtype_bytes(setup.precision)
-    on_cpu = cluster.accelerator.is_cpu
-    # every term below is of what one rank holds: an AutoTP rank holds its slice of the split weights
-    # (ModelSpec.tensor_parallel_shard), and ZeRO partitions over setup.zero_ranks
-    model = model.tensor_parallel_shard(setup.tensor_parallel)
-    optimizer = optimizer_named(knobs.optimizer)
-    states = model_state_terms(model, cluster, setup, optimizer)
-    bufs = buffer_terms(model, cluster, setup, knobs)
-    acts = activation_terms(model, setup, workload, on_cpu)
-    n = setup.zero_ranks(cluster.world_size)
-    psi, trainable = model.params, model.trainable
-    tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
-    logits = tokens * model.vocab_size
-    persistent = {k: states[k] for k in ("parameters", "master_weights", "optimizer_states")}
-    live = {}  # what forward gathers and backward still needs
-    if setup.zero_stage == 3:
-        # ZeRO-3 keeps its gradient partition and one reduce bucket for the whole run (stage3.py ipg
-        # buffer; measured alive at every phase), so they are not in the per-phase gradient terms.
-        persistent["gradients"] = states["gradients"]
-        persistent["reduce_buckets"] = bufs.pop("reduce_buckets", 0)
-        # Parameters gathered in forward stay gathered until backward uses them again while the live
-        # count is under stage3_max_live_parameters and the reuse distance under
-        # stage3_max_reuse_distance (measured: the whole 16-bit model of the grid's 1-12M-parameter
-        # models alive at the start of backward); DeepSpeed's estimator's 2 x largest layer otherwise.
-        window = min(knobs.stage3_max_live_parameters, knobs.stage3_max_reuse_distance)
-        persistent_bytes = stage3_persistent_bytes(model, e, knobs.stage3_param_persistence_threshold)
-        # Modules no gradient reaches (frozen embeddings, layers before the first trainable one) fire no backward hook:
-        # once the trace is complete (the second step) the coordinator releases their parameters after forward, their
-        # next use being the next step (measured: LoRA and --freeze at ZeRO-3, tiny-llama, the embedding's 1 MiB fp32
-        # absent at the start of backward; bench/results/finetune_memory.txt). With checkpointing the gradient reaches
-        # the embedding output (enable_input_require_grads) and they stay (measured).
-        released = 0 if setup.activation_checkpointing else e * model.trained.no_backward_params + model.trained.no_backward_quantized_bytes
-        live["stage3_live_params"] = min(weight_bytes(model, e) - released,
-                                         persistent_bytes + e * max(window, 2 * model.largest_layer_params))
-        if n == 1 and (setup.offload_param == "none" or on_cpu):
-            # one rank holds every partition whole: all_gather_coalesced takes _no_gather_coalesced, and NoGatherHandle
-            # points param.data at ds_tensor.data on the same device, a view, no copy (partition_parameters.py).
-            # Measured on an H200 (bench/results/accuracy_h200.txt): ZeRO-3 at one rank peaked 471 MiB above ZeRO-0, its
-            # gradient partition, not 940 (+ a gathered copy of the 469 MiB model)
-            live["stage3_live_params"] = 0
-        if setup.offload_param != "none" and on_cpu:
-            persistent["parameters_offloaded"] = e * psi // n
-        if setup.hpz_partition_size > 1:
-            # ZeRO++ hpZ: a parameter released after its gather keeps a secondary partition over its group of hpz
-            # ranks, in its own dtype (partition_parameters.py _partition -> _partition_param_sec: ds_secondary_tensor
-            # of ds_numel / hpz elements), which backward gathers from; stage3.py _post_step drops them all after the
-            # optimizer step (invalidate_secondary_tensor). A model inside the live window (above) is released only at
-            # the end of backward: the copies exist from there to the step. Measured on 4 ranks at hpz 2 (fp32
-            # params / 2: 2,525,440 B on tiny-llama, alive after init and the first forward, gone after the step and
-            # absent at the next start of backward; bench/results/accuracy_cpu_parallel.txt).
-            hpz_bytes = weight_bytes(model, e) // setup.hpz_partition_size
-            frozen = model.frozen_unquantized_params
-            if knobs.zero_quantized_nontrainable_weights and not on_cpu and frozen > 0:
-                # _partition_param_sec quantizes a frozen weight's secondary partition too: int8 + scales
-                hpz_bytes -= int((e - QWZ_BYTES_PER_ELEMENT) * frozen) // setup.hpz_partition_size
-            if model.params > window:
-                persistent["hpz_secondary_partition"] = hpz_bytes
-    zeropp = zeropp_terms(model, cluster, setup, knobs)
-    if "parameters_frozen_int8" in zeropp["persistent"]:
-        persistent["parameters"] = max(0, persistent["parameters"] - e * model.frozen_unquantized_params // n)
-    persistent.update(zeropp["persistent"])
-    live.update(zeropp["live"])
-    if on_cpu:
-        persistent.update(cpu_offload_terms(model, cluster, setup, optimizer))
-    if not on_cpu:
-        persistent["cuda_context"] = CUDA_CONTEXT_BYTES
-        persistent["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
-    # the HF outputs object keeps the logits until replaced; a tiled loss returns none, nor does Liger's fused one
-    # (LigerForCausalLMLoss: skip_logits in training)
-    chunked_loss = setup.tiled_loss or model.liger_kernels
-    held_logits = {} if chunked_loss or not workload.outputs_held else {"logits_output": logits * e}
-    grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
-    if on_cpu and setup.offload_optimizer != "none" and setup.zero_stage >= 2:
-        # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank
-        # (measured alive at ZeRO-3 throughout, at ZeRO-2 from the first reduction)
-        if setup.zero_stage == 3:
-            persistent["gradients"] = e * trainable // n
-        else:
-            grads["gradients"] = e * trainable // n
-    # backward start
-    if setup.activation_checkpointing:
-        final_norm = tokens * final_norm_bytes_per_token(model, setup.precision)
-        start_acts = {"activations_checkpoints": acts["activations_checkpoints"], "activations_final_norm": final_norm}
-    else:
-        start_acts = {"activations": acts["activations"]}
+
+def _backward_start_terms(model: ModelSpec, setup: ZeroSetup, acts: dict[str, int], bufs: dict[str, int],
+                          zeropp: dict[str, dict[str, int]], persistent: dict[str, int], live: dict[str, int],
+                          start_acts: dict[str, int], grads: dict[str, int], tokens: int, logits: int,
+                          chunked_loss: bool, e: int) -> dict[str, int]:
+    """phase_terms' "backward" phase: what one rank holds at the start of backward."""
     grad_bytes_per_logit = acts["logits_grad"] // logits if logits else 0
     if setup.tiled_loss:  # the loss's backward runs one slice at a time (activation_terms)
         logits = -(-tokens // tiled_loss_shards(tokens, model.vocab_size)) * model.vocab_size
@@ -958,20 +907,13 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # from the second micro step on, the gradients accumulated so far are alive while the next
         # micro batch's activations are (ZeRO-3 keeps its partition in `persistent` already)
         backward.update(grads)
-    phases = {"backward": backward}
-    if setup.activation_checkpointing:
-        one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
-        phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
-                                        "activations_recompute": one_layer, **held_logits, **bufs,
-                                        **recompute_backward_terms(model, setup, workload, acts, on_cpu)}
-    phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
-    if setup.zero_stage == 3 and setup.offload_param == "none":
-        # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
-        phases["backward_end"]["stage3_persistent_params"] = persistent_bytes
-    hpz_after_backward = {}
-    if setup.zero_stage == 3 and setup.hpz_partition_size > 1 and "hpz_secondary_partition" not in persistent:
-        hpz_after_backward = {"hpz_secondary_partition": hpz_bytes}  # made at the release that ends backward
-        phases["backward_end"].update(hpz_after_backward)
+    return backward
+
+
+def _step_extra_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, optimizer: Optimizer, states: dict[str, int],
+                      grads: dict[str, int], e: int, n: int, on_cpu: bool) -> dict[str, int]:
+    """phase_terms' "step" phase beyond the persistent terms: what the optimizer's step adds."""
+    trainable = model.trainable
     # the temporaries the optimizer's step makes per parameter it updates (spec/optimizer.py step_temporaries): the
     # unfused torch.optim.AdamW (what render writes for CPU targets without offload; on GPUs a config without an
     # optimizer block or with torch_adam: ZeroKnobs.optimizer) makes two fp32 temporaries of what it updates
@@ -1015,6 +957,93 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                 at_cast["fp32_gradients"] = 4 * trainable // n
             if sum(at_cast.values()) > sum(step_extra.values()):
                 step_extra = at_cast
+    return step_extra
+
+
+def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
+                knobs: ZeroKnobs) -> dict[str, dict[str, int]]:
+    """The per-rank terms live at each point where a step can peak (steady state: optimizer states exist).
+
+    Measured with zerokit.measure.meter's live-tensor-byte meter on real 2-rank DeepSpeed runs
+    (bench/results/accuracy_cpu.txt; docs/memory-model.md, "Phases"):
+    - backward: the start of backward. Every activation is still saved, the loss's backward has
+      written the fp32 gradient of the logits while the nll gradient is alive (8 bytes per logit in
+      all, logits_grad + loss_backward_transient). No gradient or reduce bucket exists yet: DeepSpeed
+      allocates the buckets at the first gradient hook (stage_1_and_2.py process_gradients ->
+      setup_buckets) and the gradient partition at the first reduction; both are freed after the step.
+      With activation checkpointing only the layer inputs and the final norm are saved at that point.
+    - backward_recompute (checkpointing): the last layer recomputed while the logits the outputs hold
+      are alive.
+    - backward_end: every gradient (full at stage 0/1, the partition at 2/3) and the buckets, the logits
+      the outputs still hold, no activations.
+    - step: the optimizer step: gradients, the fp32 gradient partition and torch AdamW's foreach
+      temporaries (two fp32 tensors the size of what it updates), the logits the outputs hold.
+    The forward end never exceeds the start of backward (same activations, 8 bytes per logit less the
+    logits the previous step's outputs held, freed when the new outputs replace them).
+    """
+    e = dtype_bytes(setup.precision)
+    on_cpu = cluster.accelerator.is_cpu
+    # every term below is of what one rank holds: an AutoTP rank holds its slice of the split weights
+    # (ModelSpec.tensor_parallel_shard), and ZeRO partitions over setup.zero_ranks
+    model = model.tensor_parallel_shard(setup.tensor_parallel)
+    optimizer = optimizer_named(knobs.optimizer)
+    states = model_state_terms(model, cluster, setup, optimizer)
+    bufs = buffer_terms(model, cluster, setup, knobs)
+    acts = activation_terms(model, setup, workload, on_cpu)
+    n = setup.zero_ranks(cluster.world_size)
+    trainable = model.trainable
+    tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
+    logits = tokens * model.vocab_size
+    persistent = {k: states[k] for k in ("parameters", "master_weights", "optimizer_states")}
+    live = {}  # what forward gathers and backward still needs
+    persistent_bytes = hpz_bytes = 0
+    if setup.zero_stage == 3:
+        persistent_bytes, hpz_bytes = _stage3_terms(model, setup, knobs, states, bufs, persistent, live, e, n, on_cpu)
+    zeropp = zeropp_terms(model, cluster, setup, knobs)
+    if "parameters_frozen_int8" in zeropp["persistent"]:
+        persistent["parameters"] = max(0, persistent["parameters"] - e * model.frozen_unquantized_params // n)
+    persistent.update(zeropp["persistent"])
+    live.update(zeropp["live"])
+    if on_cpu:
+        persistent.update(cpu_offload_terms(model, cluster, setup, optimizer))
+    if not on_cpu:
+        persistent["cuda_context"] = CUDA_CONTEXT_BYTES
+        persistent["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
+    # the HF outputs object keeps the logits until replaced; a tiled loss returns none, nor does Liger's fused one
+    # (LigerForCausalLMLoss: skip_logits in training)
+    chunked_loss = setup.tiled_loss or model.liger_kernels
+    held_logits = {} if chunked_loss or not workload.outputs_held else {"logits_output": logits * e}
+    grads = {} if setup.zero_stage == 3 else {"gradients": states["gradients"]}
+    if on_cpu and setup.offload_optimizer != "none" and setup.zero_stage >= 2:
+        # the 16-bit gradient partition is "copied to the host": on a CPU target it stays in the rank
+        # (measured alive at ZeRO-3 throughout, at ZeRO-2 from the first reduction)
+        if setup.zero_stage == 3:
+            persistent["gradients"] = e * trainable // n
+        else:
+            grads["gradients"] = e * trainable // n
+    # backward start
+    if setup.activation_checkpointing:
+        final_norm = tokens * final_norm_bytes_per_token(model, setup.precision)
+        start_acts = {"activations_checkpoints": acts["activations_checkpoints"], "activations_final_norm": final_norm}
+    else:
+        start_acts = {"activations": acts["activations"]}
+    backward = _backward_start_terms(model, setup, acts, bufs, zeropp, persistent, live, start_acts, grads, tokens,
+                                     logits, chunked_loss, e)
+    phases = {"backward": backward}
+    if setup.activation_checkpointing:
+        one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
+        phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
+                                        "activations_recompute": one_layer, **held_logits, **bufs,
+                                        **recompute_backward_terms(model, setup, workload, acts, on_cpu)}
+    phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
+    if setup.zero_stage == 3 and setup.offload_param == "none":
+        # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
+        phases["backward_end"]["stage3_persistent_params"] = persistent_bytes
+    hpz_after_backward = {}
+    if setup.zero_stage == 3 and setup.hpz_partition_size > 1 and "hpz_secondary_partition" not in persistent:
+        hpz_after_backward = {"hpz_secondary_partition": hpz_bytes}  # made at the release that ends backward
+        phases["backward_end"].update(hpz_after_backward)
+    step_extra = _step_extra_terms(model, setup, knobs, optimizer, states, grads, e, n, on_cpu)
     phases["step"] = {**persistent, **step_extra, **held_logits, **hpz_after_backward}
     return phases
 

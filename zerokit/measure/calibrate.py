@@ -53,7 +53,7 @@ MAX_MATMUL_SECONDS = 2.0
 # a slow precision's models are timed on the smallest shapes only: all 7 CPU shapes of bf16 with AVX2 kernels forced
 # took the calibration from 128 s to 579 s; 12 points per family still determine the 7 costs
 SLOW_PRECISION_SHAPES = 4
-COMPUTE_PASSES = 2  # the compute benchmark's passes; each point keeps its fastest (run_calibration best_of_passes)
+COMPUTE_PASSES = 2  # the compute benchmark's passes; each point keeps its fastest (_fit_compute best_of_passes)
 
 
 
@@ -469,50 +469,29 @@ def measure_zero_ring(profile: dict, precisions: list[str], threads: int | None,
         notes.append(f"ZeRO-3 ring calls: {e}")
 
 
-def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
-                    world_size: int | None = None, log=None, precisions: tuple[str, ...] | None = None,
-                    adapters: bool = True, gated_mlp: bool | None = None) -> dict:
-    """Measure this machine; write the profile JSON to output_path (if given) and return it.
-    world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
-    quick=True: small sizes and short timings, the plain engines once (~130 s on a 2-core CPU machine with peft and bitsandbytes; the
-    full calibration 554 s, with the LoRA and QLoRA models, the engines (2 passes), the TP / SP engines and the 4-rank
-    ZeRO-3 ones).
-    precisions: measure these only (fp32 always: every profile prices its matmul); adapters=False: no LoRA/QLoRA
-    models (a plan of a full fine-tune prices none of their costs).
-    gated_mlp: time what a plan of such a model prices, no more: its block family only (compute_fit.FAMILIES; the
-    profile's other family falls back to it, TimingTerms.compute_coefficients), and of the 16-bit precisions only the
-    one whose matmul is fastest here (the planner never prefers a slower one at equal memory; the others are left
-    unmeasured, so plans on this profile do not choose them). `make demo` measures so for its model, in about 1.5
-    minutes on 2 cores."""
-    import torch
+def _check_output_path(output_path: str | os.PathLike) -> None:
+    """Fail on a profile path that cannot be written before minutes of measuring, not after (run_calibration)."""
+    from zerokit.core.fsutil import check_writable_file, missing_folders
 
-    say = log or (lambda msg: None)
-    if output_path:  # before minutes of measuring, not after
-        from zerokit.core.fsutil import check_writable_file, missing_folders
+    # missing folders are made when the profile is written (atomic_write_text, as mkdir -p): a calibration that
+    # fails leaves none behind
+    check_writable_file(output_path, f"{flag('output')} {os.fspath(output_path)}")
+    folder = os.path.dirname(os.path.abspath(os.fspath(output_path)))
+    if not missing_folders(output_path):
+        try:
+            import tempfile
 
-        # missing folders are made when the profile is written (atomic_write_text, as mkdir -p): a calibration that
-        # fails leaves none behind
-        check_writable_file(output_path, f"{flag('output')} {os.fspath(output_path)}")
-        folder = os.path.dirname(os.path.abspath(os.fspath(output_path)))
-        if not missing_folders(output_path):
-            try:
-                import tempfile
+            with tempfile.TemporaryFile(dir=folder):  # a real write: permission bits do not tell for root or sysfs
+                pass
+        except OSError as e:
+            raise ZerokitError(f"cannot write the profile to {os.fspath(output_path)} ({e.strerror}): "
+                               f"pick a writable file path for {flag('output')}") from None
 
-                with tempfile.TemporaryFile(dir=folder):  # a real write: permission bits do not tell for root or sysfs
-                    pass
-            except OSError as e:
-                raise ZerokitError(f"cannot write the profile to {os.fspath(output_path)} ({e.strerror}): "
-                                   f"pick a writable file path for {flag('output')}") from None
-    t0 = time.perf_counter()
-    device = device_of(device)
-    world_size = world_size or benchmark_world_size(device)
-    notes: list[str] = []
-    min_t = 0.3 if quick else 1.5
-    if device.type == "cpu":
-        size = 1024 if quick else 2048
-    else:
-        size = 4096 if quick else 8192
 
+def _measure_matmuls(device, size: int, min_t: float, precisions: tuple[str, ...] | None, notes: list[str],
+                     say) -> tuple[dict[str, float | None], dict[str, float]]:
+    """run_calibration's matmul_tflops (None where unsupported, not asked for or failed) and matmul_spread_cv: each
+    precision's matmul in MATMUL_REPEATS repeats, re-measured until spec.profile.SANITY passes."""
     matmul_n: dict[str, int] = {}  # per precision: `size`, or PROBE_SIZE for a pathologically slow one
 
     def matmul_repeats(prec: str) -> list[float]:  # min_t split into repeats: the spread at no extra time
@@ -558,6 +537,13 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     for prec, reps in repeats.items():
         tflops[prec] = statistics.fmean(reps)
         spread[prec] = round(statistics.pstdev(reps) / tflops[prec], 4)
+    return tflops, spread
+
+
+def _block_families(gated_mlp: bool | None, tflops: dict[str, float | None], spread: dict[str, float],
+                    notes: list[str]) -> tuple[str, ...]:
+    """The block families run_calibration times (compute_fit.FAMILIES, or the one of the model calibrated for); for
+    that model also un-times (tflops None) every 16-bit precision slower than the fastest."""
     from zerokit.measure import compute_fit
 
     families = compute_fit.FAMILIES
@@ -572,9 +558,16 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
                 tflops[p] = None
                 spread.pop(p, None)
         notes.append(f"compute: the {families[0]} block family only (calibrated for one model)")
-    coll_bytes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+    return families
+
+
+def _compute_jobs(tflops: dict[str, float | None], slow, families: tuple[str, ...], device, quick: bool,
+                  notes: list[str]) -> list[dict]:
+    """The HF models run_calibration's compute benchmark times (compute_fit.benchmark_jobs): every shape of each
+    timed precision, the SLOW_PRECISION_SHAPES smallest quick ones of a slow precision."""
+    from zerokit.measure import compute_fit
+
     best = max(v for v in tflops.values() if v)
-    slow = slow_precisions(tflops)
     for p in slow:  # never planned here (spec.profile.SLOW_PRECISION_FACTOR), but a config may ask for it: timed on
         # the smallest quick shapes only. Its matmul does not price models: with AVX2 kernels forced, bf16 ran a
         # 2048^3 matmul at 0.4 GFLOP/s while tiny models' steps were only 3-6x fp32's, and pricing them by that
@@ -586,15 +579,16 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     if slow:
         compute_jobs += compute_fit.benchmark_jobs(list(slow), device.type == "cuda", True, SLOW_PRECISION_SHAPES,
                                                    families=families)
-    compute_spec = {"jobs": compute_jobs, "min_time_s": 0.05 if quick else 0.3,
-                    "device": None if device.type == "cpu" else "cuda"}
-    say(f"collectives and the compute of {len(compute_jobs)} HF models over {world_size} local ranks ...")
-    threads = None
-    if device.type == "cpu":
-        # the ranks of a CPU job share the cores: each gets cores / ranks threads (DeepSpeed's
-        # --bind_cores_to_rank; bench/accuracy sets OMP_NUM_THREADS so). With torch's default (all cores in
-        # every rank) the ranks' OpenMP pools fight for the cores: measured 100x slower steps on 2 cores.
-        threads = max(1, (os.cpu_count() or 1) // world_size)
+    return compute_jobs
+
+
+def _measure_ranks(device, world_size: int, quick: bool, compute_spec: dict, threads: int | None,
+                   notes: list[str]) -> dict:
+    """run_calibration's collectives (measure_collectives) and first compute pass over the local ranks; with one rank
+    the compute only. A failure is {"error": ...} and a note."""
+    import torch
+
+    coll_bytes = [4096, 1 * MiB, 16 * MiB] if quick else [4096, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
         notes.append(f"only {torch.cuda.device_count()} GPU(s): collectives measured over gloo between host processes, "
                      f"not GPU links; intra_node_bw is kept from the catalog (plans with {flag('dist-backend')} gloo "
@@ -613,59 +607,68 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         except ZerokitError as e:
             coll = {"error": str(e)}
             notes.append(f"collectives: {e}")
+    return coll
 
-    compute_timing = None
-    if coll.get("compute_seconds"):
-        def jobs_of(key):
-            return [j for j in compute_jobs if (j["family"], j["precision"]) == key]
 
-        def compute_seconds(keys):  # {(family, precision): seconds of its jobs}: the first run's, or re-timed ones
-            if keys is None:
-                jobs, secs = compute_jobs, coll["compute_seconds"]
-            else:  # the same ranks in lockstep
-                jobs = [j for k in keys for j in jobs_of(k)]
-                secs = time_compute(world_size, dict(compute_spec, jobs=jobs), threads)
-            out: dict = {}
-            for j, t in zip(jobs, secs):
-                out.setdefault((j["family"], j["precision"]), []).append(t)
-            return out
+def _fit_compute(coll: dict, compute_spec: dict, world_size: int, threads: int | None,
+                 tflops: dict[str, float | None], slow, device, quick: bool, adapters: bool, notes: list[str],
+                 say) -> dict:
+    """run_calibration's compute_timing: compute_fit.fit_profile of the compute benchmark (the first pass in coll,
+    COMPUTE_PASSES in all, re-timed until sane), plus the LoRA adapters' fitted costs when adapters."""
+    from zerokit.measure import compute_fit
 
-        def fitted(seconds: dict) -> dict:
-            return compute_fit.fit_profile([j for k in seconds for j in jobs_of(k)], [t for k in seconds for t in seconds[k]])
+    compute_jobs = compute_spec["jobs"]
 
-        def best_of_passes(keys):
-            # every point timed in COMPUTE_PASSES passes, tens of seconds apart, keeping each point's fastest:
-            # another tenant's burst only adds time, and it hits a few consecutive points of one pass (on a noisy
-            # day here the grid's repeats spread 17% median and one pass fitted a 1.4 x too slow plain fp32 model)
-            passes = [compute_seconds(keys)]
-            for _ in range(COMPUTE_PASSES - 1):
-                passes.append(compute_seconds(sorted(passes[0])))
-            return {k: [min(ts) for ts in zip(*(p[k] for p in passes))] for k in passes[0]}
+    def jobs_of(key):
+        return [j for j in compute_jobs if (j["family"], j["precision"]) == key]
 
-        # a slow precision's fit is not held to its (unrepresentative) matmul
-        plausible = {p: (None if p in slow else t) for p, t in tflops.items()}
-        seconds = measure_until_sane(best_of_passes, lambda v: compute_fit.fit_problems(fitted(v), plausible), log=say)
-        compute_timing = fitted(seconds)
-        adapter_runs = compute_fit.adapter_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
-                                                device.type == "cuda", quick) if adapters else []
-        if adapter_runs:
-            say(f"LoRA adapters: {len(adapter_runs)} HF models over {world_size} local ranks ...")
-            try:
-                measure_adapter_costs(compute_timing, adapter_runs, dict(compute_spec, jobs=adapter_runs), world_size,
-                                      threads)
-            except ZerokitError as e:  # the full models' fit stands; adapters then cost their FLOPs only
-                notes.append(f"LoRA adapter costs: {e}")
-        elif not adapters:
-            notes.append(f"LoRA adapter costs: not measured (calibrate {flag('finetune')} full); LoRA plans price "
-                         "their FLOPs")
-        else:
-            notes.append("LoRA adapter costs: skipped, peft is not installed (pip install 'zerokit[train]')")
+    def compute_seconds(keys):  # {(family, precision): seconds of its jobs}: the first run's, or re-timed ones
+        if keys is None:
+            jobs, secs = compute_jobs, coll["compute_seconds"]
+        else:  # the same ranks in lockstep
+            jobs = [j for k in keys for j in jobs_of(k)]
+            secs = time_compute(world_size, dict(compute_spec, jobs=jobs), threads)
+        out: dict = {}
+        for j, t in zip(jobs, secs):
+            out.setdefault((j["family"], j["precision"]), []).append(t)
+        return out
 
-    copies: dict[str, float | None] = {"h2d_gbps": None, "d2h_gbps": None}
-    if device.type == "cuda":
-        say("host<->device copies ...")
-        copies = measure_copy_bandwidth(64 * MiB if quick else 512 * MiB, device)
+    def fitted(seconds: dict) -> dict:
+        return compute_fit.fit_profile([j for k in seconds for j in jobs_of(k)], [t for k in seconds for t in seconds[k]])
 
+    def best_of_passes(keys):
+        # every point timed in COMPUTE_PASSES passes, tens of seconds apart, keeping each point's fastest:
+        # another tenant's burst only adds time, and it hits a few consecutive points of one pass (on a noisy
+        # day here the grid's repeats spread 17% median and one pass fitted a 1.4 x too slow plain fp32 model)
+        passes = [compute_seconds(keys)]
+        for _ in range(COMPUTE_PASSES - 1):
+            passes.append(compute_seconds(sorted(passes[0])))
+        return {k: [min(ts) for ts in zip(*(p[k] for p in passes))] for k in passes[0]}
+
+    # a slow precision's fit is not held to its (unrepresentative) matmul
+    plausible = {p: (None if p in slow else t) for p, t in tflops.items()}
+    seconds = measure_until_sane(best_of_passes, lambda v: compute_fit.fit_problems(fitted(v), plausible), log=say)
+    compute_timing = fitted(seconds)
+    adapter_runs = compute_fit.adapter_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
+                                            device.type == "cuda", quick) if adapters else []
+    if adapter_runs:
+        say(f"LoRA adapters: {len(adapter_runs)} HF models over {world_size} local ranks ...")
+        try:
+            measure_adapter_costs(compute_timing, adapter_runs, dict(compute_spec, jobs=adapter_runs), world_size,
+                                  threads)
+        except ZerokitError as e:  # the full models' fit stands; adapters then cost their FLOPs only
+            notes.append(f"LoRA adapter costs: {e}")
+    elif not adapters:
+        notes.append(f"LoRA adapter costs: not measured (calibrate {flag('finetune')} full); LoRA plans price "
+                     "their FLOPs")
+    else:
+        notes.append("LoRA adapter costs: skipped, peft is not installed (pip install 'zerokit[train]')")
+    return compute_timing
+
+
+def _measure_optimizers(device, quick: bool, min_t: float, notes: list[str], say) -> tuple[float | None, float]:
+    """run_calibration's cpu_adam_params_per_s (None where DeepSpeedCPUAdam is not measured) and
+    torch_adamw_params_per_s."""
     n_opt = 2_000_000 if quick else 20_000_000
     ok, where = cpu_adam_available()
     cpu_adam = None
@@ -683,6 +686,92 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
     # too, and priced a 246M-parameter H200 step's update at 316 ms against ~3 ms of HBM traffic (an H200 profile
     # of 2026-11-26: its gpu-llama ZeRO-0 row predicted 382 ms, measured 89)
     adamw = measure_torch_adamw(n_opt, device, min_time_s=min_t)
+    return cpu_adam, adamw
+
+
+def _measure_engines(profile: dict, tflops: dict[str, float | None], slow, device, world_size: int,
+                     threads: int | None, quick: bool, cpu_adam: float | None, notes: list[str], say) -> None:
+    """Add the real DeepSpeed engines' costs to run_calibration's profile (engine_fit.measure_engine_overhead; in full
+    mode also the peft modules, TP / SP and, on a CPU machine, the ZeRO-3 ring); a failure is a note."""
+    from zerokit.measure.engine_fit import measure_engine_overhead
+
+    precs = [p for p in PRECISIONS if tflops.get(p) and p not in slow]  # slow ones are never planned
+    if quick:  # the precision a plan here picks (the fastest matmul); the others borrow its fit (timing.engine_fits)
+        precs = [max(precs, key=lambda p: tflops[p])]
+    try:
+        # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
+        profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,
+                                                             offload=cpu_adam is not None, quick=quick)
+    except ZerokitError as e:
+        notes.append(f"engine costs: {e}")
+    else:
+        if quick:
+            notes.append(f"engine costs: one pass of the plain engines in {precs[0]} (quick mode; other precisions "
+                         "borrow it): no recompute, offload, LoRA, TP/SP or 4-rank terms (the full calibration, "
+                         "~10 min, measures them)")
+        else:
+            measure_peft_modules(profile, precs, world_size, threads, notes, say)
+            measure_model_parallel(profile, precs, world_size, threads, notes, say)
+            if device.type == "cpu":  # on GPUs the engines above already ran on every GPU of the node
+                measure_zero_ring(profile, precs, threads, notes, say)
+
+
+def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, device: Any = None,
+                    world_size: int | None = None, log=None, precisions: tuple[str, ...] | None = None,
+                    adapters: bool = True, gated_mlp: bool | None = None) -> dict:
+    """Measure this machine; write the profile JSON to output_path (if given) and return it.
+    world_size: the local ranks the benchmarks run on (default benchmark_world_size); with one, no collectives.
+    quick=True: small sizes and short timings, the plain engines once (~130 s on a 2-core CPU machine with peft and bitsandbytes; the
+    full calibration 554 s, with the LoRA and QLoRA models, the engines (2 passes), the TP / SP engines and the 4-rank
+    ZeRO-3 ones).
+    precisions: measure these only (fp32 always: every profile prices its matmul); adapters=False: no LoRA/QLoRA
+    models (a plan of a full fine-tune prices none of their costs).
+    gated_mlp: time what a plan of such a model prices, no more: its block family only (compute_fit.FAMILIES; the
+    profile's other family falls back to it, TimingTerms.compute_coefficients), and of the 16-bit precisions only the
+    one whose matmul is fastest here (the planner never prefers a slower one at equal memory; the others are left
+    unmeasured, so plans on this profile do not choose them). `make demo` measures so for its model, in about 1.5
+    minutes on 2 cores."""
+    import torch
+
+    say = log or (lambda msg: None)
+    if output_path:  # before minutes of measuring, not after
+        _check_output_path(output_path)
+    t0 = time.perf_counter()
+    device = device_of(device)
+    world_size = world_size or benchmark_world_size(device)
+    notes: list[str] = []
+    min_t = 0.3 if quick else 1.5
+    if device.type == "cpu":
+        size = 1024 if quick else 2048
+    else:
+        size = 4096 if quick else 8192
+
+    tflops, spread = _measure_matmuls(device, size, min_t, precisions, notes, say)
+    families = _block_families(gated_mlp, tflops, spread, notes)
+    slow = slow_precisions(tflops)
+    compute_jobs = _compute_jobs(tflops, slow, families, device, quick, notes)
+    compute_spec = {"jobs": compute_jobs, "min_time_s": 0.05 if quick else 0.3,
+                    "device": None if device.type == "cpu" else "cuda"}
+    say(f"collectives and the compute of {len(compute_jobs)} HF models over {world_size} local ranks ...")
+    threads = None
+    if device.type == "cpu":
+        # the ranks of a CPU job share the cores: each gets cores / ranks threads (DeepSpeed's
+        # --bind_cores_to_rank; bench/accuracy sets OMP_NUM_THREADS so). With torch's default (all cores in
+        # every rank) the ranks' OpenMP pools fight for the cores: measured 100x slower steps on 2 cores.
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    coll = _measure_ranks(device, world_size, quick, compute_spec, threads, notes)
+
+    compute_timing = None
+    if coll.get("compute_seconds"):
+        compute_timing = _fit_compute(coll, compute_spec, world_size, threads, tflops, slow, device, quick, adapters,
+                                      notes, say)
+
+    copies: dict[str, float | None] = {"h2d_gbps": None, "d2h_gbps": None}
+    if device.type == "cuda":
+        say("host<->device copies ...")
+        copies = measure_copy_bandwidth(64 * MiB if quick else 512 * MiB, device)
+
+    cpu_adam, adamw = _measure_optimizers(device, quick, min_t, notes, say)
 
     import importlib.metadata as md
 
@@ -714,27 +803,7 @@ def run_calibration(output_path: str | os.PathLike | None, quick: bool = False, 
         "torch_adamw_device": device.type,
         "notes": notes,
     }
-    from zerokit.measure.engine_fit import measure_engine_overhead
-
-    precs = [p for p in PRECISIONS if tflops.get(p) and p not in slow]  # slow ones are never planned
-    if quick:  # the precision a plan here picks (the fastest matmul); the others borrow its fit (timing.engine_fits)
-        precs = [max(precs, key=lambda p: tflops[p])]
-    try:
-        # the offloaded engines need DeepSpeedCPUAdam, measured above when its op loads
-        profile["engine_overhead"] = measure_engine_overhead(profile, precs, world_size, threads, log=say,
-                                                             offload=cpu_adam is not None, quick=quick)
-    except ZerokitError as e:
-        notes.append(f"engine costs: {e}")
-    else:
-        if quick:
-            notes.append(f"engine costs: one pass of the plain engines in {precs[0]} (quick mode; other precisions "
-                         "borrow it): no recompute, offload, LoRA, TP/SP or 4-rank terms (the full calibration, "
-                         "~10 min, measures them)")
-        else:
-            measure_peft_modules(profile, precs, world_size, threads, notes, say)
-            measure_model_parallel(profile, precs, world_size, threads, notes, say)
-            if device.type == "cpu":  # on GPUs the engines above already ran on every GPU of the node
-                measure_zero_ring(profile, precs, threads, notes, say)
+    _measure_engines(profile, tflops, slow, device, world_size, threads, quick, cpu_adam, notes, say)
     profile["wall_s"] = round(time.perf_counter() - t0, 2)
     if output_path:
         from zerokit.core.fsutil import atomic_write_text
