@@ -284,18 +284,10 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
     """What the memory and time models read from the module tree of the model as fine-tuned (after get_peft_model or
     the --freeze requires_grad flags): per-tensor stored sizes, the 4-bit bytes, which Linear inputs autograd still
     saves, where the gradient starts. The fields are spec/trained.py Trained's (with_finetune copies them)."""
-    import torch
-
     quantized = quantized or {}
     storage = QUANT_STORAGE_BYTES[finetune.bnb_4bit_quant_storage]
     named = list(model.named_parameters())  # tied weights once
-    # the decoder layers: the shallowest ModuleList (an MoE layer's expert list sits deeper) of the text model's depth
-    # (a vision-language model's vision blocks can sit as shallow: Qwen2-VL's model.visual.blocks)
-    lists = [(n.count("."), n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    text = model.config.get_text_config(decoder=True) if hasattr(getattr(model, "config", None), "get_text_config") else None
-    depth = getattr(text, "num_hidden_layers", None)
-    lists = [t for t in lists if len(t[2]) == depth] or lists
-    _, layers_name, layers = min(lists, key=lambda t: t[0]) if lists else (0, "", [])
+    layers_name, layers = _decoder_layers(model)
     prefix = layers_name + "."
     num_layers = len(layers)
 
@@ -304,61 +296,7 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
             return None
         return int(name[len(prefix):].split(".", 1)[0])
 
-    # Linear-like modules per layer: (relative name, adapted, base weight trainable)
-    linears: dict[int, list[tuple[str, bool, bool]]] = {}
-    linear_params: set[int] = set()
-    # the fused-expert parameters peft's ParamWrapper adapts (module, parameter name): their modules' other parameters
-    # are still plain matmul weights
-    wrapped = {(id(m.get_base_layer()), m.parameter_name) for _, m in model.named_modules() if _is_param_wrapper(m)}
-
-    def relative(name: str) -> str:
-        return name[len(prefix):].split(".", 1)[1] if "." in name[len(prefix):] else ""
-
-    for name, m in model.named_modules():
-        li = layer_of(name)
-        base = getattr(m, "base_layer", None)
-        if _is_param_wrapper(m):
-            # peft's ParamWrapper (lora/layer.py): LoRA on one parameter of a module that is not a Linear (transformers
-            # 5's fused experts [E, 2i, h] / [E, h, i], the MoE router's weight). Nested wrappers adapt one parameter
-            # each ("experts" wraps down_proj around "experts.base_layer" wrapping gate_up_proj); get_param() reads the
-            # base module's parameter, which has no `.weight` of its own
-            for p in m.parameters():
-                linear_params.add(id(p))
-            if li is not None:
-                rel = ".".join(part for part in relative(name).split(".") if part != "base_layer")
-                linears.setdefault(li, []).append((f"{rel}.{m.parameter_name}", True, m.get_param().requires_grad))
-        elif hasattr(m, "lora_A") and base is not None:  # peft's LoRA wrapper: its lora_A/B are Linears of their own
-            for p in m.parameters():
-                linear_params.add(id(p))
-            if li is not None:
-                linears.setdefault(li, []).append((relative(name), True, base.weight.requires_grad))
-        elif type(m).__name__ in _LINEAR_TYPES and ".lora_" not in name and not name.endswith(".base_layer"):
-            for p in m.parameters(recurse=False):
-                linear_params.add(id(p))
-            if li is not None:
-                linears.setdefault(li, []).append((relative(name), False, m.weight.requires_grad))
-        elif ".lora_" not in name:
-            # MoE matmul weights outside nn.Linear: fused experts and routers, the ones no ParamWrapper adapts
-            for pname, p in _moe_matmul_params(m):
-                linear_params.add(id(p))
-                if li is not None and (id(m), pname) not in wrapped:
-                    rel = ".".join(part for part in relative(name).split(".") if part != "base_layer")
-                    linears.setdefault(li, []).append((f"{rel}.{pname}", False, p.requires_grad))
-
-    def slot(rel: str) -> int:
-        parts = rel.split(".")
-        last = parts[-1]
-        if any("attn" in p or "attention" in p for p in parts[:-1]):
-            return 1 if last in _ATTN_OUT else 0
-        return 3 if last in _MLP_OUT else 2
-
-    def layer_slots(li: int) -> tuple[list[int], list[bool]]:
-        adapters, frozen = [0, 0, 0, 0], [True, True, True, True]
-        for rel, adapted, trainable in linears.get(li, []):
-            s = slot(rel)
-            adapters[s] += adapted
-            frozen[s] = frozen[s] and not trainable
-        return adapters, frozen
+    linears, linear_params = _layer_linears(model, prefix, layer_of)
 
     layer_trainable = [False] * num_layers
     pre_trainable = False
@@ -383,24 +321,12 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
     # is the partial layer: what runs before its first trainable parameter records nothing for backward
     grad_start = 0 if pre_trainable else next((i for i, t in enumerate(layer_trainable) if t), num_layers)
     rep = num_layers - 1  # the layers from the first trainable one on are read off the last
-    adapters, frozen = layer_slots(rep) if num_layers else ([0] * 4, [True] * 4)
-    start_adapters, start_frozen = layer_slots(grad_start) if grad_start < num_layers else ([0] * 4, [True] * 4)
+    adapters, frozen = _layer_slots(linears, rep) if num_layers else ([0] * 4, [True] * 4)
+    start_adapters, start_frozen = _layer_slots(linears, grad_start) if grad_start < num_layers else ([0] * 4, [True] * 4)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     head_trainable = bool(head is not None and (any(p.requires_grad for p in head.parameters())))
-    # stored tensors for ZeRO-3's persistence rule: a 4-bit weight at its packed size in its storage dtype
-    sizes: dict[tuple[int, int], int] = {}
-    q_elems = q_bytes = q_state = 0
-    for _, p in named:
-        n = p.numel()
-        if id(p) in quantized:
-            k = (packed_4bit_elements(n, storage), storage)
-            q_elems += n
-            q_bytes += k[0] * storage
-            q_state += quant_state_bytes(n, finetune.bnb_4bit_use_double_quant)
-        else:
-            k = (n, 0)
-        sizes[k] = sizes.get(k, 0) + 1
+    sizes, q_elems, q_bytes, q_state = _stored_sizes(named, quantized, storage, finetune.bnb_4bit_use_double_quant)
     # matmul weights (every Linear's, adapters' included, and a tied LM head once): the time model's FLOPs
     tied = head is not None and id(head.weight) not in linear_params
     matmul = [(p, layer_of(name)) for name, p in named if id(p) in linear_params]
@@ -441,6 +367,107 @@ def module_layout(model, finetune: Finetune, quantized: dict[int, int] | None = 
         "merged_params_per_layer": sum(m.get_param().numel() for _, m in layers[rep].named_modules()
                                        if _is_param_wrapper(m)) if num_layers else 0,
     }
+
+
+def _decoder_layers(model) -> tuple[str, list]:
+    """module_layout's decoder layers: the name of their ModuleList and the list ("" and [] where there is none)."""
+    import torch
+
+    # the decoder layers: the shallowest ModuleList (an MoE layer's expert list sits deeper) of the text model's depth
+    # (a vision-language model's vision blocks can sit as shallow: Qwen2-VL's model.visual.blocks)
+    lists = [(n.count("."), n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    text = model.config.get_text_config(decoder=True) if hasattr(getattr(model, "config", None), "get_text_config") else None
+    depth = getattr(text, "num_hidden_layers", None)
+    lists = [t for t in lists if len(t[2]) == depth] or lists
+    _, layers_name, layers = min(lists, key=lambda t: t[0]) if lists else (0, "", [])
+    return layers_name, layers
+
+
+def _layer_linears(model, prefix: str, layer_of) -> tuple[dict[int, list[tuple[str, bool, bool]]], set[int]]:
+    """module_layout's Linear-like modules per decoder layer (layer_of: a parameter or module name's layer, or None)
+    and the ids of every matmul weight: Linears', adapters', MoE experts' and routers'."""
+    # Linear-like modules per layer: (relative name, adapted, base weight trainable)
+    linears: dict[int, list[tuple[str, bool, bool]]] = {}
+    linear_params: set[int] = set()
+    # the fused-expert parameters peft's ParamWrapper adapts (module, parameter name): their modules' other parameters
+    # are still plain matmul weights
+    wrapped = {(id(m.get_base_layer()), m.parameter_name) for _, m in model.named_modules() if _is_param_wrapper(m)}
+
+    def relative(name: str) -> str:
+        return name[len(prefix):].split(".", 1)[1] if "." in name[len(prefix):] else ""
+
+    for name, m in model.named_modules():
+        li = layer_of(name)
+        base = getattr(m, "base_layer", None)
+        if _is_param_wrapper(m):
+            # peft's ParamWrapper (lora/layer.py): LoRA on one parameter of a module that is not a Linear (transformers
+            # 5's fused experts [E, 2i, h] / [E, h, i], the MoE router's weight). Nested wrappers adapt one parameter
+            # each ("experts" wraps down_proj around "experts.base_layer" wrapping gate_up_proj); get_param() reads the
+            # base module's parameter, which has no `.weight` of its own
+            for p in m.parameters():
+                linear_params.add(id(p))
+            if li is not None:
+                rel = ".".join(part for part in relative(name).split(".") if part != "base_layer")
+                linears.setdefault(li, []).append((f"{rel}.{m.parameter_name}", True, m.get_param().requires_grad))
+        elif hasattr(m, "lora_A") and base is not None:  # peft's LoRA wrapper: its lora_A/B are Linears of their own
+            for p in m.parameters():
+                linear_params.add(id(p))
+            if li is not None:
+                linears.setdefault(li, []).append((relative(name), True, base.weight.requires_grad))
+        elif type(m).__name__ in _LINEAR_TYPES and ".lora_" not in name and not name.endswith(".base_layer"):
+            for p in m.parameters(recurse=False):
+                linear_params.add(id(p))
+            if li is not None:
+                linears.setdefault(li, []).append((relative(name), False, m.weight.requires_grad))
+        elif ".lora_" not in name:
+            # MoE matmul weights outside nn.Linear: fused experts and routers, the ones no ParamWrapper adapts
+            for pname, p in _moe_matmul_params(m):
+                linear_params.add(id(p))
+                if li is not None and (id(m), pname) not in wrapped:
+                    rel = ".".join(part for part in relative(name).split(".") if part != "base_layer")
+                    linears.setdefault(li, []).append((f"{rel}.{pname}", False, p.requires_grad))
+    return linears, linear_params
+
+
+def _slot(rel: str) -> int:
+    """The slot of a Linear in its decoder layer (module_layout), by the input it reads: 0 the attention block's
+    input, 1 the attention output (_ATTN_OUT), 2 the MLP block's input, 3 the activation's output (_MLP_OUT)."""
+    parts = rel.split(".")
+    last = parts[-1]
+    if any("attn" in p or "attention" in p for p in parts[:-1]):
+        return 1 if last in _ATTN_OUT else 0
+    return 3 if last in _MLP_OUT else 2
+
+
+def _layer_slots(linears: dict[int, list[tuple[str, bool, bool]]], li: int) -> tuple[list[int], list[bool]]:
+    """Per slot (_slot) of decoder layer li: how many of its Linears carry an adapter, and whether every base weight
+    is frozen."""
+    adapters, frozen = [0, 0, 0, 0], [True, True, True, True]
+    for rel, adapted, trainable in linears.get(li, []):
+        s = _slot(rel)
+        adapters[s] += adapted
+        frozen[s] = frozen[s] and not trainable
+    return adapters, frozen
+
+
+def _stored_sizes(named: list, quantized: dict[int, int], storage: int,
+                  double_quant: bool) -> tuple[dict[tuple[int, int], int], int, int, int]:
+    """module_layout's stored tensors, {(stored elements, a 4-bit weight's storage bytes else 0): count}, and the
+    4-bit weights' elements, packed bytes and quant-state bytes."""
+    # stored tensors for ZeRO-3's persistence rule: a 4-bit weight at its packed size in its storage dtype
+    sizes: dict[tuple[int, int], int] = {}
+    q_elems = q_bytes = q_state = 0
+    for _, p in named:
+        n = p.numel()
+        if id(p) in quantized:
+            k = (packed_4bit_elements(n, storage), storage)
+            q_elems += n
+            q_bytes += k[0] * storage
+            q_state += quant_state_bytes(n, double_quant)
+        else:
+            k = (n, 0)
+        sizes[k] = sizes.get(k, 0) + 1
+    return sizes, q_elems, q_bytes, q_state
 
 
 def _is_param_wrapper(m) -> bool:
@@ -518,7 +545,112 @@ def finetuned_spec(model: ModelSpec, config_source: str, finetune: Finetune) -> 
     return with_finetune(model, split, finetune.mode)
 
 
+# Counted splits, by _split_key: in this process, and on disk as $ZEROKIT_CACHE_DIR/finetune_splits/<key>.json
+_SPLITS: dict[str, TrainableSplit] = {}
+
+
 def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
+    """The split for the model whose config.json is `config_source` (the file or its folder), counted once
+    (count_split) and then read from the cache: a 70B LoRA count costs ~6 s cold (torch, transformers and peft
+    imports, peft wrapping 560 Linears), a cache hit imports none of them (bench/plan_latency.py)."""
+    key = _split_key(config_source, finetune)
+    if key is None:
+        return count_split(config_source, finetune)
+    split = _SPLITS.get(key) or _split_read(key)
+    if split is None:
+        split = count_split(config_source, finetune)
+        _split_write(key, split)
+    _SPLITS[key] = split
+    return split
+
+
+def _split_key(config_source: str, finetune: Finetune) -> str | None:
+    """Everything that decides a split: the config.json's bytes, the fine-tune, the transformers and peft that build
+    and wrap the model, and this module's own source (any change to the counting rules is a new key, so a cache can
+    never answer with an older rule). None for a hub id (its config is fetched, not on disk): counted each time."""
+    import hashlib
+    from pathlib import Path
+
+    from zerokit.core.fsutil import package_version
+
+    path = Path(config_source)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        config = path.read_bytes()
+        code = Path(__file__).read_bytes()
+    except OSError:
+        return None
+    material = b"\n".join([b"zerokit-finetune-split/1", *(package_version(p).encode() for p in SPLIT_LIBRARIES),
+                           repr(sorted(asdict(finetune).items())).encode(),
+                           hashlib.sha256(code).digest(), hashlib.sha256(config).digest()])
+    return hashlib.sha256(material).hexdigest()
+
+
+# the libraries a count runs (the meta-device model, peft's wrapping): their versions are part of every key
+SPLIT_LIBRARIES = ("torch", "transformers", "peft")
+# splits of the bundled models (zerokit/data/models) for the fine-tunes a plan suggests (planner.FINETUNE_ALTERNATIVES),
+# counted ahead by scripts/bundle_finetune_splits.py under the versions constraints-cpu.txt pins, so a fresh install's
+# first 70B suggestion is instant too; tests/test_split_cache.py holds them current and equal to a fresh count
+BUNDLED_SPLITS = "finetune_splits.json"
+
+
+def _split_read(key: str) -> TrainableSplit | None:
+    import json
+
+    from zerokit.core.fsutil import cache_dir
+
+    data = _bundled_splits().get(key)
+    if data is None:
+        try:
+            entry = json.loads((cache_dir("finetune_splits") / f"{key}.json").read_text(encoding="utf-8"))
+            data = entry["split"] if entry.get("key") == key else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # missing or corrupt: recount
+    try:
+        return split_from_dict(data) if data is not None else None
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def split_from_dict(data: dict) -> TrainableSplit:
+    """A TrainableSplit from its JSON (asdict), the lists back to the tuples Trained holds (lora_slots, ...)."""
+    def tuples(v):
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    layout = data.get("layout")
+    return TrainableSplit(**{**data, "layout": {k: tuples(v) for k, v in layout.items()} if layout is not None else None})
+
+
+def _bundled_splits() -> dict:
+    import json
+
+    from zerokit.core.resources import bundled_data
+
+    if "bundled" not in _BUNDLED:
+        try:
+            _BUNDLED["bundled"] = json.loads(bundled_data(BUNDLED_SPLITS).read_text(encoding="utf-8"))["splits"]
+        except (OSError, ValueError, KeyError):
+            _BUNDLED["bundled"] = {}
+    return _BUNDLED["bundled"]
+
+
+_BUNDLED: dict[str, dict] = {}
+
+
+def _split_write(key: str, split: TrainableSplit) -> None:
+    import json
+
+    from zerokit.core.fsutil import atomic_write_text, cache_dir
+
+    directory = cache_dir("finetune_splits")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / f"{key}.json", json.dumps({"key": key, "split": asdict(split)}), mode=0o644)
+    except OSError:
+        pass  # an unwritable cache only costs a recount next time
+
+
+def count_split(config_source: str, finetune: Finetune) -> TrainableSplit:
     """Build the causal LM from its config.json on the meta device (no weights) and count (imports torch and
     transformers: ~6 s on 2 cores; a full fine-tune without --freeze needs none of it)."""
     try:
