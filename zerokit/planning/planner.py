@@ -46,9 +46,18 @@ class Evaluation:
     setup: ZeroSetup
     fits: bool
     memory: MemoryEstimate
-    time: TimeEstimate
     budget: Budget  # what it was judged against (device memory x --memory-fraction, host RAM, NVMe)
     reasons: list[str] = field(default_factory=list)  # why it does not fit
+    # estimate_time's arguments: the step is priced when first read (.time). A search judges far more setups by memory
+    # than it ranks by speed (a --seq-len max search reads none of its probes' times), and pricing was half its cost
+    time_args: tuple = field(default=(), repr=False, compare=False)
+    _time: TimeEstimate | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def time(self) -> TimeEstimate:
+        if self._time is None:
+            self._time = estimate_time(*self.time_args)
+        return self._time
 
     def to_dict(self) -> dict:
         return {
@@ -68,7 +77,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, workload: Workload, setup: Zero
     reasons = fit_problems(mem, cluster, budget)
     if not cluster.accelerator.supports(setup.precision):
         reasons.insert(0, f"{setup.precision} is not supported on {cluster.accelerator.name}")
-    return Evaluation(setup, not reasons, mem, estimate_time(model, cluster, setup, workload, knobs), budget, reasons)
+    return Evaluation(setup, not reasons, mem, budget, reasons, time_args=(model, cluster, setup, workload, knobs))
 
 
 def simplicity(setup: ZeroSetup) -> tuple:
@@ -295,8 +304,35 @@ def _families(cluster: Cluster, pins: dict) -> list[dict]:
     return fams
 
 
+def compatible(fam: dict, par: dict) -> bool:
+    """Whether a _families entry and a parallel_options entry make a setup the planner runs: hpZ, qwZ and qgZ are
+    ZeRO-3's, DeepCompile needs ZeRO 1-3, ZenFlow and SuperOffload offload the optimizer to the CPU (SuperOffload
+    under ZeRO-3), AutoTP is planned with ZeRO-0/1/2 (as measured)."""
+    return (fam["checkpoint_offload"] == par.get("checkpoint_offload", fam["checkpoint_offload"])
+            and (fam["zero_stage"] == 3 or (par["hpz_partition_size"] == 1 and not par["quantized_weights"]
+                                            and not par["quantized_gradients"]))
+            and (fam["zero_stage"] >= 1 or par["compile"] != "deepcompile")
+            and (par["offload_engine"] == "zero-offload" or (fam["offload_optimizer"] == "cpu" and (
+                par["offload_engine"] != "superoffload" or fam["zero_stage"] == 3)))
+            and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1))
+
+
+# what a family fixes (a _families entry merged with a parallel_options one): a setup but its batch split
+FAMILY_FIELDS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "activation_checkpointing",
+                 "checkpoint_offload", "tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss",
+                 "tiled_mlp", "quantized_weights", "quantized_gradients", "compile", "offload_engine")
+
+
+def family_key(setup) -> tuple:
+    """A setup's family (a ZeroSetup or a family dict): what make_plan searches micro batches for."""
+    return tuple(setup[k] if isinstance(setup, dict) else getattr(setup, k) for k in FAMILY_FIELDS)
+
+
 def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict | None = None,
-              knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Plan:
+              knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+              within: set[tuple] | None = None) -> Plan:
+    """The fastest setup that fits, with why the others lose. `within` (family_key values): search only those
+    families, e.g. the ones a --seq-len max search found fitting at its answer (the others fit no such length)."""
     pins = {k: v for k, v in (pins or {}).items() if v is not None}
     if problem := cluster.accelerator.attention_problem(workload.attention):
         raise ZerokitError(problem)
@@ -324,13 +360,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict
         if best_per_family:
             break
         families = [{**fam, **par} for par in stage_options for fam in _families(cluster, pins)
-                    if fam["checkpoint_offload"] == par.get("checkpoint_offload", fam["checkpoint_offload"])
-                    and (fam["zero_stage"] == 3 or (par["hpz_partition_size"] == 1 and not par["quantized_weights"]
-                                                    and not par["quantized_gradients"]))
-                    and (fam["zero_stage"] >= 1 or par["compile"] != "deepcompile")
-                    and (par["offload_engine"] == "zero-offload" or (fam["offload_optimizer"] == "cpu" and (
-                        par["offload_engine"] != "superoffload" or fam["zero_stage"] == 3)))
-                    and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)]
+                    if compatible(fam, par) and (within is None or family_key({**fam, **par}) in within)]
         searched = searched or bool(families)
         smallest = _search(model, cluster, workload, pins, knobs, memory_fraction, families, pairs_for,
                            best_per_family, family_failures, smallest)
@@ -364,15 +394,24 @@ def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pa
                 pairs_for[mp] = []  # the pinned batch does not split over this many replicas: not a candidate
         pairs = pairs_for[mp]
         fitting = []
+        # memory grows with the micro batch at a given accumulation, so once one fails a larger one fits no better;
+        # at a fixed global batch only the pair without accumulation can still fit (the accumulated gradients are
+        # not alive through its backward: memory.phase_terms), so it is still judged
+        uniform = len({a for _, a in pairs}) == 1
+        failed = False
         for micro, accum in pairs:
+            if failed and (uniform or accum > 1):
+                continue
             ev = evaluate(model, cluster, workload, ZeroSetup(micro_batch_size=micro, gradient_accumulation_steps=accum, **fam),
                           knobs, memory_fraction)
             if smallest is None or ev.memory.per_gpu_total < smallest.memory.per_gpu_total:
                 smallest = ev
             if ev.fits:
                 fitting.append(ev)
-            elif micro == pairs[0][0]:
-                family_failures.append(ev)
+            else:
+                failed = failed or uniform or accum > 1
+                if micro == pairs[0][0]:
+                    family_failures.append(ev)
         if fitting:
             best_per_family.append(min(fitting, key=lambda e: (e.time.step_seconds / e.time.tokens_per_step,
                                                                simplicity(e.setup))))

@@ -125,16 +125,17 @@ def plan_granule(cluster, pins: dict) -> int:
 
 
 def candidate_setups(model, cluster, workload, pins: dict) -> list:
-    """Every setup make_plan may choose (planner.parallel_options x planner._families, as make_plan pairs them), each
-    at its smallest micro batch: memory grows with the micro batch, so a family fits some length at all only there."""
-    from zerokit.planning.planner import _families, _micro_batches, parallel_options
+    """Every setup make_plan may choose (planner.parallel_options x planner._families, paired by planner.compatible),
+    each at its smallest micro batch: memory grows with the micro batch, so a family fits some length at all only
+    there."""
+    from zerokit.planning.planner import _families, _micro_batches, compatible, parallel_options
     from zerokit.spec.setup import ZeroSetup
 
     pairs: dict[int, tuple[int, int] | None] = {}
     out = []
     for par in parallel_options(model, cluster, workload, pins):
         for fam in _families(cluster, pins):
-            if fam["zero_stage"] != 3 and par["hpz_partition_size"] > 1 or fam["zero_stage"] == 3 and par["tensor_parallel"] > 1:
+            if not compatible(fam, par):
                 continue
             mp = par["tensor_parallel"] * par["sequence_parallel"]
             if mp not in pairs:
@@ -150,37 +151,106 @@ def candidate_setups(model, cluster, workload, pins: dict) -> list:
     return out
 
 
+def _frugal_first(setup) -> tuple:
+    """Setups that save the most activation memory first (more sequence-parallel ranks, checkpoints offloaded,
+    checkpointing, tiling, offload, ZeRO-3): the longest sequence is most often theirs, so few later ones beat it."""
+    return (-setup.sequence_parallel * setup.tensor_parallel, not setup.checkpoint_offload,
+            not setup.activation_checkpointing, not setup.tiled_mlp, not setup.tiled_loss,
+            setup.offload_param == "none", setup.offload_optimizer == "none", -setup.zero_stage)
+
+
 def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
     """(the plan at the longest sequence that fits, SeqLenSearch). Nothing fits even at one granule: ZerokitError,
     exit 1, naming what binds.
 
-    The fit at a length is "some candidate setup fits" (candidate_setups). A setup that does not fit at s fits at no
-    longer s, so once a length fits, the setups that failed there are dropped for the rest of the search: the first
-    probes judge every candidate, the later ones a handful. The plan at the answer is then make_plan's own choice."""
-    from zerokit.planning.planner import evaluate, make_plan
+    The answer is the largest of the candidates' own longest sequences (candidate_setups; each one's fit is monotone
+    in the length). With the best so far in hand, a candidate is judged once, one granule past it; only one that
+    fits there is searched further (doubling, then bisection, from the best so far). Frugal setups come first
+    (_frugal_first), so most candidates cost that one judgement. The plan at the answer is make_plan's own choice
+    among the families that fit there, and its other rows are the choice's neighbours, each with its own longest
+    (neighbour_rows)."""
+    from zerokit.planning.planner import evaluate, family_key, make_plan
 
     granule = plan_granule(cluster, pins)
-    limit = seq_len_limit(model)
-    alive = candidate_setups(model, cluster, replace(workload, seq_len=granule), pins)
+    top = seq_len_limit(model) // granule  # in units of granule
+    candidates = sorted(candidate_setups(model, cluster, replace(workload, seq_len=granule), pins), key=_frugal_first)
 
-    class Probe:
-        def __init__(self, fits, smallest):
-            self.fits, self.smallest = fits, smallest
+    def judge(setup, units: int):
+        return evaluate(model, cluster, replace(workload, seq_len=units * granule), setup, None, memory_fraction)
 
-    def judge(seq_len: int):
-        nonlocal alive
-        w = replace(workload, seq_len=seq_len)
-        evals = [evaluate(model, cluster, w, setup, None, memory_fraction) for setup in alive]
-        fitting = [ev.setup for ev in evals if ev.fits]
-        smallest = min(evals, key=lambda ev: ev.memory.per_gpu_total) if evals else None
-        if fitting:
-            alive = fitting  # the others fit no longer sequence
-        return Probe(bool(fitting), smallest)
-
-    longest, at, beyond = longest_fitting(judge, granule, limit)
-    if longest == 0:
+    best, least_at_first = 0, None  # the longest so far (units); the least-memory evaluation at one granule
+    for setup in candidates:
+        if best >= top:
+            break
+        ev = judge(setup, best + 1)
+        if not ev.fits:
+            if best == 0 and (least_at_first is None or ev.memory.per_gpu_total < least_at_first.memory.per_gpu_total):
+                least_at_first = ev
+            continue
+        best = _longest_from(lambda units, s=setup: judge(s, units).fits, best + 1, top)
+    if best == 0:
         raise ZerokitError(f"{flag('seq-len')} max: nothing fits even at {granule} token{'s' if granule > 1 else ''}: "
-                           f"{binding(at.smallest)}", exit_code=EXIT_DOES_NOT_FIT)
-    plan = make_plan(model, cluster, replace(workload, seq_len=longest), pins, memory_fraction=memory_fraction)
+                           f"{binding(least_at_first)}", exit_code=EXIT_DOES_NOT_FIT)
+    survivors = [s for s in candidates if judge(s, best).fits]
+    beyond = None
+    if best < top:  # what binds one granule longer: the least-memory survivor there
+        beyond = min((judge(s, best + 1) for s in survivors), key=lambda ev: ev.memory.per_gpu_total)
+    longest = best * granule
+    plan = make_plan(model, cluster, replace(workload, seq_len=longest), pins, memory_fraction=memory_fraction,
+                     within={family_key(s) for s in survivors})
+    if plan.best is not None:
+        neighbour_rows(plan, candidates, survivors, lambda s, units: judge(s, units), granule, best)
     likely = likely_range(longest, granule, plan.choice.sequence_parallel, not cluster.accelerator.is_cpu)
-    return plan, SeqLenSearch(longest, granule, limit, binding(beyond.smallest if beyond is not None else None), likely)
+    return plan, SeqLenSearch(longest, granule, top * granule, binding(beyond), likely)
+
+
+def _longest_from(fits, lo: int, top: int) -> int:
+    """The largest n in [lo, top] with fits(n), given fits(lo): doubling past lo, then bisection."""
+    step, hi = lo, None
+    while hi is None and lo < top:
+        m = min(lo + step, top)
+        if fits(m):
+            lo, step = m, step * 2
+        else:
+            hi = m
+    if hi is None:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def neighbour_rows(plan, candidates, survivors, judge, granule: int, best: int) -> None:
+    """A --seq-len max plan's other rows: the families that fit the answer too (make_plan's ranking, as for any plan),
+    then every candidate one field away from the choice (planner.FAMILY_FIELDS: one less SP degree, no tiled MLP,
+    checkpoints kept on the GPU, another stage or offload ...) with the longest sequence it reaches itself, longest
+    first: what each part of the chosen setup buys. Each is found by bisection below the answer."""
+    from zerokit.planning.planner import FAMILY_FIELDS, family_key
+
+    longest = best * granule
+    for row in plan.rejected:
+        row["max_seq_len"] = longest
+    choice = family_key(plan.best.setup)
+    kept = {family_key(s) for s in survivors}
+    rows = []
+    for setup in candidates:
+        key = family_key(setup)
+        if key in kept or sum(a != b for a, b in zip(key, choice)) != 1:
+            continue
+        first = judge(setup, 1)
+        units = _longest_from(lambda n, s=setup: judge(s, n).fits, 1, best) if first.fits else 0
+        ev = judge(setup, units) if units else first
+        changed = next(f for f, a, b in zip(FAMILY_FIELDS, key, choice) if a != b)
+        reason = (f"reaches {units * granule:,} tokens ({units / best:.0%} of the longest)" if units
+                  else f"fits no sequence: {binding(first)}")
+        rows.append((units, ev, {"setup": setup.to_dict(), "label": setup.label, "reason": reason,
+                                 "per_gpu_bytes": ev.memory.per_gpu_total, "step_seconds": ev.time.step_seconds,
+                                 "tokens_per_second": ev.time.tokens_per_second, "max_seq_len": units * granule,
+                                 "changed": changed}))
+    rows.sort(key=lambda r: -r[0])
+    plan.rejected += [r[2] for r in rows]
+    plan.others += [r[1] for r in rows]
