@@ -183,6 +183,66 @@ def test_fifty_concurrent_plans_each_get_their_own_answer(server):
         assert data["plan"] == expected[gb]
 
 
+def test_every_field_of_the_page_is_a_declared_plan_option_with_its_choices():
+    """The form's fields are plan options the server takes (PAGE_OPTIONS), and each select offers exactly the
+    choices core/options.py declares for it (DeepSpeed's speed features included: hpZ, qwZ, qgZ, the offload engine,
+    compile, tiling), so a choice added there cannot be missing here."""
+    from html.parser import HTMLParser
+
+    from zerokit.core.options import declared
+    from zerokit.serve.app import PAGE_OPTIONS, STATIC
+
+    class Form(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.fields, self.choices, self.select = [], {}, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag in ("input", "select") and a.get("name"):
+                self.fields.append(a["name"])
+                if tag == "select":
+                    self.select = a["name"]
+                    self.choices[self.select] = []
+            elif tag == "option" and self.select:
+                self.choices[self.select].append([a.get("value"), ""])
+
+        def handle_data(self, data):
+            if self.select and self.choices[self.select]:
+                self.choices[self.select][-1][1] += data.strip()
+
+        def handle_endtag(self, tag):
+            if tag == "select":
+                self.select = None
+
+    form = Form()
+    form.feed((STATIC / "index.html").read_text())
+    assert {"hpz", "zero_quantized_weights", "zero_quantized_gradients", "offload_engine", "compile", "tiled_loss",
+            "tiled_mlp", "attention"} <= set(form.fields)
+    for name in form.fields:
+        assert name in PAGE_OPTIONS, name
+        option = declared(name)
+        if name in form.choices and option.choices:
+            # an option's value, else its text (the finetune select's empty value reads "full", the default)
+            offered = [value or text for value, text in form.choices[name] if value or text]
+            assert offered == [str(c) for c in option.choices], name
+
+
+def test_a_plan_with_speed_feature_pins_over_http_is_plan_json(server):
+    """qwZ, qgZ and hpZ pinned from the page plan what the same flags plan on the command line."""
+    argv = ["llama-3-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--nodes", "2", "--seq-len", "4096",
+            "--zero-quantized-weights", "on", "--zero-quantized-gradients", "on", "--hpz", "8"]
+    options = {"model": "llama-3-8b", "gpu": "h100-80gb", "gpus_per_node": 8, "nodes": 2, "seq_len": 4096,
+               "zero_quantized_weights": "on", "zero_quantized_gradients": "on", "hpz": 8}
+    status, body = request(server, "POST", "/api/plan", {"options": options})
+    cli = cli_plan_json(argv)
+    assert status == 200, body
+    plan = json.loads(body)["plan"]
+    assert plan["choice"]["quantized_weights"] and plan["choice"]["quantized_gradients"]
+    assert plan["choice"]["hpz_partition_size"] == 8
+    assert plan == cli
+
+
 # ---------------------------------------------------------------------------------------------
 # the page in a real browser
 
