@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from zerokit.core.errors import ZerokitError
+from zerokit.core.memo import by_identity
 from zerokit.core.options import flag
 from zerokit.core.units import GiB, MiB
 from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEXT_BYTES
@@ -671,6 +672,7 @@ def tiled_mlp_backward_bytes(model: ModelSpec, setup: ZeroSetup, tokens: int, lo
     return tokens * model.hidden_size * e + slice_tokens * _mlp_bytes_per_token(model, setup.precision)
 
 
+@by_identity()
 def sequence_parallel_view(model: ModelSpec, sp: int) -> ModelSpec:
     """The attention one Ulysses rank runs, priced per local token (deepspeed/runtime/sequence_parallel/ulysses_sp.py
     UlyssesSPAttentionHF): after the all-to-all the kernel sees a/sp query heads over the whole sequence (the same
@@ -685,6 +687,7 @@ def weight_bytes(model: ModelSpec, e: int) -> int:
     return model.weight_bytes(e)
 
 
+@by_identity()
 def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
     """(stored elements, bytes per element or 0 for the training dtype, count) of every parameter tensor: read from the
     module tree for a fine-tune (with_finetune), else the spec's shapes (spec.model.gradient_sizes_in_backward_order)."""
@@ -693,6 +696,7 @@ def param_tensor_sizes(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
     return tuple((n, 0, 1) for n in gradient_sizes_in_backward_order(model))
 
 
+@by_identity()
 def stage3_persistent_bytes(model: ModelSpec, e: int, threshold: int) -> int:
     """ZeRO-3 keeps a parameter whole on every rank once gathered when it has at most stage3_param_persistence_threshold
     elements (parameter_offload.py mark_persistent_parameters: `param.ds_numel <= param_threshold`; ds_numel is the

@@ -44,6 +44,7 @@ from pathlib import Path
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text, cache_dir, package_version
 from zerokit.core.limits import MAX_LAYERS, META_BUILD_SECONDS, WHY, at_most
+from zerokit.core.memo import by_identity
 from zerokit.core.options import flag
 from zerokit.spec.arch_params import SIZE_LIMITS, ConfigView, config_fields, count_params_from_config, first_attr as _first
 from zerokit.spec.liger import liger_release
@@ -175,6 +176,7 @@ class ModelSpec:
         head = 0 if self.tied_embeddings else self.vocab_size * h
         return self.num_layers * (attention + mlp) + head
 
+    @by_identity()
     def tensor_parallel_shard(self, tp: int) -> "ModelSpec":
         """What one AutoTP rank holds and computes: the split weights at 1/tp, the heads, KV heads and MLP width at
         1/tp (column-parallel q/k/v/gate/up keep a slice of the outputs, row-parallel o_proj/down_proj read it and
