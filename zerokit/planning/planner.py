@@ -519,8 +519,8 @@ def finetune_suggestions(config_source: str, model: ModelSpec, cluster: Cluster,
                          knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> list[str]:
     """For a full fine-tune that fits nowhere: the first of LoRA and QLoRA (peft's defaults but r 16, all-linear)
     whose plan fits, with its memory and the option that pins it; both when neither fits, with what they need.
-    The adapters are counted from the model's modules (spec.finetune.trainable_split: torch and peft, ~6 s), so this
-    runs only after the full plan failed."""
+    The adapters are counted from the model's modules (spec.finetune.trainable_split: torch and peft, ~6 s the first
+    time for a model, then cached; the bundled models' ship counted), so this runs only after the full plan failed."""
     from zerokit.spec.finetune import finetuned_spec
 
     out = []
