@@ -473,7 +473,7 @@ def test_check_reads_trls_alst_accelerate_config(tmp_path, capsys):
     d = json.loads(out)
     assert d["world_size"] == 4  # num_processes
     assert d["parallelism"] == {"data_parallel": 2, "tensor_parallel": 1, "sequence_parallel": 2,
-                                "hpz_partition_size": 1}
+                                "hpz_partition_size": 1, "pipeline_parallel": 1}
     setup = d["evaluation"]["setup"]
     assert setup["zero_stage"] == 3 and setup["precision"] == "bf16" and setup["sequence_parallel"] == 2
     assert not any(f["key"] == "sequence_parallel_size" for f in d["findings"])  # accelerate registers Ulysses

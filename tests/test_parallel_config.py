@@ -123,10 +123,10 @@ def test_check_reports_the_split_the_config_implies(tmp_path, capsys):
                        "--seq-len", "128")
     assert code in (0, 1), out
     assert out["parallelism"] == {"data_parallel": 2, "tensor_parallel": 2, "sequence_parallel": 1,
-                                  "hpz_partition_size": 4}
+                                  "hpz_partition_size": 4, "pipeline_parallel": 1}
     code, out = _check(tmp_path, capsys, cfg(), "--seq-len", "128")
     assert out["parallelism"] == {"data_parallel": 4, "tensor_parallel": 1, "sequence_parallel": 1,
-                                  "hpz_partition_size": 1}
+                                  "hpz_partition_size": 1, "pipeline_parallel": 1}
 
 
 @pytest.mark.parametrize("sp,seq,fragment", [(4, 130, "--seq-len"), (3, 129, "attention heads")],

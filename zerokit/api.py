@@ -188,7 +188,7 @@ def pins_from(req) -> dict:
     """The setup dimensions the request pins, as the planner reads them (on/off as booleans)."""
     pins = {k: getattr(req, k, None) for k in ("zero_stage", "offload_optimizer", "offload_param", "precision",
                                                "micro_batch_size", "gradient_accumulation_steps", "tensor_parallel",
-                                               "sequence_parallel", "hpz_partition_size")}
+                                               "sequence_parallel", "hpz_partition_size", "pipeline_parallel")}
     for key in ("activation_checkpointing", "tiled_loss", "tiled_mlp"):
         v = getattr(req, key, None)
         if v is not None:

@@ -278,7 +278,9 @@ def with_parallelism(setup, par):
     if par is None or (par.tensor_parallel > 1 and par.sequence_parallel > 1):
         return setup
     return replace(setup, tensor_parallel=par.tensor_parallel, sequence_parallel=par.sequence_parallel,
-                   hpz_partition_size=par.hpz_partition_size if setup.zero_stage == 3 else 1)
+                   hpz_partition_size=par.hpz_partition_size if setup.zero_stage == 3 else 1,
+                   # pipeline stages at ZeRO-0/1 only (engine.py asserts it; lint_config says so)
+                   pipeline_parallel=par.pipeline_parallel if setup.zero_stage <= 1 else 1)
 
 
 def sequence_parallel_findings(sp: int, model, seq_len: int) -> list:
@@ -352,7 +354,7 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
 
 
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 6  # 6: the old "bfloat16" block read as bf16; 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
+_VERDICT_SCHEMA = 7  # 7: pipeline stages (the batch check over one stage's data-parallel ranks, lint); 6: the old "bfloat16" block read as bf16; 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,

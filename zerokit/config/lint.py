@@ -359,6 +359,16 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
         # engine.py builds one model-parallel mesh (mp_mode = "tp" if tp_size > 1 else "sp")
         out.append(Finding("warning", tp_key, "with sequence_parallel_size too: DeepSpeed 0.19.8 builds one "
                                               "model-parallel mesh, TP or SP; zerokit's figures assume neither"))
+    if par.pipeline_parallel > 1:
+        if stage > 1:  # runtime/pipe/engine.py asserts it when the engine starts
+            out.append(Finding("error", "pipeline.stages", f"stage {stage}: ZeRO-2 and ZeRO-3 are incompatible with "
+                                                           "pipeline parallelism (DeepSpeed asserts it): use stage 0 or 1"))
+        if world_size % par.pipeline_parallel:
+            out.append(Finding("error", "pipeline.stages", f"{par.pipeline_parallel} does not divide the {world_size} "
+                                                           f"ranks into stages: use a divisor of {world_size}"))
+        out.append(Finding("warning", "pipeline.stages", (
+            "acts only on a deepspeed.pipe.PipelineModule (the script builds it with num_stages; an HF model as it is "
+            "trains without stages); zerokit prices the stages as its own adapter cuts them (partition parameters)")))
     if par.hpz_partition_size > 1:
         if stage != 3:
             out.append(Finding("warning", hpz_key, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "

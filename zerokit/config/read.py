@@ -139,7 +139,10 @@ def batch_world_size(config: Mapping, world_size: int) -> int:
     checked_world_size(world_size)
     sp = config.get("sequence_parallel_size")
     if is_int(sp) and sp > 1 and world_size % sp == 0:
-        return world_size // sp
+        world_size //= sp
+    stages = lookup(config, "pipeline.stages")  # a PipelineModule's mpu: its data-parallel ranks (pipe/engine.py)
+    if is_int(stages) and stages > 1 and world_size % stages == 0:
+        world_size //= stages
     return world_size
 
 
@@ -166,4 +169,6 @@ def parallelism_from_config(config: Mapping) -> Parallelism:
         return v if is_int(v) and v > 1 else 1
     return Parallelism(tensor_parallel=degree(lookup(config, "tensor_parallel.autotp_size")),
                        sequence_parallel=degree(config.get("sequence_parallel_size")),
-                       hpz_partition_size=degree(zero.get("zero_hpz_partition_size")))
+                       hpz_partition_size=degree(zero.get("zero_hpz_partition_size")),
+                       # the pipeline block's stages ("auto" by default: the PipelineModule's own count, unknown here)
+                       pipeline_parallel=degree(lookup(config, "pipeline.stages")))

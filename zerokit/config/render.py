@@ -70,16 +70,19 @@ def render_ds_config(
     if uses_nvme and not cluster.nvme_path:
         raise ZerokitError(f"NVMe offload needs a path on the NVMe drive: give {flag('nvme-path')} DIR")
     world = cluster.world_size
-    if world % (setup.tensor_parallel * setup.sequence_parallel):
-        raise ZerokitError(f"{setup.tensor_parallel * setup.sequence_parallel} model-parallel ranks do not divide the "
-                           f"{world} GPUs: choose degrees that divide the GPUs per node")
+    model_parallel = setup.parallelism.model_parallel
+    if world % model_parallel:
+        raise ZerokitError(f"{model_parallel} model-parallel ranks do not divide the {world} GPUs: choose degrees that "
+                           "divide the GPUs per node")
     replicas = setup.data_parallel(world)  # a TP or SP group trains on one batch
     samples_per_step = setup.micro_batch_size * setup.gradient_accumulation_steps * replicas
     # train_batch_size as DeepSpeed checks it (runtime/config.py _batch_assertion: micro x accumulation x its
     # world_size): world / sp under Ulysses (sequence_parallel_size in the config, or the SP mpu); under AutoTP the
     # full world, because deepspeed.initialize builds DeepSpeedConfig before the engine makes the TP groups (no mpu
-    # yet), so the figure counts each TP group's one batch tp times
-    train_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * (world // setup.sequence_parallel)
+    # yet), so the figure counts each TP group's one batch tp times; with pipeline stages deepspeed.initialize hands
+    # the PipelineModule's mpu over, and the check counts its data-parallel ranks, world / stages (pipe/engine.py)
+    train_batch = (setup.micro_batch_size * setup.gradient_accumulation_steps
+                   * (world // (setup.sequence_parallel * setup.pipeline_parallel)))
     if workload is not None and workload.global_batch is not None and workload.global_batch != samples_per_step:
         raise ZerokitError(
             f"global batch {workload.global_batch} != micro batch {setup.micro_batch_size} x accumulation "

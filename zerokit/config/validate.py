@@ -90,7 +90,27 @@ def _parse_with_deepspeed(ds_config, config: dict, world_size: int) -> None:
     from zerokit.core.quiet import library_output
 
     with DeepSpeedWorld(world_size), library_output():
-        ds_config.DeepSpeedConfig(copy.deepcopy(config))
+        ds_config.DeepSpeedConfig(copy.deepcopy(config), mpu=_pipeline_mpu(config, world_size))
+
+
+class _PipeGrid:
+    """What deepspeed.initialize hands DeepSpeedConfig for a PipelineModule (mpu = model.mpu(), a PipelineParallelGrid):
+    the batch check then counts the data-parallel ranks of one stage (runtime/config.py DeepSpeedConfig.__init__)."""
+
+    def __init__(self, data_parallel: int):
+        self.data_parallel = data_parallel
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.data_parallel
+
+
+def _pipeline_mpu(config: Mapping, world_size: int):
+    """The pipeline's grid when the config's pipeline block names its stages (they must divide the world: lint_config
+    says so otherwise), else None, as for any other model."""
+    stages = lookup(config, "pipeline.stages")
+    if isinstance(stages, int) and not isinstance(stages, bool) and stages > 1 and world_size % stages == 0:
+        return _PipeGrid(world_size // stages)
+    return None
 
 
 def _trips(ds_config, config: dict, world_size: int) -> bool:

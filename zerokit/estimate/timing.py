@@ -102,6 +102,10 @@ class TimeEstimate:
     range_basis: str | None = None
     # the GPU time model's parts before the fitted figures (gpu_time.GpuStepParts): what bench/fit_time.py refits
     gpu_parts: GpuStepParts | None = field(default=None, repr=False)
+    # pipeline stages (estimate/pipeline.py): the idle share of the slots, (p - 1) / (m + p - 1), and the blocking
+    # sends between stages, in communication_seconds; 0 without stages
+    pipeline_bubble: float = 0.0
+    pipeline_p2p_seconds: float = 0.0
 
     @property
     def total_seconds_low(self) -> float | None:

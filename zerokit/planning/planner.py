@@ -16,9 +16,10 @@ from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
 from zerokit.spec.finetune import Finetune
 from zerokit.spec.hardware import Cluster
-from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, estimate_memory, fit_problems
+from zerokit.estimate.memory import DEFAULT_MEMORY_FRACTION, Budget, MemoryEstimate, fit_problems
+from zerokit.estimate.pipeline import pipeline_problem, setup_memory, setup_time
 from zerokit.spec.model import ModelSpec
-from zerokit.estimate.timing import TimeEstimate, estimate_time
+from zerokit.estimate.timing import TimeEstimate
 from zerokit.core.units import fmt_bytes
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, batch_split, ulysses_problems
 
@@ -29,16 +30,17 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
 )
 # Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp",
-                 "quantized_weights", "quantized_gradients", "compile", "offload_engine")
+                 "quantized_weights", "quantized_gradients", "compile", "offload_engine", "pipeline_parallel")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
             "gradient_accumulation_steps", "activation_checkpointing", "checkpoint_offload") + PARALLEL_KEYS
 # the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
-SCRIPT_LEVEL_KEYS = ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp")
+SCRIPT_LEVEL_KEYS = ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp", "pipeline_parallel")
 
 
 def needs_script(option: dict) -> bool:
     """Whether a parallel_options entry uses any SCRIPT_LEVEL_KEYS (degrees above 1, tiling on)."""
-    return option["tensor_parallel"] > 1 or option["sequence_parallel"] > 1 or option["tiled_loss"] or option["tiled_mlp"]
+    return (option["tensor_parallel"] > 1 or option["sequence_parallel"] > 1 or option["tiled_loss"] or option["tiled_mlp"]
+            or option["pipeline_parallel"] > 1)
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Evaluation:
     @property
     def time(self) -> TimeEstimate:
         if self._time is None:
-            self._time = estimate_time(*self.time_args)
+            self._time = setup_time(*self.time_args)
         return self._time
 
     def to_dict(self) -> dict:
@@ -71,8 +73,8 @@ class Evaluation:
 
 def evaluate(model: ModelSpec, cluster: Cluster, workload: Workload, setup: ZeroSetup,
              knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> Evaluation:
-    """Memory, time and fit of one setup."""
-    mem = estimate_memory(model, cluster, setup, workload, knobs)
+    """Memory, time and fit of one setup (pipeline stages: estimate/pipeline.py, the largest stage's memory)."""
+    mem = setup_memory(model, cluster, setup, workload, knobs)
     budget = Budget.of(cluster, memory_fraction)
     reasons = fit_problems(mem, cluster, budget)
     if not cluster.accelerator.supports(setup.precision):
@@ -129,6 +131,10 @@ def parallel_problem(model: ModelSpec, cluster: Cluster, workload: Workload, ten
     return None
 
 
+_PIPELINE_PROBED = ("zero_stage", "offload_optimizer", "activation_checkpointing", "checkpoint_offload", "tiled_loss",
+                    "tiled_mlp", "compile", "tensor_parallel", "sequence_parallel")
+
+
 def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict) -> list[dict]:
     """Every combination of the PARALLEL_KEYS the planner tries, simplest first: data parallelism alone, each TP and SP
     degree that divides a node's GPUs and the model (parallel_problem), hpZ over one node when there are several
@@ -178,8 +184,24 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
                     offload_engine_problem(engine, cluster.accelerator, pins.get("zero_stage"))):
         if problem:
             raise ZerokitError(problem)
+    pp = pins.get("pipeline_parallel", 1)
+    if pp > 1:  # pinned only: the pipeline runs through zerokit's PipelineModule adapter (launching/pipeline.py)
+        why = pipeline_problem(model, pp)
+        if why:
+            raise ZerokitError(why)
+        if cluster.world_size % pp:
+            raise ZerokitError(f"{flag('pipeline-parallel')} {pp} does not divide the {cluster.world_size} GPUs (every "
+                               f"stage has the same data-parallel ranks): use a divisor of {cluster.world_size}")
+        if not workload.global_batch and "gradient_accumulation_steps" not in pins:
+            raise ZerokitError(f"{flag('pipeline-parallel')} streams micro-batches through the stages (the gradient "
+                               f"accumulation steps): give {flag('global-batch')} or {flag('grad-accum')}, e.g. "
+                               f"{flag('grad-accum')} {4 * pp}")
+        # the pins a pipeline refuses, each in its own line (ZeroSetup._pipeline_problems), before the search
+        ZeroSetup(**{"zero_stage": 1, **{k: v for k, v in pins.items() if k in _PIPELINE_PROBED}, "pipeline_parallel": pp})
+        modes, hpzs, tiled_loss, tiled_mlp = [modes[0]], [1], [pins.get("tiled_loss", False)], [pins.get("tiled_mlp", False)]
     return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm,
-                 quantized_weights=qwz, quantized_gradients=qgz, compile=compiled, offload_engine=engine)
+                 quantized_weights=qwz, quantized_gradients=qgz, compile=compiled, offload_engine=engine,
+                 pipeline_parallel=pp)
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 
 
@@ -314,13 +336,16 @@ def compatible(fam: dict, par: dict) -> bool:
             and (fam["zero_stage"] >= 1 or par["compile"] != "deepcompile")
             and (par["offload_engine"] == "zero-offload" or (fam["offload_optimizer"] == "cpu" and (
                 par["offload_engine"] != "superoffload" or fam["zero_stage"] == 3)))
-            and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1))
+            and (fam["zero_stage"] < 3 or par["tensor_parallel"] == 1)
+            # DeepSpeed's pipeline engine: ZeRO-0/1 (engine.py), and the adapter runs no offload
+            and (par.get("pipeline_parallel", 1) == 1 or (fam["zero_stage"] <= 1 and fam["offload_optimizer"] == "none"
+                                                         and not fam["checkpoint_offload"])))
 
 
 # what a family fixes (a _families entry merged with a parallel_options one): a setup but its batch split
 FAMILY_FIELDS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "activation_checkpointing",
                  "checkpoint_offload", "tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss",
-                 "tiled_mlp", "quantized_weights", "quantized_gradients", "compile", "offload_engine")
+                 "tiled_mlp", "quantized_weights", "quantized_gradients", "compile", "offload_engine", "pipeline_parallel")
 
 
 def family_key(setup) -> tuple:
@@ -384,7 +409,7 @@ def _search(model, cluster, workload, pins, knobs, memory_fraction, families, pa
     """Each family's fastest fitting micro batch into best_per_family; the first micro batch of a family that fits
     none into family_failures. Returns the least-memory evaluation, this search's or the given one."""
     for fam in families:
-        mp = fam["tensor_parallel"] * fam["sequence_parallel"]
+        mp = fam["tensor_parallel"] * fam["sequence_parallel"] * fam["pipeline_parallel"]
         if mp not in pairs_for:
             try:
                 pairs_for[mp] = _micro_batches(cluster, workload, pins, mp)

@@ -137,7 +137,7 @@ def candidate_setups(model, cluster, workload, pins: dict) -> list:
         for fam in _families(cluster, pins):
             if not compatible(fam, par):
                 continue
-            mp = par["tensor_parallel"] * par["sequence_parallel"]
+            mp = par["tensor_parallel"] * par["sequence_parallel"] * par["pipeline_parallel"]
             if mp not in pairs:
                 try:
                     pairs[mp] = _micro_batches(cluster, workload, pins, mp)[0]

@@ -15,6 +15,7 @@ TERM_LABELS = {
     "reduce_buckets": "reduce buckets",
     "stage3_prefetch": "stage-3 prefetch bucket",
     "activations": "activations",
+    "pipeline_in_flight": "in-flight micro-batches (pipeline)",
     "activations_checkpoints": "activation checkpoints (layer inputs)",
     "activations_recompute": "recomputed layer (backward)",
     "logits_and_loss": "logits + loss",
@@ -104,6 +105,9 @@ def format_time(t, world_size: int) -> list[str]:
         f"offload {fmt_seconds(t.offload_seconds)})"
         + (f"; comm at {t.link_gbps:.3g} GB/s" if t.communication_seconds else ""),
     ]
+    if t.pipeline_bubble:  # estimate/pipeline.py: (m + p - 1) slots of the slowest stage, then the reduction
+        lines.append(f"      pipeline: {t.pipeline_bubble:.0%} of the slots idle (the bubble), sends between stages "
+                     f"{fmt_seconds(t.pipeline_p2p_seconds)}; the parts below are the slowest stage's, one micro-batch")
     if t.matmul_seconds:  # the GPU time model's parts (estimate/gpu_time.py)
         lines.append(f"      compute: matmuls {fmt_seconds(t.matmul_seconds)}, attention {fmt_seconds(t.attention_seconds)}, "
                      f"memory-bound {fmt_seconds(t.memory_bound_seconds)}"
@@ -137,10 +141,12 @@ def finetune_lines(f, m) -> list[str]:
 
 def parallel_lines(s, world_size: int) -> list[str]:
     """How the ranks split and what is tiled, when anything beyond data parallelism is used."""
-    if s.tensor_parallel == s.sequence_parallel == s.hpz_partition_size == 1 and not (s.tiled_loss or s.tiled_mlp):
+    if (s.tensor_parallel == s.sequence_parallel == s.hpz_partition_size == s.pipeline_parallel == 1
+            and not (s.tiled_loss or s.tiled_mlp)):
         return []
     line = (f"  parallelism: {s.data_parallel(world_size)} data x {s.tensor_parallel} tensor x {s.sequence_parallel} "
-            f"sequence-parallel ranks; ZeRO partitions over {s.zero_ranks(world_size)}")
+            f"sequence-parallel ranks" + (f" x {s.pipeline_parallel} pipeline stages" if s.pipeline_parallel > 1 else "")
+            + f"; ZeRO partitions over {s.zero_ranks(world_size)}")
     if s.hpz_partition_size > 1:
         line += f"; hpZ secondary partition over {s.hpz_partition_size}"
     tiled = [n for n, on in (("loss", s.tiled_loss), ("MLP", s.tiled_mlp)) if on]
@@ -259,8 +265,9 @@ def format_check(result) -> str:
     par = result.parallelism
     if par is not None and (par.model_parallel > 1 or par.hpz_partition_size > 1):
         d = par.to_dict(result.world_size)
+        stages = f" x {d['pipeline_parallel']} pipeline stages" if d["pipeline_parallel"] > 1 else ""
         out.append(f"  parallelism: {d['data_parallel']} data x {d['tensor_parallel']} tensor x "
-                   f"{d['sequence_parallel']} sequence-parallel ranks; hpZ partition {d['hpz_partition_size']}")
+                   f"{d['sequence_parallel']} sequence-parallel ranks{stages}; hpZ partition {d['hpz_partition_size']}")
     for a in result.assumed:  # what each "auto" was taken to be
         value = f"{a['value']:,}" if isinstance(a["value"], int) and not isinstance(a["value"], bool) else a["value"]
         out.append(f"  assumed: {a['key']} = {value}: {a['why']}")

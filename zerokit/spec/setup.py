@@ -68,6 +68,9 @@ class ZeroSetup:
     # CPU every update_interval steps, overlapped); SuperOffload (deepspeed/runtime/superoffload: ZeRO-3, GraceAdam
     # overlapped with the GPU's next step, rolled back if the step is skipped)
     offload_engine: str = "zero-offload"
+    # DeepSpeed's pipeline engine (deepspeed/runtime/pipe): the model as a PipelineModule of this many stages, each
+    # micro batch of the gradient accumulation a pipeline micro-batch (1F1B, schedule.py TrainSchedule); 1 = none
+    pipeline_parallel: int = 1
 
     def __post_init__(self):
         if self.zero_stage not in STAGES:
@@ -117,9 +120,32 @@ class ZeroSetup:
             raise ZerokitError(f"ZeRO++ qwZ and qgZ quantize ZeRO-3's collectives: use {flag('stage')} 3 or drop "
                                f"{flag('zero-quantized-weights')} / {flag('zero-quantized-gradients')}")
 
+        if self.pipeline_parallel > 1:
+            self._pipeline_problems()
+
+    def _pipeline_problems(self) -> None:
+        """What DeepSpeed's pipeline engine refuses, or what zerokit has not run with it, in one line each."""
+        if self.zero_stage > 1:
+            # runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+            raise ZerokitError(f"DeepSpeed's pipeline engine runs ZeRO-0 or ZeRO-1 only (ZeRO-2 and ZeRO-3 are "
+                               f"incompatible with pipeline parallelism): use {flag('stage')} 0 or 1, or drop "
+                               f"{flag('pipeline-parallel')}")
+        if self.sequence_parallel > 1 or self.tensor_parallel > 1:
+            # Ulysses with pipeline stages is an open DeepSpeed issue (#4645); AutoTP inside a PipelineModule is untried
+            raise ZerokitError(f"{flag('pipeline-parallel')} is planned with data parallelism only (Ulysses with "
+                               "pipeline stages is not supported by DeepSpeed, AutoTP inside a PipelineModule is "
+                               f"untried): drop {flag('sequence-parallel')} / {flag('tensor-parallel')}")
+        if self.offload_optimizer != "none" or self.checkpoint_offload or self.tiled_loss or self.tiled_mlp:
+            raise ZerokitError(f"{flag('pipeline-parallel')} is planned without optimizer offload, checkpoint offload "
+                               f"and tiling (zerokit's pipeline adapter runs none of them): drop them")
+        if self.compile != "off":
+            raise ZerokitError(f"{flag('pipeline-parallel')} runs eager (the pipeline engine schedules the stages "
+                               f"itself): drop {flag('compile')}")
+
     @property
     def parallelism(self) -> "Parallelism":
-        return Parallelism(self.tensor_parallel, self.sequence_parallel, self.hpz_partition_size)
+        return Parallelism(self.tensor_parallel, self.sequence_parallel, self.hpz_partition_size,
+                           self.pipeline_parallel)
 
     def data_parallel(self, world_size: int) -> int:
         """Data-parallel replicas: what the global batch counts (a TP or SP group trains on one batch together)."""
@@ -128,8 +154,9 @@ class ZeroSetup:
     def zero_ranks(self, world_size: int) -> int:
         """Ranks ZeRO partitions over: data x sequence-parallel ranks (utils/groups.py _get_sequence_data_parallel_group:
         "the process group for zero sharding and gradient allreduce must be across both dimensions of data and
-        sequence parallelism"); with AutoTP the data-parallel group, world / TP (_init_tp_mesh_device)."""
-        return world_size // self.tensor_parallel
+        sequence parallelism"); with AutoTP the data-parallel group, world / TP (_init_tp_mesh_device); with pipeline
+        stages the data-parallel group of one stage, world / stages (pipe/topology.py PipeDataParallelTopology)."""
+        return world_size // (self.tensor_parallel * self.pipeline_parallel)
 
     @property
     def gradient_comm_precision(self) -> str:
@@ -154,7 +181,8 @@ class ZeroSetup:
         parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
         if self.activation_checkpointing:
             parts.append("ckpt->cpu" if self.checkpoint_offload else "ckpt")
-        for name, v in (("tp", self.tensor_parallel), ("sp", self.sequence_parallel), ("hpz", self.hpz_partition_size)):
+        for name, v in (("tp", self.tensor_parallel), ("sp", self.sequence_parallel), ("hpz", self.hpz_partition_size),
+                        ("pp", self.pipeline_parallel)):
             if v > 1:
                 parts.append(f"{name}={v}")
         if self.quantized_weights:
@@ -195,17 +223,18 @@ class Parallelism:
     tensor_parallel: int = 1
     sequence_parallel: int = 1
     hpz_partition_size: int = 1
+    pipeline_parallel: int = 1  # pipeline stages (pipe/topology.py PipeDataParallelTopology: rank = stage x data + d)
 
     def __post_init__(self):
-        for name in ("tensor_parallel", "sequence_parallel", "hpz_partition_size"):
+        for name in ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "pipeline_parallel"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ZerokitError(f"{name.replace('_', ' ')} must be a whole number of ranks, at least 1, got {v!r}")
 
     @property
     def model_parallel(self) -> int:
-        """Ranks one data-parallel replica spans (TP x SP)."""
-        return self.tensor_parallel * self.sequence_parallel
+        """Ranks one data-parallel replica spans (TP x SP x pipeline stages)."""
+        return self.tensor_parallel * self.sequence_parallel * self.pipeline_parallel
 
     def data_parallel(self, world_size: int) -> int:
         """Data-parallel replicas (what the global batch counts); world must divide."""
@@ -213,7 +242,8 @@ class Parallelism:
 
     def to_dict(self, world_size: int) -> dict:
         return {"data_parallel": self.data_parallel(world_size), "tensor_parallel": self.tensor_parallel,
-                "sequence_parallel": self.sequence_parallel, "hpz_partition_size": self.hpz_partition_size}
+                "sequence_parallel": self.sequence_parallel, "hpz_partition_size": self.hpz_partition_size,
+                "pipeline_parallel": self.pipeline_parallel}
 
 
 def ulysses_problems(heads: int, kv_heads: int, sp: int, seq_len: int) -> list[str]:

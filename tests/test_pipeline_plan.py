@@ -1,0 +1,137 @@
+"""Pipeline stages planned, rendered and checked (estimate/pipeline.py): DeepSpeed's own partition, the 1F1B bubble
+of Narayanan et al. 2021, what stage 0 holds in flight, DeepSpeed's refusals in one line, and the rendered config
+accepted by DeepSpeed's config classes as the pipeline engine builds them (with the PipelineModule's grid)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from zerokit.api import build_plan, request
+from zerokit.core.errors import ZerokitError
+from zerokit.estimate import pipeline as pp
+from zerokit.spec.model import load_model_spec
+from zerokit.spec.setup import ZeroSetup, Workload
+
+PLAN = dict(model="llama-3-8b", gpu="a100-80gb", gpus_per_node=8, nodes=2, seq_len=4096, global_batch=256)
+
+
+def _plan(**options):
+    return build_plan(request("plan", {**PLAN, **options}))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partition_is_deepspeeds_own(seed):
+    """partition_balanced / partition_uniform equal deepspeed.runtime.utils' on random weights and on the layer lists
+    of real models (the embedding and the head weigh as much as several decoder layers)."""
+    from deepspeed.runtime.utils import partition_balanced, partition_uniform
+
+    rng = random.Random(seed)
+    for _ in range(20):
+        weights = [rng.randint(0, 1000) for _ in range(rng.randint(1, 40))]
+        parts = rng.randint(1, 9)
+        assert pp.partition_balanced(weights, parts) == partition_balanced(weights, parts), (weights, parts)
+        assert pp.partition_uniform(len(weights), parts) == partition_uniform(len(weights), parts)
+    for name in ("llama-3-8b", "llama-3-70b", "qwen3-4b", "tiny-llama"):
+        weights = pp.layer_weights(load_model_spec(name))
+        for parts in (2, 3, 4, 8):
+            assert pp.partition_balanced(weights, parts) == partition_balanced(weights, parts), (name, parts)
+
+
+def test_layer_weights_add_up_to_the_model():
+    """The PipelineModule's layers hold every parameter once, a tied head's copy of the embedding once more."""
+    for name in ("llama-3-8b", "qwen3-4b", "tiny-llama"):
+        m = load_model_spec(name)
+        vh = m.vocab_size * m.hidden_size
+        assert sum(pp.layer_weights(m)) == m.params + (vh if m.tied_embeddings else 0)
+
+
+def test_bubble_and_step_follow_the_1f1b_schedule():
+    """Narayanan et al. 2021, section 2.2.1: the bubble is (p - 1) / (m + p - 1) of the slots; the step is
+    (m + p - 1) slots of the slowest stage, plus the sends, plus the stage's reduction and optimizer step."""
+    plan = _plan(pipeline_parallel=4, micro_batch=1)
+    t, s = plan.best.time, plan.best.setup
+    p, m = s.pipeline_parallel, s.gradient_accumulation_steps
+    assert m == 256 // (1 * 4)  # global 256 = micro 1 x m x 4 data-parallel ranks (16 GPUs / 4 stages)
+    assert t.pipeline_bubble == pytest.approx((p - 1) / (m + p - 1))
+    assert t.global_batch == 256 and t.tokens_per_step == 256 * 4096
+    fewer = _plan(pipeline_parallel=4, micro_batch=4).best.time  # m = 16: a larger share of the slots idle
+    assert fewer.pipeline_bubble == pytest.approx(3 / 19)
+    assert t.pipeline_p2p_seconds > 0 and t.step_seconds > t.compute_seconds
+
+
+def test_stage_zero_holds_the_micro_batches_in_flight():
+    """TrainSchedule.num_pipe_buffers: stage s keeps min(p - s, m) forward passes; only one micro-batch's worth when
+    m = 1, p's worth when m >= p (Korthikanti et al. 2022, section 4.2.3)."""
+    model = load_model_spec("llama-3-8b")
+    cluster = build_plan(request("plan", {**PLAN, "nodes": 1, "global_batch": 64})).cluster
+    work = Workload(seq_len=2048, global_batch=None)
+    one = ZeroSetup(zero_stage=1, precision="bf16", pipeline_parallel=4, gradient_accumulation_steps=1)
+    many = ZeroSetup(zero_stage=1, precision="bf16", pipeline_parallel=4, gradient_accumulation_steps=8)
+    stages = pp.stages(model, many)
+    assert [st.in_flight for st in stages] == [4, 3, 2, 1]
+    assert [st.in_flight for st in pp.stages(model, one)] == [1, 1, 1, 1]
+    assert sum(st.layers for st in stages) == model.num_layers
+    assert stages[0].has_embedding and stages[-1].has_head
+    m1 = pp.stage_memory(model, cluster, one, work, pp.stages(model, one)[0])
+    m8 = pp.stage_memory(model, cluster, many, work, stages[0])
+    back1, back8 = m1.phase_terms["backward"], m8.phase_terms["backward"]
+    held = back8["pipeline_in_flight"] - back1["pipeline_in_flight"]
+    acts = back8["activations"]  # one micro-batch of stage 0's layers
+    assert "pipeline_in_flight" not in m8.phase_terms["step"]  # the last backward ended them
+    tokens_h = 2048 * model.hidden_size * 2
+    assert held == 3 * acts + 3 * tokens_h  # three more micro-batches, each with its output kept to send
+
+
+@pytest.mark.parametrize("options,fragment", [
+    (dict(zero_stage=3), "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
+    (dict(sequence_parallel=2), "data parallelism only"),
+    (dict(model="gpt2", seq_len=1024), "adapter covers llama"),
+    (dict(pipeline_parallel=3), "does not divide the 16 GPUs"),
+    (dict(global_batch=None), "give --global-batch or --grad-accum"),
+    (dict(pipeline_parallel=64, nodes=8), "more stages than the model has layers"),
+])
+def test_refusals_are_one_line(options, fragment):
+    options = {"pipeline_parallel": 4, **options}
+    with pytest.raises(ZerokitError) as e:
+        _plan(**options)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_refusal_exits_2_and_writes_nothing(tmp_path):
+    from zerokit.cli import main
+
+    out = tmp_path / "ds.json"
+    rc = main(["render", "llama-3-8b", "--gpu", "a100-80gb", "--gpus-per-node", "8", "--global-batch", "64",
+               "--pipeline-parallel", "4", "--stage", "2", "-o", str(out)])
+    assert rc == 2 and not out.exists()
+
+
+def test_rendered_pipeline_config_is_deepspeeds_and_checks(tmp_path, capsys):
+    """render writes the pipeline block and train_batch_size over one stage's data-parallel ranks; DeepSpeed's config
+    classes accept it with the PipelineModule's grid (its mpu), and check prices it as plan does."""
+    from zerokit.cli import main
+
+    out = tmp_path / "ds.json"
+    argv = ["--gpu", "a100-80gb", "--gpus-per-node", "8", "--nodes", "2", "--seq-len", "4096"]
+    assert main(["render", "llama-3-8b", *argv, "--global-batch", "256", "--pipeline-parallel", "4", "-o", str(out)]) == 0
+    argv = ["--model", "llama-3-8b", *argv]
+    cfg = json.loads(out.read_text())
+    assert cfg["pipeline"] == {"stages": 4, "partition": "parameters", "activation_checkpoint_interval": 0}
+    assert cfg["zero_optimization"]["stage"] <= 1
+    assert cfg["train_batch_size"] == 256 == (cfg["train_micro_batch_size_per_gpu"]
+                                              * cfg["gradient_accumulation_steps"] * 4)
+    capsys.readouterr()
+    assert main(["check", str(out), *argv, "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["deepspeed_error"] is None and checked["parallelism"]["pipeline_parallel"] == 4
+    plan = _plan(pipeline_parallel=4)
+    assert checked["evaluation"]["time"]["step_seconds"] == pytest.approx(plan.best.time.step_seconds, rel=1e-9)
+    # the same config at ZeRO-2: DeepSpeed's engine would assert; check says so as an error
+    cfg["zero_optimization"]["stage"] = 2
+    out.write_text(json.dumps(cfg))
+    main(["check", str(out), *argv, "--json"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert any(f["level"] == "error" and "incompatible with pipeline parallelism" in f["message"] for f in findings)
