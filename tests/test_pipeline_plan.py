@@ -135,3 +135,21 @@ def test_rendered_pipeline_config_is_deepspeeds_and_checks(tmp_path, capsys):
     main(["check", str(out), *argv, "--json"])
     findings = json.loads(capsys.readouterr().out)["findings"]
     assert any(f["level"] == "error" and "incompatible with pipeline parallelism" in f["message"] for f in findings)
+
+
+def test_across_nodes_the_plan_compares_pipeline_stages():
+    """On several nodes the plan says what stages would do instead, each row the pinned pipeline plan's own best
+    (same setup, same step), first among the other rows; not chosen by itself (it needs the pipeline adapter)."""
+    options = dict(model="llama-3-8b", gpu="a100-80gb", gpus_per_node=8, nodes=4, seq_len=4096, global_batch=512)
+    plan = build_plan(request("plan", options))
+    assert plan.best.setup.pipeline_parallel == 1
+    rows = [r for r in plan.rejected if r["setup"]["pipeline_parallel"] > 1]
+    assert {r["setup"]["pipeline_parallel"] for r in rows} == {2, 4}
+    assert plan.rejected[:len(rows)] == rows
+    for row in rows:
+        pinned = build_plan(request("plan", {**options, "pipeline_parallel": row["setup"]["pipeline_parallel"]}))
+        assert row["setup"] == pinned.best.setup.to_dict()
+        assert row["step_seconds"] == pytest.approx(pinned.best.time.step_seconds, rel=1e-12)
+        assert "slower" in row["reason"] or "faster" in row["reason"] or "as fast" in row["reason"]
+    one_node = build_plan(request("plan", {**options, "nodes": 1, "global_batch": 128}))
+    assert not any(r["setup"]["pipeline_parallel"] > 1 for r in one_node.rejected)

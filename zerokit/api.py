@@ -244,7 +244,10 @@ def build_plan(req, model=None):
         plan.notes.append(search.note)
         warn_seq_len(req, model, workload.seq_len)
     else:
+        from zerokit.planning.planner import pipeline_rows
+
         plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
+        pipeline_rows(model, cluster, workload, pins, plan, memory_fraction=fraction)
     warning = model.check_seq_len(workload.seq_len)  # said by load_workload / warn_seq_len: once
     plan.warnings += [warning] if warning else []
     plan.finetune = finetune

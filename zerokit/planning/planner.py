@@ -534,6 +534,42 @@ def suggest(model: ModelSpec, cluster: Cluster, workload: Workload, frugal: Eval
     return out
 
 
+def pipeline_rows(model: ModelSpec, cluster: Cluster, workload: Workload, pins: dict, plan: Plan,
+                  knobs: ZeroKnobs | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> None:
+    """Across nodes, what pipeline stages would do instead (the third axis DeepSpeed offers): for P stages of one or
+    more whole nodes each, the fastest pipeline setup that fits, as a row beside the chosen setup saying whether it is
+    faster and by how much. Not chosen by itself: it runs the model as a PipelineModule (launching/pipeline.py), a
+    different training script, so the user pins it (--pipeline-parallel P). Only where the plan can have stages:
+    several nodes, a batch to split into micro-batches, a model the adapter covers, nothing pinned against them."""
+    if (cluster.nodes < 2 or "pipeline_parallel" in pins or not workload.global_batch
+            or any(k in pins for k in ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp"))):
+        return
+    rows = []
+    for stages_count in (d for d in (2, 4, 8, 16) if cluster.nodes % d == 0 or d == cluster.nodes):
+        if pipeline_problem(model, stages_count) or cluster.world_size % stages_count:
+            continue
+        try:
+            alt = make_plan(model, cluster, workload, {**pins, "pipeline_parallel": stages_count}, knobs, memory_fraction)
+        except ZerokitError:
+            continue  # a pin the pipeline cannot honour, a batch that does not split: no row
+        if not alt.fits:
+            continue
+        ev = alt.best
+        if plan.fits:
+            ratio = plan.best.time.tokens_per_second / ev.time.tokens_per_second - 1
+            verdict = (f"{-ratio:.0%} faster than the chosen setup" if ratio < -TIE_TOLERANCE
+                       else f"{ratio:.0%} slower" if ratio > TIE_TOLERANCE else "as fast")
+        else:
+            verdict = "fits where no ZeRO setup does"
+        bubble = ev.time.pipeline_bubble
+        rows.append((ev, _rejection(ev, f"{verdict}: {stages_count} pipeline stages (bubble {bubble:.0%}); runs the "
+                                        f"model as a PipelineModule: pin {flag('pipeline-parallel')} {stages_count} "
+                                        "to choose it")))
+    rows.sort(key=lambda r: -r[0].time.tokens_per_second)  # first among the other rows: the third axis, compared
+    plan.rejected[:0] = [r for _, r in rows]
+    plan.others[:0] = [ev for ev, _ in rows]
+
+
 # What a user whose full fine-tune does not fit would try next, in order: LoRA keeps every weight in 16 bits but
 # drops gradients, master weights and optimizer states to the adapters'; QLoRA also stores the base in 4-bit NF4
 # (and costs dequantization every forward and backward, so it is named only when LoRA does not fit).
