@@ -153,3 +153,27 @@ def test_across_nodes_the_plan_compares_pipeline_stages():
         assert "slower" in row["reason"] or "faster" in row["reason"] or "as fast" in row["reason"]
     one_node = build_plan(request("plan", {**options, "nodes": 1, "global_batch": 128}))
     assert not any(r["setup"]["pipeline_parallel"] > 1 for r in one_node.rejected)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_priced_layers_are_the_adapters_layers(tmp_path, tied):
+    """What the plan cuts into stages (layer_weights) is what launching/pipeline.py hands DeepSpeed, counted as
+    PipelineModule._count_layer_params counts it (each layer built, its trainable parameters), so the stages priced
+    are the stages DeepSpeed makes (its partition function is held equal above)."""
+    import torch
+    from deepspeed.pipe import LayerSpec
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zerokit.core.resources import bundled_data
+    from zerokit.launching.pipeline import pipeline_layers
+
+    cfg = json.loads(bundled_data("models/tiny-llama/config.json").read_text())
+    cfg["tie_word_embeddings"] = tied
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), attn_implementation="sdpa")
+    counts = [sum(p.numel() for p in (layer.build() if isinstance(layer, LayerSpec) else layer).parameters()
+                  if p.requires_grad) for layer in pipeline_layers(model)]
+    spec = load_model_spec(str(tmp_path))
+    assert spec.tied_embeddings is tied
+    assert counts == pp.layer_weights(spec)

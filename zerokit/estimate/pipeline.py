@@ -31,8 +31,9 @@ from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
 
-# the architectures launching/pipeline.py turns into a PipelineModule (and a bare --params count, Llama-shaped)
-PIPELINE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "params")
+# the architectures launching/pipeline.py turns into a PipelineModule (their *ForCausalLM), and a bare --params count
+# (Llama-shaped)
+PIPELINE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "params")
 # phases in which a stage still holds its in-flight micro-batches (the last backward ends them; the step comes after)
 _IN_FLIGHT_PHASES_EXCLUDED = ("backward_end", "step")
 
@@ -81,14 +82,15 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
 
 
 def layer_weights(model: ModelSpec) -> list[int]:
-    """Parameters of each PipelineModule layer, as _count_layer_params counts them: the embedding; each decoder layer;
-    the final norm and the LM head (a tied head is its own copy of the embedding there, TiedLayerSpec, counted again)."""
+    """Parameters of each PipelineModule layer as launching/pipeline.py pipeline_layers builds them and
+    _count_layer_params counts them: the embedding; each decoder layer; the final norm with the LM head, or, tied, the
+    final norm and then the head as a TiedLayerSpec of the embedding (its own copy, counted again)."""
     h, vh = model.hidden_size, model.vocab_size * model.hidden_size
     layers = model.params - vh * (1 if model.tied_embeddings else 2) - h
     per_layer = layers // model.num_layers
     decoder = [per_layer] * model.num_layers
     decoder[-1] += layers - per_layer * model.num_layers
-    return [vh] + decoder + [h + vh]
+    return [vh] + decoder + ([h, vh] if model.tied_embeddings else [h + vh])
 
 
 @dataclass(frozen=True)
