@@ -548,8 +548,13 @@ def pipeline_rows(model: ModelSpec, cluster: Cluster, workload: Workload, pins: 
     for stages_count in (d for d in (2, 4, 8, 16) if cluster.nodes % d == 0 or d == cluster.nodes):
         if pipeline_problem(model, stages_count) or cluster.world_size % stages_count:
             continue
+        alt_pins = {**pins, "pipeline_parallel": stages_count}
+        if plan.fits:  # compared in the chosen setup's precision (the planner's choice of it holds for stages too)
+            alt_pins.setdefault("precision", plan.best.setup.precision)
+        if not _pipeline_can_fit(model, cluster, workload, alt_pins, knobs, memory_fraction):
+            continue
         try:
-            alt = make_plan(model, cluster, workload, {**pins, "pipeline_parallel": stages_count}, knobs, memory_fraction)
+            alt = make_plan(model, cluster, workload, alt_pins, knobs, memory_fraction)
         except ZerokitError:
             continue  # a pin the pipeline cannot honour, a batch that does not split: no row
         if not alt.fits:
@@ -568,6 +573,21 @@ def pipeline_rows(model: ModelSpec, cluster: Cluster, workload: Workload, pins: 
     rows.sort(key=lambda r: -r[0].time.tokens_per_second)  # first among the other rows: the third axis, compared
     plan.rejected[:0] = [r for _, r in rows]
     plan.others[:0] = [ev for ev, _ in rows]
+
+
+def _pipeline_can_fit(model, cluster, workload, pins, knobs, memory_fraction) -> bool:
+    """Whether any pipeline setup can fit: the most frugal one does (ZeRO-1, checkpointing, the smallest micro batch,
+    a 16-bit precision), and memory only grows from there. One evaluation instead of a search that would fit nothing
+    (a 70B across two nodes: ZeRO-1 keeps every weight of a stage on each of its GPUs)."""
+    try:
+        micro, accum = _micro_batches(cluster, workload, pins, pins["pipeline_parallel"])[0]
+        acc = cluster.accelerator
+        precision = pins.get("precision") or min(acc.plannable_precisions, key=lambda p: (p == "fp32", p))
+        setup = ZeroSetup(zero_stage=1, precision=precision, activation_checkpointing=True, micro_batch_size=micro,
+                          gradient_accumulation_steps=accum, pipeline_parallel=pins["pipeline_parallel"])
+        return evaluate(model, cluster, workload, setup, knobs, memory_fraction).fits
+    except ZerokitError:
+        return False
 
 
 # What a user whose full fine-tune does not fit would try next, in order: LoRA keeps every weight in 16 bits but
