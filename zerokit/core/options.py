@@ -318,8 +318,9 @@ OPTIONS: tuple[Option, ...] = (
            type=positive_int, metavar="N", group=_PIN),
     Option("hpz", ("plan", "render", "launch"), "ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)",
            type=positive_int, metavar="N", dest="hpz_partition_size", group=_PIN),
-    Option("pipeline-parallel", ("plan", "render"), "pipeline stages of DeepSpeed's pipeline engine (ZeRO-0/1; the "
-           "micro-batches are the gradient accumulation steps; Llama-family models; 1: none)", type=positive_int,
+    Option("pipeline-parallel", ("plan", "render", "launch"), "pipeline stages of DeepSpeed's pipeline engine (ZeRO-0/1; "
+           "the micro-batches are the gradient accumulation steps; Llama-family models, full fine-tunes; 1: none)",
+           type=positive_int,
            metavar="N", group=_PIN),
     Option("zero-quantized-weights", ("plan", "render", "launch"), "ZeRO++ qwZ: ZeRO-3 gathers parameters as int8 "
            "with scales (zero_quantized_weights; CUDA; pins ZeRO-3)", choices=ON_OFF, group=_PIN),

@@ -129,6 +129,10 @@ def pipeline_problem(model: ModelSpec, stage_count: int) -> str | None:
         return (f"{flag('pipeline-parallel')}: zerokit's PipelineModule adapter covers "
                 f"{', '.join(t for t in PIPELINE_MODEL_TYPES if t != 'params')} decoders, not {model.model_type}"
                 f"{' with experts' if model.num_experts > 1 else ''}: drop {flag('pipeline-parallel')}")
+    if model.trained.trainable_params is not None:
+        return (f"{flag('pipeline-parallel')} is planned for full fine-tunes (the adapter wraps the model's own "
+                f"modules; LoRA, QLoRA and {flag('freeze')} are untried with stages): drop {flag('pipeline-parallel')} or "
+                f"{flag('finetune')}/{flag('freeze')}")
     if stage_count > model.num_layers + 2:
         return (f"{flag('pipeline-parallel')} {stage_count} is more stages than the model has layers "
                 f"({model.num_layers} decoder layers, the embedding and the head): use at most {model.num_layers}")

@@ -34,16 +34,19 @@ class RankLayout:
     sequence_parallel: int
     rank: int
     world_size: int
+    pipeline_parallel: int = 1  # the config's pipeline.stages: the model runs as a PipelineModule (launching/pipeline.py)
 
     @classmethod
     def from_config(cls, ds_config: dict, rank: int, world_size: int) -> "RankLayout":
         tp = (ds_config.get("tensor_parallel") or {}).get("autotp_size") or 1
         sp = ds_config.get("sequence_parallel_size") or 1
-        return cls(max(1, int(tp)), max(1, int(sp)), rank, world_size)
+        stages = (ds_config.get("pipeline") or {}).get("stages")
+        pp = stages if isinstance(stages, int) and not isinstance(stages, bool) else 1
+        return cls(max(1, int(tp)), max(1, int(sp)), rank, world_size, max(1, pp))
 
     @property
     def model_parallel(self) -> int:
-        return self.tensor_parallel * self.sequence_parallel
+        return self.tensor_parallel * self.sequence_parallel * self.pipeline_parallel
 
     @property
     def data_parallel(self) -> int:
@@ -51,6 +54,9 @@ class RankLayout:
 
     @property
     def data_rank(self) -> int:
+        if self.pipeline_parallel > 1:
+            # PipeDataParallelTopology (pipe/topology.py): axes (pipe, data), rank = stage x data-parallel + replica
+            return self.rank % self.data_parallel
         return self.rank // self.model_parallel
 
     @property

@@ -209,3 +209,43 @@ def _count_every_stage_in_the_clip_norm(module) -> None:
     read the tensor-parallel rank (0 here), so the mark changes nothing there."""
     for p in module.parameters():
         p.model_parallel = not getattr(p, "ds_pipe_replicated", False)
+
+
+def export_pipeline(engine, model, final, writes: bool, rank: int, copy_tokenizer) -> None:
+    """out/final as one HF model directory, atomically (final.tmp -> final). The PipelineModule holds the HF model's
+    own modules, so each stage's trained weights are the HF model's parameters of that stage: every stage's first
+    data-parallel rank (`writes`) saves them by their HF names, rank 0 loads them all into its HF model and
+    save_pretrained writes it (a tied head once, as transformers saves it). Every rank meets at the barriers."""
+    import os
+    import shutil
+
+    import torch
+
+    from deepspeed import comm as dist
+
+    tmp = final.parent / f".{final.name}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    if writes:
+        local = {id(p) for p in engine.module.parameters()}
+        state = {n: p.detach().cpu() for n, p in model.named_parameters() if id(p) in local}
+        torch.save(state, tmp / f"stage_{engine.stage_id}.pt")
+    dist.barrier()
+    if rank != 0:
+        return
+    merged: dict = {}
+    for stage in range(engine.num_stages):
+        part = tmp / f"stage_{stage}.pt"
+        merged.update(torch.load(part, map_location="cpu"))
+        os.remove(part)
+    missing = sorted(set(dict(model.named_parameters())) - set(merged))
+    if missing:  # a stage that saved nothing: never written as a whole model
+        raise ZerokitError(f"pipeline export: no stage saved {missing[0]} ({len(missing)} parameters missing)")
+    model.load_state_dict(merged, strict=False)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    copy_tokenizer(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)

@@ -617,6 +617,20 @@ def rank_environment(cluster: Cluster, multi_node: bool) -> dict:
     return env
 
 
+def check_pipeline(req: LaunchRequest, stages: int, script, resize) -> None:
+    """Pipeline stages run in zerokit's own loop (launching/pipeline.py's PipelineModule); a pipeline checkpoint holds
+    one file per layer and its stage's optimizer partitions, and resumes at the GPU count that wrote it."""
+    if stages <= 1:
+        return
+    if script is not None:
+        raise ZerokitError(f"{flag('pipeline-parallel')} trains zerokit's own PipelineModule of the model; a script of "
+                           "your own builds its own deepspeed.pipe.PipelineModule and takes the ds_config's pipeline "
+                           f"block: drop {flag('pipeline-parallel')} (render the config with it instead)")
+    if resize is not None:
+        raise ZerokitError(f"the checkpoint in {req.output_dir} was written by {resize.old.world_size} ranks; a pipeline "
+                           f"checkpoint resumes at the GPU count that wrote it: launch on {resize.old.world_size} GPUs")
+
+
 def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     """All validation and planning, in order; writes nothing. Raises ZerokitError."""
     from zerokit.report.run_report import prediction_from_evaluation
@@ -648,8 +662,10 @@ def prepare_launch(req: LaunchRequest) -> LaunchPlan:
     # a checkpoint written by another number of ranks: converted by execute.write_run_directory, global batch held here
     resize = detect_resize(Path(req.output_dir) / CKPT_SUBDIR, cluster.world_size) if (
         req.resume and req.output_dir and script is None) else None
+    check_pipeline(req, req.pins.get("pipeline_parallel", 1), script, resize)
     ds_config, evaluation, steps, deepspeed_checked = choose_setup(
         req, model, spec, cluster, samples, seq_len, deepspeed_check_in_ranks(req, multi_node), profile, resize)
+    check_pipeline(req, evaluation.setup.pipeline_parallel, script, resize)  # a --config with a pipeline block too
     check_quant_storage(req.finetune, evaluation.setup.precision)
     save_every = 0 if script is not None else req.save_every if req.save_every is not None else (
         max(1, steps // 10) if req.max_restarts else 0)

@@ -437,6 +437,7 @@ class Run:
     head_switch: Any = None  # --tiled-loss: parallel.HeadSwitch over the LM head
     sp_group: Any = None  # Ulysses SP: the sequence-parallel process group
     vocab: int = 0
+    hf_model: Any = None  # pipeline stages: the HF model whose modules the PipelineModule holds (make_pipeline_engine)
     phases: Any = None  # measure/step_phases.StepPhaseMeter
     init_peak: int = 0
 
@@ -567,7 +568,8 @@ def build_model_for(run: Run):
             run.keep_alive.append(HfDeepSpeedConfig(run.ds_config))
         model = build_model(run.base_src or args.model, run.ds_config, args.seed,
                             device=f"cuda:{run.local_rank}" if run.on_cuda else None)
-    if args.gradient_checkpointing:
+    if args.gradient_checkpointing and run.layout.pipeline_parallel == 1:
+        # (pipeline stages checkpoint through the engine: the config's pipeline.activation_checkpoint_interval)
         # use_reentrant=False: reentrant checkpointing gives no gradient to parameters inside a block whose inputs do
         # not require grad, the case of adapters over a frozen base (transformers' _activation_checkpointing_enable
         # also calls enable_input_require_grads for input_ids models)
@@ -612,6 +614,9 @@ def make_engine(run: Run, model) -> None:
     from zerokit.launching import parallel
 
     args, ds_config = run.args, run.ds_config
+    if run.layout.pipeline_parallel > 1:
+        make_pipeline_engine(run, model)
+        return
     # Ulysses: the SP groups and the attention wrapper, before the engine (which takes their mpu)
     mpu = parallel.register_ulysses(model, run.layout.sequence_parallel,
                                     int(ds_config.get("train_micro_batch_size_per_gpu", 1)))
@@ -652,6 +657,32 @@ def make_engine(run: Run, model) -> None:
         # (engine._configure_distributed_model casts before it moves a host-built model): release it, so the reserved
         # and nvidia-smi figures measured are those of a model loaded in 16 bits or from the host
         torch.cuda.empty_cache()
+    run.phases = StepPhaseMeter(run.meter, run.on_cuda)
+    run.init_peak = run.phases.init_peak()
+
+
+def make_pipeline_engine(run: Run, model) -> None:
+    """Pipeline stages (the config's pipeline block): the HF model as launching/pipeline.py's PipelineModule, cut into
+    pipeline.stages stages, its decoder layers checkpointed every pipeline.activation_checkpoint_interval layers (the
+    engine's own checkpointing, in place of HF's), and deepspeed.initialize's PipelineEngine over this stage's
+    parameters (an AdamW at --lr when the config has no optimizer)."""
+    import torch
+
+    import deepspeed
+
+    from zerokit.launching.pipeline import pipeline_module
+
+    block = run.ds_config["pipeline"]
+    module = pipeline_module(model, run.layout.pipeline_parallel,
+                             activation_checkpoint_interval=int(block.get("activation_checkpoint_interval") or 0))
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = None if "optimizer" in run.ds_config else torch.optim.AdamW(params, lr=run.args.lr)
+    run.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, model_parameters=params,
+                                               config=run.ds_config)
+    run.hf_model = model  # what export_pipeline writes: each stage's trained modules are the HF model's own
+    run.vocab = model.config.get_text_config().vocab_size
+    run.compile_pending = False
+    run.engine.train()
     run.phases = StepPhaseMeter(run.meter, run.on_cuda)
     run.init_peak = run.phases.init_peak()
 
@@ -852,7 +883,18 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
         t0 = time.perf_counter()
         loss_sum, tokens = 0.0, 0
         offloaded: dict = {}
-        for _ in range(ga):
+        if layout.pipeline_parallel > 1:
+            # the pipeline engine pulls the step's ga micro-batches itself (first and last stages); every rank reads
+            # them from its stream, so the data position stays the same on every rank
+            micro = []
+            for _ in range(ga):
+                e_cur, b_cur, batch = next(it)
+                micro.append((batch["input_ids"].to(engine.device), batch["labels"].to(engine.device)))
+                mask = batch.get("attention_mask")
+                tokens += int(batch["input_ids"].numel() if mask is None else mask.sum())
+            loss_ = phases.run("step", lambda: engine.train_batch(data_iter=iter(micro)))
+            loss_sum, out_ = float(loss_.detach().float()) * ga, None
+        for _ in range(ga if layout.pipeline_parallel == 1 else 0):
             e_cur, b_cur, batch = next(it)
             batch = {k: v.to(engine.device) for k, v in batch.items()}
             # checkpoint offload: the checkpointed layer inputs go to host memory in forward and come back for the
@@ -988,6 +1030,11 @@ def export(run: Run, step: int) -> None:
     if not args.no_save:
         if args.finetune.uses_lora:
             export_adapter(run.engine, run.out, run.stage, run.bf16, run.rank, args, run.base_src)
+        elif run.layout.pipeline_parallel > 1:
+            from zerokit.launching.pipeline import export_pipeline
+
+            export_pipeline(run.engine, run.hf_model, run.out / FINAL_SUBDIR, run.layout.data_rank == 0, run.rank,
+                            lambda dest: _copy_tokenizer(args, dest))
         else:
             export_final(run.engine, run.out, run.ckpt_dir, final_tag, run.stage, run.bf16, run.rank, args)
     dist.barrier()
