@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real multi-rank jobs (tests/conftest.py hands such files out first)
+
 REPO = Path(__file__).resolve().parent.parent
 BASE = ["--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "64", "--global-batch", "8",
         "--precision", "fp32", "--micro-batch", "1", "--plan"]
