@@ -568,7 +568,8 @@ def build_model_for(run: Run):
             run.keep_alive.append(HfDeepSpeedConfig(run.ds_config))
         model = build_model(run.base_src or args.model, run.ds_config, args.seed,
                             device=f"cuda:{run.local_rank}" if run.on_cuda else None)
-    if args.gradient_checkpointing and run.layout.pipeline_parallel == 1:
+    staged = run.layout is not None and run.layout.pipeline_parallel > 1  # a Run built for one step may have none
+    if args.gradient_checkpointing and not staged:
         # (pipeline stages checkpoint through the engine: the config's pipeline.activation_checkpoint_interval)
         # use_reentrant=False: reentrant checkpointing gives no gradient to parameters inside a block whose inputs do
         # not require grad, the case of adapters over a frozen base (transformers' _activation_checkpointing_enable
