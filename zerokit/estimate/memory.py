@@ -82,6 +82,9 @@ class MemoryEstimate:
     # what stops the step whatever the memory, one line each: a kernel's 32-bit offsets (spec/liger.py); fit_problems
     # lists them first
     kernel_limits: list[str] = field(default_factory=list)
+    # pipeline stages (estimate/pipeline.py): every stage's per-GPU total, stage 0 first; the figures above are the
+    # largest stage's. Empty without stages
+    stage_totals: list[int] = field(default_factory=list)
 
     def trainable_split(self, terms: dict[str, int]) -> dict[str, dict[str, int]]:
         """Every term as {"trainable", "frozen", "other"} bytes: what belongs to trainable weights (their gradients,
@@ -134,6 +137,7 @@ class MemoryEstimate:
             "phase_terms": {k: dict(v) for k, v in self.phase_terms.items()},
             "peak_phase": self.peak_phase,
             "notes": list(self.notes),
+            **({"stage_totals_bytes": list(self.stage_totals)} if self.stage_totals else {}),
         }
 
 

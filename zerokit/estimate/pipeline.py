@@ -178,6 +178,7 @@ def pipeline_memory(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, worklo
     ests = [stage_memory(model, cluster, setup, workload, st, knobs) for st in parts]
     worst = max(range(len(parts)), key=lambda i: ests[i].per_gpu_total)
     est = ests[worst]
+    est.stage_totals = [e.per_gpu_total for e in ests]
     est.notes.append(f"pipeline: {len(parts)} stages of {', '.join(str(st.layers) for st in parts)} decoder layers "
                      f"(the embedding on stage 0, the head on stage {len(parts) - 1}); the memory is stage {worst}'s, "
                      f"which holds {parts[worst].in_flight} micro-batch(es) in flight")

@@ -548,6 +548,11 @@ def setup_process(run: Run) -> None:
     _seed_all(args.seed)
 
 
+def _staged(run: Run) -> bool:
+    """Whether the run trains pipeline stages (a Run built for one step may have no layout)."""
+    return run.layout is not None and run.layout.pipeline_parallel > 1
+
+
 def build_model_for(run: Run):
     """The model the engine trains: built (QLoRA: loaded 4-bit from run.base_src; else build_model from run.base_src or
     the model, under ZeRO-3 through transformers' zero.Init), checkpointing and the cache set, the finetune applied
@@ -566,9 +571,10 @@ def build_model_for(run: Run):
             from transformers.integrations import HfDeepSpeedConfig
 
             run.keep_alive.append(HfDeepSpeedConfig(run.ds_config))
+        # pipeline stages: built on the host, the PipelineModule moves its own stage to the GPU (make_pipeline_engine)
         model = build_model(run.base_src or args.model, run.ds_config, args.seed,
-                            device=f"cuda:{run.local_rank}" if run.on_cuda else None)
-    staged = run.layout is not None and run.layout.pipeline_parallel > 1  # a Run built for one step may have none
+                            device=f"cuda:{run.local_rank}" if run.on_cuda and not _staged(run) else None)
+    staged = _staged(run)
     if args.gradient_checkpointing and not staged:
         # (pipeline stages checkpoint through the engine: the config's pipeline.activation_checkpoint_interval)
         # use_reentrant=False: reentrant checkpointing gives no gradient to parameters inside a block whose inputs do
@@ -671,7 +677,7 @@ def make_pipeline_engine(run: Run, model) -> None:
 
     import deepspeed
 
-    from zerokit.launching.pipeline import pipeline_module
+    from zerokit.launching.pipeline import pipeline_module, release_other_stages
 
     block = run.ds_config["pipeline"]
     module = pipeline_module(model, run.layout.pipeline_parallel,
@@ -680,6 +686,7 @@ def make_pipeline_engine(run: Run, model) -> None:
     optimizer = None if "optimizer" in run.ds_config else torch.optim.AdamW(params, lr=run.args.lr)
     run.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, model_parameters=params,
                                                config=run.ds_config)
+    release_other_stages(model, module)
     run.hf_model = model  # what export_pipeline writes: each stage's trained modules are the HF model's own
     run.vocab = model.config.get_text_config().vocab_size
     run.compile_pending = False

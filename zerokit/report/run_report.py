@@ -140,6 +140,9 @@ def prediction_from_evaluation(ev, steps: int | None, time_source: str | None = 
         # what torch.cuda.max_memory_allocated (and the CPU meter) can show: the fit's CUDA-context allowance is no
         # allocation of torch's; it is priced, with NCCL's buffers, in nvidia_smi_bytes
         "allocated_peak_bytes": int(mem.per_gpu_total) - context,
+        # pipeline stages: each stage's allocated peak, stage 0 first (rank r runs stage r x stages // world:
+        # PipeDataParallelTopology); the figure above is the largest
+        "stage_allocated_peak_bytes": [int(t) - context for t in getattr(mem, "stage_totals", None) or []],
         "memory_terms": {k: int(v) for k, v in mem.per_gpu.items()},
         "per_node_cpu_bytes": int(getattr(mem, "per_node_cpu_total", 0) or 0),
         "step_seconds": float(t.step_seconds),
@@ -210,11 +213,15 @@ def build_report(prediction: dict | None, measured: dict, run: dict | None = Non
 
         efficiency_to_match = efficiency_from_run(p["step_seconds"], measured["step_seconds"], p["efficiency"])
     per_rank = []
+    stages = p.get("stage_allocated_peak_bytes") or []
+    world = measured.get("world_size") or len(measured.get("ranks", {}))
     for rank, m in sorted(measured.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
-        per_rank.append({"rank": int(rank), "predicted_bytes": allocated,
+        # with pipeline stages each rank is judged against its own stage's prediction
+        predicted = stages[int(rank) * len(stages) // world] if stages and world else allocated
+        per_rank.append({"rank": int(rank), "predicted_bytes": predicted,
                          "measured_bytes": m.get("peak_memory_bytes"),
                          "measured_reserved_bytes": m.get("peak_reserved_bytes"),
-                         "ratio": _ratio(m.get("peak_memory_bytes"), allocated),
+                         "ratio": _ratio(m.get("peak_memory_bytes"), predicted),
                          "step_seconds": m.get("step_seconds"), "tokens_per_second": m.get("tokens_per_second")})
     return {
         "setup": p.get("setup"),
