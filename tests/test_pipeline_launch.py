@@ -1,7 +1,8 @@
 """`zerokit launch --pipeline-parallel`: the real command, 2 CPU ranks over gloo, the model trained as
 launching/pipeline.py's PipelineModule in zerokit's own loop. Oracles: the same job without stages (ZeRO-0, 2
 data-parallel ranks, same global batch and data order) gives the same losses and final weights (fp32); a run resumed
-from its pipeline checkpoint continues as the uninterrupted one; the exported final/ loads in transformers."""
+from its pipeline checkpoint continues as the uninterrupted one, and so does one restarted after a rank was killed;
+the exported final/ loads in transformers."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ BASE = ["--model", "tiny-llama", "--gpu", "cpu", "--gpus-per-node", "2", "--seq-
         "--precision", "fp32", "--micro-batch", "1", "--plan"]
 
 
-def zerokit_launch(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+def zerokit_launch(out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "zerokit", "launch", *BASE, "--output-dir", str(out), *extra],
                           capture_output=True, text=True, env=env, cwd=str(REPO), timeout=600)
 
@@ -91,6 +92,21 @@ def test_a_resumed_pipeline_run_continues_as_the_uninterrupted_one(runs, tmp_pat
     whole, resumed = losses(runs / "piped"), losses(out)
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(whole[step], rel=1e-6), step
+
+
+def test_a_killed_rank_restarts_from_the_pipeline_checkpoint(runs, tmp_path):
+    """The last stage's rank is SIGKILLed at step 5 (zerokit's test hook); the runner restarts the job, which resumes
+    from the step-3 pipeline checkpoint, redoes steps 4-5 and ends as the uninterrupted run (same losses)."""
+    out = tmp_path / "killed"
+    r = zerokit_launch(out, "--pipeline-parallel", "2", "--steps", "6", "--save-every", "3", "--max-restarts", "1",
+                       env={"ZEROKIT_TEST_CRASH_AT_STEP": "5", "ZEROKIT_TEST_CRASH_RANK": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["restarts"] == 1 and report["redone_steps"] >= 1
+    whole, killed = losses(runs / "piped"), losses(out)
+    assert sorted(killed) == list(range(1, 7))
+    for step in killed:
+        assert killed[step] == pytest.approx(whole[step], rel=1e-6), step
 
 
 def test_refused_in_one_line(runs, tmp_path):
