@@ -140,8 +140,8 @@ def batch_world_size(config: Mapping, world_size: int) -> int:
     sp = config.get("sequence_parallel_size")
     if is_int(sp) and sp > 1 and world_size % sp == 0:
         world_size //= sp
-    stages = lookup(config, "pipeline.stages")  # a PipelineModule's mpu: its data-parallel ranks (pipe/engine.py)
-    if is_int(stages) and stages > 1 and world_size % stages == 0:
+    stages = parallelism_from_config(config).pipeline_parallel  # a PipelineModule's mpu: one stage's data-parallel ranks
+    if world_size % stages == 0:
         world_size //= stages
     return world_size
 

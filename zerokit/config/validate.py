@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 from zerokit.config.auto import TRAINER_FILLED_KEYS, auto_keys
 from zerokit.config.keys import DeepSpeedWorld, FP16_ONLY_KEYS, deepspeed_keys, did_you_mean, import_deepspeed_config
-from zerokit.config.read import batch_fix, batch_world_size, checked_config, checked_world_size, lookup
+from zerokit.config.read import (batch_fix, batch_world_size, checked_config, checked_world_size, lookup,
+                                 parallelism_from_config)
 from zerokit.core.errors import ZerokitError
 
 
@@ -107,8 +108,8 @@ class _PipeGrid:
 def _pipeline_mpu(config: Mapping, world_size: int):
     """The pipeline's grid when the config's pipeline block names its stages (they must divide the world: lint_config
     says so otherwise), else None, as for any other model."""
-    stages = lookup(config, "pipeline.stages")
-    if isinstance(stages, int) and not isinstance(stages, bool) and stages > 1 and world_size % stages == 0:
+    stages = parallelism_from_config(config).pipeline_parallel
+    if stages > 1 and world_size % stages == 0:
         return _PipeGrid(world_size // stages)
     return None
 

@@ -95,9 +95,7 @@ def layer_weights(model: ModelSpec) -> list[int]:
 
 @dataclass(frozen=True)
 class Stage:
-    index: int
-    first_layer: int  # decoder layers [first_layer, first_layer + layers)
-    layers: int
+    layers: int  # decoder layers
     params: int  # what the stage holds (a tied embedding on both ends)
     has_embedding: bool
     has_head: bool
@@ -115,9 +113,8 @@ def stages(model: ModelSpec, setup: ZeroSetup) -> list[Stage]:
     out = []
     for s in range(p):
         lo, hi = bounds[s], bounds[s + 1]
-        decoder = [i for i in range(lo, hi) if 0 < i <= model.num_layers]
-        out.append(Stage(s, (decoder[0] - 1) if decoder else 0, len(decoder), sum(weights[lo:hi]), lo == 0,
-                         hi == len(weights), min(p - s, m)))
+        decoder = sum(1 for i in range(lo, hi) if 0 < i <= model.num_layers)
+        out.append(Stage(decoder, sum(weights[lo:hi]), lo == 0, hi == len(weights), min(p - s, m)))
     return out
 
 

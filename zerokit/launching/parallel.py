@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zerokit.config.read import parallelism_from_config
 from zerokit.estimate.memory import tiled_loss_shards, tiled_mlp_shards
 
 
@@ -38,11 +39,8 @@ class RankLayout:
 
     @classmethod
     def from_config(cls, ds_config: dict, rank: int, world_size: int) -> "RankLayout":
-        tp = (ds_config.get("tensor_parallel") or {}).get("autotp_size") or 1
-        sp = ds_config.get("sequence_parallel_size") or 1
-        stages = (ds_config.get("pipeline") or {}).get("stages")
-        pp = stages if isinstance(stages, int) and not isinstance(stages, bool) else 1
-        return cls(max(1, int(tp)), max(1, int(sp)), rank, world_size, max(1, pp))
+        par = parallelism_from_config(ds_config)  # the one reader of the degrees a config asks for
+        return cls(par.tensor_parallel, par.sequence_parallel, rank, world_size, par.pipeline_parallel)
 
     @property
     def model_parallel(self) -> int:

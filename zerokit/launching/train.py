@@ -437,7 +437,7 @@ class Run:
     head_switch: Any = None  # --tiled-loss: parallel.HeadSwitch over the LM head
     sp_group: Any = None  # Ulysses SP: the sequence-parallel process group
     vocab: int = 0
-    hf_model: Any = None  # pipeline stages: the HF model whose modules the PipelineModule holds (make_pipeline_engine)
+    hf_model: Any = None  # pipeline stages: the HF model whose modules the PipelineModule holds (make_engine)
     phases: Any = None  # measure/step_phases.StepPhaseMeter
     init_peak: int = 0
 
@@ -571,7 +571,7 @@ def build_model_for(run: Run):
             from transformers.integrations import HfDeepSpeedConfig
 
             run.keep_alive.append(HfDeepSpeedConfig(run.ds_config))
-        # pipeline stages: built on the host, the PipelineModule moves its own stage to the GPU (make_pipeline_engine)
+        # pipeline stages: built on the host, the PipelineModule moves its own stage to the GPU (make_engine)
         model = build_model(run.base_src or args.model, run.ds_config, args.seed,
                             device=f"cuda:{run.local_rank}" if run.on_cuda and not _staged(run) else None)
     staged = _staged(run)
@@ -612,8 +612,9 @@ def compile_engine(run: Run) -> None:
 
 
 def make_engine(run: Run, model) -> None:
-    """Ulysses' SP groups, deepspeed.initialize (an AdamW at --lr when the config has no optimizer), the tiled loss's
-    head switch, the meter told of the engine, training mode, and the step-phase meter with its init peak."""
+    """Ulysses' SP groups, or the pipeline stages' PipelineModule; deepspeed.initialize (an AdamW at --lr when the
+    config has no optimizer), the tiled loss's head switch, the meter told of the engine, training mode, and the
+    step-phase meter with its init peak."""
     import torch
 
     import deepspeed
@@ -621,23 +622,29 @@ def make_engine(run: Run, model) -> None:
     from zerokit.launching import parallel
 
     args, ds_config = run.args, run.ds_config
+    mpu, trained = None, model
     if run.layout.pipeline_parallel > 1:
-        make_pipeline_engine(run, model)
-        return
-    # Ulysses: the SP groups and the attention wrapper, before the engine (which takes their mpu)
-    mpu = parallel.register_ulysses(model, run.layout.sequence_parallel,
-                                    int(ds_config.get("train_micro_batch_size_per_gpu", 1)))
+        # the config's pipeline block: the HF model as launching/pipeline.py's PipelineModule, its decoder layers
+        # checkpointed by the engine every activation_checkpoint_interval layers (in place of HF's); DeepSpeed takes
+        # the module's own grid as the mpu
+        from zerokit.launching.pipeline import pipeline_module
 
-    optimizer = None
-    if "optimizer" not in ds_config:
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=ds_config,
-        mpu=mpu,
-    )
+        interval = int(ds_config["pipeline"].get("activation_checkpoint_interval") or 0)
+        trained = pipeline_module(model, run.layout.pipeline_parallel, activation_checkpoint_interval=interval)
+    else:
+        # Ulysses: the SP groups and the attention wrapper, before the engine (which takes their mpu)
+        mpu = parallel.register_ulysses(model, run.layout.sequence_parallel,
+                                        int(ds_config.get("train_micro_batch_size_per_gpu", 1)))
+
+    params = [p for p in trained.parameters() if p.requires_grad]
+    optimizer = None if "optimizer" in ds_config else torch.optim.AdamW(params, lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=trained, optimizer=optimizer, model_parameters=params,
+                                           config=ds_config, mpu=mpu)
+    if trained is not model:  # pipeline stages: this rank keeps its own stage's weights, export_pipeline writes them
+        from zerokit.launching.pipeline import release_other_stages
+
+        release_other_stages(model, trained)
+        run.hf_model = model
     run.engine = engine
     run.compile_pending = args.compile != "off"
     if run.compile_pending and (run.on_cuda or run.meter is None):
@@ -645,8 +652,8 @@ def make_engine(run: Run, model) -> None:
     run.head_switch = parallel.HeadSwitch(engine.module.get_output_embeddings()) if args.tiled_loss else None
     run.sp_group = mpu.get_sequence_parallel_group() if mpu is not None else None
     # the whole vocabulary, as memory.tiled_loss_shards prices the slices: an AutoTP LM head's weight holds V / tp rows
-    # but gathers its logits to V
-    run.vocab = engine.module.config.get_text_config().vocab_size
+    # but gathers its logits to V (the HF model's config: a PipelineModule has none)
+    run.vocab = model.config.get_text_config().vocab_size
     if run.meter is not None and hasattr(run.meter, "register_deepspeed_engine"):
         try:
             run.meter.register_deepspeed_engine(engine)
@@ -664,33 +671,6 @@ def make_engine(run: Run, model) -> None:
         # (engine._configure_distributed_model casts before it moves a host-built model): release it, so the reserved
         # and nvidia-smi figures measured are those of a model loaded in 16 bits or from the host
         torch.cuda.empty_cache()
-    run.phases = StepPhaseMeter(run.meter, run.on_cuda)
-    run.init_peak = run.phases.init_peak()
-
-
-def make_pipeline_engine(run: Run, model) -> None:
-    """Pipeline stages (the config's pipeline block): the HF model as launching/pipeline.py's PipelineModule, cut into
-    pipeline.stages stages, its decoder layers checkpointed every pipeline.activation_checkpoint_interval layers (the
-    engine's own checkpointing, in place of HF's), and deepspeed.initialize's PipelineEngine over this stage's
-    parameters (an AdamW at --lr when the config has no optimizer)."""
-    import torch
-
-    import deepspeed
-
-    from zerokit.launching.pipeline import pipeline_module, release_other_stages
-
-    block = run.ds_config["pipeline"]
-    module = pipeline_module(model, run.layout.pipeline_parallel,
-                             activation_checkpoint_interval=int(block.get("activation_checkpoint_interval") or 0))
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = None if "optimizer" in run.ds_config else torch.optim.AdamW(params, lr=run.args.lr)
-    run.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, model_parameters=params,
-                                               config=run.ds_config)
-    release_other_stages(model, module)
-    run.hf_model = model  # what export_pipeline writes: each stage's trained modules are the HF model's own
-    run.vocab = model.config.get_text_config().vocab_size
-    run.compile_pending = False
-    run.engine.train()
     run.phases = StepPhaseMeter(run.meter, run.on_cuda)
     run.init_peak = run.phases.init_peak()
 
@@ -864,6 +844,12 @@ def forward_loss(run: Run, batch: dict):
     return total / good.clamp(min=1), out_
 
 
+def real_tokens(batch: dict) -> int:
+    """A micro batch's real tokens: padding (attention mask 0) is computed but is no data; prompt tokens count."""
+    mask = batch.get("attention_mask")
+    return int(batch["input_ids"].numel() if mask is None else mask.sum())
+
+
 def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trained:
     """The optimizer steps from the position to data.total_steps: a step record each, the CPU meter stopped after
     memory_steps, progress on rank 0, the crash hook, a checkpoint every save_every; then the final checkpoint."""
@@ -898,29 +884,27 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
             for _ in range(ga):
                 e_cur, b_cur, batch = next(it)
                 micro.append((batch["input_ids"].to(engine.device), batch["labels"].to(engine.device)))
-                mask = batch.get("attention_mask")
-                tokens += int(batch["input_ids"].numel() if mask is None else mask.sum())
+                tokens += real_tokens(batch)
             loss_ = phases.run("step", lambda: engine.train_batch(data_iter=iter(micro)))
             loss_sum, out_ = float(loss_.detach().float()) * ga, None
-        for _ in range(ga if layout.pipeline_parallel == 1 else 0):
-            e_cur, b_cur, batch = next(it)
-            batch = {k: v.to(engine.device) for k, v in batch.items()}
-            # checkpoint offload: the checkpointed layer inputs go to host memory in forward and come back for the
-            # recompute; the context spans forward and backward (launching/ckpt_offload.py)
-            offload = ckpt_offload.offload_context(run.on_cuda) if args.checkpoint_offload else contextlib.nullcontext()
-            with offload:
-                # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a
-                # loop that keeps `outputs = model(**batch)`: the memory model counts those logits
-                # (memory.phase_terms logits_output)
-                loss_, out_ = phases.run("forward", lambda: forward_loss(run, batch))
-                phases.run("backward", lambda: engine.backward(loss_))
-            if args.checkpoint_offload:
-                ckpt_offload.add_stats(offloaded, offload)
-            phases.run("step", engine.step)
-            loss_sum += float(loss_.detach().float())
-            # real tokens only: padding (attention mask 0) is computed but is no data; prompt tokens count
-            mask = batch.get("attention_mask")
-            tokens += int(batch["input_ids"].numel() if mask is None else mask.sum())
+        else:
+            for _ in range(ga):
+                e_cur, b_cur, batch = next(it)
+                batch = {k: v.to(engine.device) for k, v in batch.items()}
+                # checkpoint offload: the checkpointed layer inputs go to host memory in forward and come back for the
+                # recompute; the context spans forward and backward (launching/ckpt_offload.py)
+                offload = ckpt_offload.offload_context(run.on_cuda) if args.checkpoint_offload else contextlib.nullcontext()
+                with offload:
+                    # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a
+                    # loop that keeps `outputs = model(**batch)`: the memory model counts those logits
+                    # (memory.phase_terms logits_output)
+                    loss_, out_ = phases.run("forward", lambda: forward_loss(run, batch))
+                    phases.run("backward", lambda: engine.backward(loss_))
+                if args.checkpoint_offload:
+                    ckpt_offload.add_stats(offloaded, offload)
+                phases.run("step", engine.step)
+                loss_sum += float(loss_.detach().float())
+                tokens += real_tokens(batch)
         step = engine.global_steps
         step_time = time.perf_counter() - t0
         local_loss = loss_sum / ga

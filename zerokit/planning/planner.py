@@ -541,8 +541,7 @@ def pipeline_rows(model: ModelSpec, cluster: Cluster, workload: Workload, pins: 
     faster and by how much. Not chosen by itself: it runs the model as a PipelineModule (launching/pipeline.py), a
     different training script, so the user pins it (--pipeline-parallel P). Only where the plan can have stages:
     several nodes, a batch to split into micro-batches, a model the adapter covers, nothing pinned against them."""
-    if (cluster.nodes < 2 or "pipeline_parallel" in pins or not workload.global_batch
-            or any(k in pins for k in ("tensor_parallel", "sequence_parallel", "tiled_loss", "tiled_mlp"))):
+    if cluster.nodes < 2 or not workload.global_batch or any(k in pins for k in SCRIPT_LEVEL_KEYS):
         return
     rows = []
     for stages_count in (d for d in (2, 4, 8, 16) if cluster.nodes % d == 0 or d == cluster.nodes):

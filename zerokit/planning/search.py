@@ -72,30 +72,20 @@ def likely_range(longest: int, granule: int, sequence_parallel: int, on_gpu: boo
 def longest_fitting(judge, granule: int = 1, limit: int = MAX_SEQ_LEN):
     """(n, judged at n, judged at n + granule or None at the limit) for judge(seq_len) -> an object with .fits: the
     largest multiple n of granule up to limit that fits, 0 when granule itself does not (then both judged are at
-    granule)."""
+    granule). The search is _longest_from's; every judgement is kept, so the two returned are ones it made."""
     granule = max(1, granule)
     top = limit // granule  # in units of granule
     first = judge(granule)
     if not first.fits:
         return 0, first, first
-    lo, lo_j, hi, hi_j = 1, first, None, None
-    while hi is None and lo < top:
-        m = min(2 * lo, top)
-        j = judge(m * granule)
-        if j.fits:
-            lo, lo_j = m, j
-        else:
-            hi, hi_j = m, j
-    if hi is None:
-        return lo * granule, lo_j, None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        j = judge(mid * granule)
-        if j.fits:
-            lo, lo_j = mid, j
-        else:
-            hi, hi_j = mid, j
-    return lo * granule, lo_j, hi_j
+    judged = {1: first}
+
+    def fits(units: int) -> bool:
+        judged[units] = judge(units * granule)
+        return judged[units].fits
+
+    n = _longest_from(fits, 1, top)
+    return n * granule, judged[n], judged.get(n + 1) if n < top else None
 
 
 def binding(evaluation) -> str:
@@ -199,7 +189,7 @@ def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
     plan = make_plan(model, cluster, replace(workload, seq_len=longest), pins, memory_fraction=memory_fraction,
                      within={family_key(s) for s in survivors})
     if plan.best is not None:
-        neighbour_rows(plan, candidates, survivors, lambda s, units: judge(s, units), granule, best)
+        neighbour_rows(plan, candidates, survivors, judge, granule, best)
     likely = likely_range(longest, granule, plan.choice.sequence_parallel, not cluster.accelerator.is_cpu)
     return plan, SeqLenSearch(longest, granule, top * granule, binding(beyond), likely)
 
