@@ -51,7 +51,7 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     """A count is written once and read back equal (tuples and all) without counting again; another rank, another
     config or another library version is another key."""
     monkeypatch.setenv("ZEROKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ft, "_BUNDLED", {"bundled": {}})  # no bundled table: the user cache alone
+    monkeypatch.setattr(ft, "_bundled_splits", dict)  # no bundled table: the user cache alone
     monkeypatch.setattr(ft, "_SPLITS", {})
     config = tmp_path / "config.json"
     config.write_text(bundled_data("models/tiny-llama/config.json").read_text())
@@ -84,7 +84,7 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
 def test_corrupt_cache_entry_recounts(tmp_path, monkeypatch):
     """A truncated cache file costs a recount, never a wrong answer or a traceback."""
     monkeypatch.setenv("ZEROKIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(ft, "_BUNDLED", {"bundled": {}})
+    monkeypatch.setattr(ft, "_bundled_splits", dict)
     monkeypatch.setattr(ft, "_SPLITS", {})
     config = str(bundled_data("models/tiny-llama/config.json"))
     lora = Finetune(mode="lora", lora_r=4)

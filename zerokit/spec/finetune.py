@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import warnings
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Literal
 
 from zerokit.core.errors import ZerokitError
@@ -565,9 +566,9 @@ def trainable_split(config_source: str, finetune: Finetune) -> TrainableSplit:
 
 
 def _split_key(config_source: str, finetune: Finetune) -> str | None:
-    """Everything that decides a split: the config.json's bytes, the fine-tune, the transformers and peft that build
-    and wrap the model, and this module's own source (any change to the counting rules is a new key, so a cache can
-    never answer with an older rule). None for a hub id (its config is fetched, not on disk): counted each time."""
+    """Everything that decides a split: the config.json's bytes, the fine-tune, the torch, transformers and peft that
+    build and wrap the model, and this module's own source (any change to the counting rules is a new key, so a cache
+    can never answer with an older rule). None for a hub id (its config is fetched, not on disk): counted each time."""
     import hashlib
     from pathlib import Path
 
@@ -577,12 +578,11 @@ def _split_key(config_source: str, finetune: Finetune) -> str | None:
     path = path / "config.json" if path.is_dir() else path
     try:
         config = path.read_bytes()
-        code = Path(__file__).read_bytes()
     except OSError:
         return None
     material = b"\n".join([b"zerokit-finetune-split/1", *(package_version(p).encode() for p in SPLIT_LIBRARIES),
                            repr(sorted(asdict(finetune).items())).encode(),
-                           hashlib.sha256(code).digest(), hashlib.sha256(config).digest()])
+                           _code_digest(), hashlib.sha256(config).digest()])
     return hashlib.sha256(material).hexdigest()
 
 
@@ -621,20 +621,25 @@ def split_from_dict(data: dict) -> TrainableSplit:
     return TrainableSplit(**{**data, "layout": {k: tuples(v) for k, v in layout.items()} if layout is not None else None})
 
 
+@lru_cache(maxsize=1)
 def _bundled_splits() -> dict:
     import json
 
     from zerokit.core.resources import bundled_data
 
-    if "bundled" not in _BUNDLED:
-        try:
-            _BUNDLED["bundled"] = json.loads(bundled_data(BUNDLED_SPLITS).read_text(encoding="utf-8"))["splits"]
-        except (OSError, ValueError, KeyError):
-            _BUNDLED["bundled"] = {}
-    return _BUNDLED["bundled"]
+    try:
+        return json.loads(bundled_data(BUNDLED_SPLITS).read_text(encoding="utf-8"))["splits"]
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
-_BUNDLED: dict[str, dict] = {}
+@lru_cache(maxsize=1)
+def _code_digest() -> bytes:
+    """This module's own bytes, hashed once per process (part of every split key)."""
+    import hashlib
+    from pathlib import Path
+
+    return hashlib.sha256(Path(__file__).read_bytes()).digest()
 
 
 def _split_write(key: str, split: TrainableSplit) -> None:
