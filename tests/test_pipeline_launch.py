@@ -117,6 +117,11 @@ def test_refused_in_one_line(runs, tmp_path):
                            capture_output=True, text=True, cwd=str(REPO), timeout=300)
     assert moved.returncode == 2 and "resumes at the GPU count that wrote it" in moved.stderr
     assert len(moved.stderr.strip().splitlines()) == 1
+    # the same GPUs without the stages: the checkpoint's partitions are per stage (its zerokit.json says 2)
+    unstaged = subprocess.run([sys.executable, "-m", "zerokit", "launch", *BASE, "--output-dir", str(runs / "piped"),
+                               "--steps", "8", "--resume"], capture_output=True, text=True, cwd=str(REPO), timeout=300)
+    assert unstaged.returncode == 2 and "written with 2 pipeline stage(s)" in unstaged.stderr, unstaged.stderr
+    assert len(unstaged.stderr.strip().splitlines()) == 1
     script = tmp_path / "train.py"
     script.write_text("import sys\n")
     own = subprocess.run([sys.executable, "-m", "zerokit", "launch", *BASE[:-1], "--pipeline-parallel", "2",

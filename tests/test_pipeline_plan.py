@@ -87,7 +87,8 @@ def test_stage_zero_holds_the_micro_batches_in_flight():
 
 @pytest.mark.parametrize("options,fragment", [
     (dict(zero_stage=3), "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
-    (dict(sequence_parallel=2), "data parallelism only"),
+    (dict(sequence_parallel=2), "without Ulysses"),
+    (dict(tensor_parallel=2), "data parallelism only"),
     (dict(model="gpt2", seq_len=1024), "adapter covers llama"),
     (dict(pipeline_parallel=3), "does not divide the 16 GPUs"),
     (dict(global_batch=None), "give --global-batch or --grad-accum"),
@@ -177,3 +178,133 @@ def test_priced_layers_are_the_adapters_layers(tmp_path, tied):
     spec = load_model_spec(str(tmp_path))
     assert spec.tied_embeddings is tied
     assert counts == pp.layer_weights(spec)
+
+
+def _megatron_run(**changes):
+    """BLOOM-176B as BigScience trained it (train/tr11-176B-ml/README.md: TP 4, PP 12, DP 8 on 384 A100-80GB, micro
+    batch 2, global batch 2048, seq 2048)."""
+    run = dict(id="bloom", source="-", quote="-", gpu="a100-80gb", gpus=384, tensor_parallel=4, pipeline_parallel=12,
+               data_parallel=8, zero_stage=1, micro_batch=2, global_batch=2048, seq_len=2048, hidden_size=14336,
+               num_layers=70, num_heads=112, vocab_size=250880, precision="bf16", activation_checkpointing="full")
+    return {**run, **changes}
+
+
+def _bench_3d():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "published_3d.py"
+    spec = importlib.util.spec_from_file_location("published_3d", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vocab_parallel_shard_holds_its_rows():
+    """Megatron's VocabParallelEmbedding and vocab-parallel head: a TP rank holds vocab / tp rows of the tied
+    embedding beside its 1/tp of every layer's matrices; the biases and LayerNorms it keeps whole. Counted here from
+    the shape, independently of tensor_parallel_shard."""
+    bench = _bench_3d()
+    run = _megatron_run()
+    model = bench.gpt_spec(run)
+    h, layers, v, s, tp = 14336, 70, 250880, 2048, 4
+    assert model.params == layers * (12 * h * h + 13 * h) + v * h + s * h + 2 * h  # the GPT's count, per layer 12h^2+13h
+    shard = model.tensor_parallel_shard(tp)
+    matrices = layers * 12 * h * h  # QKV 3h^2, output h^2, MLP 8h^2
+    assert shard.vocab_size == v // tp and shard.embedding_params == v * h // tp
+    assert shard.params == model.params - matrices + matrices // tp - (v * h - v * h // tp)
+
+
+def test_a_first_stage_splits_no_head_it_does_not_hold():
+    """The first stage holds the input embedding and decoder layers, no LM head: AutoTP splits its layers' Linears
+    only (tensor_parallel_params), so its priced matmuls are those layers' at 1/tp."""
+    model = load_model_spec("llama-3-8b")
+    setup = ZeroSetup(zero_stage=1, precision="bf16", micro_batch_size=1, gradient_accumulation_steps=8,
+                      pipeline_parallel=4)
+    first = pp.stages(model, setup)[0]
+    view = pp.stage_view(model, first, for_time=True)
+    per_layer = (model.params - 2 * model.vocab_size * model.hidden_size - model.hidden_size) // model.num_layers
+    linears = model.hidden_size * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim \
+        + model.num_attention_heads * model.head_dim * model.hidden_size + 3 * model.hidden_size * model.intermediate_size
+    assert view.tensor_parallel_params() == first.layers * linears
+    assert linears < per_layer  # the norms stay whole
+
+
+def test_tensor_parallel_all_reduces_sit_in_every_slot():
+    """Narayanan et al. 2021, section 3.3: tensor parallelism all-reduces inside each layer's forward and backward of
+    every micro-batch (on the critical path), so the pipeline's slot carries them: the step grows by (m + p - 1) x
+    one micro-batch's TP traffic, not by one micro-batch's."""
+    from dataclasses import replace
+
+    from zerokit.estimate.timing import intra_node_bandwidth, model_parallel_bytes
+
+    bench = _bench_3d()
+    run = _megatron_run(gpus=96, data_parallel=2, global_batch=64, micro_batch=1)
+    model = bench.gpt_spec(run)
+    from zerokit.spec.hardware import build_cluster
+
+    cluster = build_cluster(gpu="a100-80gb", gpus_per_node=8, nodes=12, hardware_profile="none")
+    setup = ZeroSetup(zero_stage=1, precision="bf16", activation_checkpointing=True, micro_batch_size=1,
+                      gradient_accumulation_steps=32, tensor_parallel=4, pipeline_parallel=12)
+    work = Workload(seq_len=2048, global_batch=64, attention="eager")
+    timed = pp.pipeline_time(model, cluster, setup, work)
+    slots = 32 + 12 - 1
+    views = [pp.stage_view(model, st, for_time=True) for st in pp.stages(model, setup)]
+    one = replace(setup, gradient_accumulation_steps=1)
+    from zerokit.estimate.timing import estimate_time
+
+    per_slot = max(estimate_time(v, cluster, one, work).compute_seconds
+                   + model_parallel_bytes(v, one, 2048) / intra_node_bandwidth(cluster) for v in views)
+    assert timed.compute_seconds == pytest.approx(slots * per_slot, rel=1e-12)
+    # each slot's TP traffic: per layer 2 all-reduces forward, 2 more in the recompute, 2 backward (GPT's fused QKV and
+    # first MLP Linear take the backward ones), each b s h elements in bf16, a ring's 2 (t - 1) / t of them
+    layers = max(st.layers for st in pp.stages(model, setup))
+    middle = next(v for v in views if v.num_layers == layers and v.vocab_size == 0)
+    ring = 2 * 3 / 4 * 2048 * 14336 * 2
+    assert model_parallel_bytes(middle, one, 2048) == pytest.approx(layers * 6 * ring, rel=1e-12)
+
+
+def test_tensor_parallel_with_stages_is_priced_not_planned():
+    with pytest.raises(ZerokitError) as e:
+        _plan(pipeline_parallel=4, tensor_parallel=2)
+    assert "AutoTP inside it is untried" in str(e.value)
+
+
+def test_published_3d_runs_are_priced_within_their_tolerance():
+    """The committed benchmark's runs (bench/data/published_3d_runs.yaml, each with its source and quote): the step
+    priced within 1.5x of the published one for every run with a measured step or TFLOPs (BLOOM-176B, GPT-NeoX-20B,
+    Megatron-LM's table, MT-NLG 530B; the table's own figures are in bench/results/published_3d.txt)."""
+    bench = _bench_3d()
+    runs = bench.load()
+    assert len(runs) >= 5
+    for run in runs:
+        measured = bench.measured_step(run)
+        if measured:
+            ratio = bench.price(run)["step"] / measured
+            assert 1 / 1.5 <= ratio <= 1.5, (run["id"], ratio)
+
+
+def test_published_3d_bad_entry_is_one_line(tmp_path):
+    bad = tmp_path / "runs.yaml"
+    import yaml
+
+    bad.write_text(yaml.safe_dump({"runs": [_megatron_run(gpus=100)]}))
+    bench = _bench_3d()
+    assert bench.main(["--data", str(bad)]) == 2
+
+
+def test_blooms_partition_is_the_one_its_readme_describes():
+    """BLOOM-176B (70 layers, tied embedding) in 12 stages with --pp-partition-method 'type:transformer|embedding':
+    "pp rank 0 holds [embed | 5 blocks], rank 11 [5 blocks | embed], the rest 6 blocks" (bigscience
+    train/tr11-176B-ml/README.md). Megatron-DeepSpeed's default 'type:transformer' spreads the 70 blocks alone."""
+    bench = _bench_3d()
+    model = bench.gpt_spec(_megatron_run())
+    setup = ZeroSetup(zero_stage=1, precision="bf16", micro_batch_size=2, gradient_accumulation_steps=128,
+                      tensor_parallel=4, pipeline_parallel=12)
+    bloom = pp.stages(model, setup, "type:transformer|embedding")
+    assert [st.layers for st in bloom] == [5] + [6] * 10 + [5]
+    assert bloom[0].has_embedding and bloom[-1].has_head
+    plain = pp.stages(model, setup, "type:transformer")
+    assert sum(st.layers for st in plain) == 70 and max(st.layers for st in plain) - min(st.layers for st in plain) == 1
+    with pytest.raises(ZerokitError):
+        pp.stages(model, setup, "type:mlp")

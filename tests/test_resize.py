@@ -149,6 +149,27 @@ def test_prepare_replans_with_the_global_batch_pinned(tmp_path):
     assert s.zero_stage == 3 and s.precision == "fp32"  # the checkpoint's optimizer only loads into its own kind
 
 
+@pytest.mark.parametrize("written,asked", [(2, 1), (1, 2), (2, 4)])
+def test_a_resume_at_another_stage_count_is_one_line(tmp_path, written, asked):
+    """A checkpoint's zerokit.json records its pipeline stages (each stage's layer files and ZeRO-1 partitions are its
+    own): a resume with other stages, at the same GPU count, is refused before anything runs."""
+    from zerokit.launching.prepare import LaunchRequest, prepare_launch
+    from zerokit.spec.hardware import HardwareOptions
+
+    d = tmp_path / "run" / CKPT_SUBDIR / "step2"
+    d.mkdir(parents=True)
+    write_shape(d, 4, 1, 8, 1, "fp32", pipeline_parallel=written)
+    write_latest(tmp_path / "run" / CKPT_SUBDIR, "step2")
+    assert read_shape(tmp_path / "run" / CKPT_SUBDIR).pipeline_parallel == written
+    req = LaunchRequest(model="tiny-llama", hardware=HardwareOptions(gpu="cpu", gpus_per_node=4), seq_len=32,
+                        steps=4, resume=True, output_dir=str(tmp_path / "run"), global_batch=32,
+                        pins={"pipeline_parallel": asked} if asked > 1 else {})
+    with pytest.raises(ZerokitError) as e:
+        prepare_launch(req)
+    assert f"written with {written} pipeline stage(s) and this run has {asked}" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_unconvertible_checkpoint_is_one_line_and_left_untouched(tmp_path):
     """DeepSpeed's converter refuses shard files that are not checkpoints: ZerokitError, no *_universal folder, the
     checkpoint byte for byte as it was."""

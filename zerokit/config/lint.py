@@ -369,6 +369,10 @@ def _parallelism_findings(config: Mapping, zero: Mapping, stage: int, world_size
         out.append(Finding("warning", "pipeline.stages", (
             "acts only on a deepspeed.pipe.PipelineModule (the script builds it with num_stages; an HF model as it is "
             "trains without stages); zerokit prices the stages as its own adapter cuts them (partition parameters)")))
+        if par.tensor_parallel > 1:  # the pipeline engine's grid is pipe x data (pipe/topology.py): AutoTP is not in it
+            out.append(Finding("warning", tp_key, "with pipeline stages: AutoTP inside a PipelineModule is untried "
+                                                  "(the pipeline engine's grid is stages x data ranks); zerokit prices "
+                                                  "the pair as Megatron-style tensor x pipeline parallelism"))
     if par.hpz_partition_size > 1:
         if stage != 3:
             out.append(Finding("warning", hpz_key, f"read by ZeRO-3 only (zero/stage3.py): at stage {stage} DeepSpeed "

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
 from zerokit.estimate.memory import MemoryEstimate, activation_terms, dtype_bytes, estimate_memory
-from zerokit.estimate.timing import TimeEstimate, estimate_time, intra_node_bandwidth, link_bandwidth, step_range
+from zerokit.estimate.timing import (TimeEstimate, estimate_time, intra_node_bandwidth, link_bandwidth,
+                                     model_parallel_bytes, step_range)
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.model import ModelSpec
 from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup, steps_per_epoch
@@ -102,14 +103,29 @@ class Stage:
     in_flight: int  # micro-batches whose activations it holds at once (TrainSchedule.num_pipe_buffers without the floor)
 
 
-def stages(model: ModelSpec, setup: ZeroSetup) -> list[Stage]:
-    """The stages DeepSpeed cuts the PipelineModule into (partition method "parameters")."""
+# PipelineModule partition methods (module.py _partition_layers): "parameters" (zerokit's adapter), and the
+# "type:<regex>" ones Megatron-DeepSpeed's GPTModelPipe uses, which count the layers whose class name matches:
+# "type:transformer" (its default: decoder layers only) and "type:transformer|embedding" (BLOOM: the tied embedding on
+# both ends counts as a layer). Each maps layer_weights' list (embedding, decoders, head) to the weights cut.
+PARTITION_METHODS = ("parameters", "type:transformer", "type:transformer|embedding")
+
+
+def stages(model: ModelSpec, setup: ZeroSetup, method: str = "parameters") -> list[Stage]:
+    """The stages DeepSpeed cuts the PipelineModule into (partition_balanced over the method's weights)."""
     problem = pipeline_problem(model, setup.pipeline_parallel)
     if problem:
         raise ZerokitError(problem)
     weights = layer_weights(model)
     p, m = setup.pipeline_parallel, setup.gradient_accumulation_steps
-    bounds = partition_balanced(weights, p)
+    if method == "parameters":
+        cut = weights
+    elif method in PARTITION_METHODS:  # binary weights: 1 for a matching layer (module.py: binary_weights)
+        embedding = int(method.endswith("embedding"))
+        head = embedding if model.tied_embeddings else 0  # the tied head is the embedding layer again
+        cut = [embedding] + [1] * model.num_layers + ([0, head] if model.tied_embeddings else [0])
+    else:
+        raise ZerokitError(f"unknown pipeline partition method {method!r}: use one of {', '.join(PARTITION_METHODS)}")
+    bounds = partition_balanced(cut, p)
     out = []
     for s in range(p):
         lo, hi = bounds[s], bounds[s + 1]
@@ -192,16 +208,20 @@ def p2p_bandwidth(cluster: Cluster, setup: ZeroSetup) -> float:
 
 
 def pipeline_time(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: Workload,
-                  knobs: ZeroKnobs | None = None) -> TimeEstimate:
+                  knobs: ZeroKnobs | None = None, method: str = "parameters") -> TimeEstimate:
     """(m + p - 1) slots of the slowest stage's forward and backward of one micro-batch and its sends, then the
-    slowest stage's gradient reduction and optimizer step (not overlapped)."""
-    parts = stages(model, setup)
+    slowest stage's gradient reduction and optimizer step (not overlapped). method: stages' partition method."""
+    parts = stages(model, setup, method)
     p, m = setup.pipeline_parallel, setup.gradient_accumulation_steps
     one = replace(setup, gradient_accumulation_steps=1)
-    times = [estimate_time(stage_view(model, st, for_time=True), cluster, one, workload, knobs) for st in parts]
-    slot = max(t.compute_seconds for t in times)
-    after = max(t.communication_seconds + t.communication_hidden_seconds + t.offload_seconds + t.optimizer_seconds
-                + t.engine_seconds for t in times)
+    views = [stage_view(model, st, for_time=True) for st in parts]
+    times = [estimate_time(view, cluster, one, workload, knobs) for view in views]
+    # tensor parallelism's all-reduces block every micro-batch's forward and backward inside its slot (Megatron's
+    # RowParallelLinear / AutoTP's LinearAllreduce); estimate_time of one micro-batch counts them once, in its comm
+    tp_comm = [model_parallel_bytes(view, one, workload.seq_len) / intra_node_bandwidth(cluster) for view in views]
+    slot = max(t.compute_seconds + mp for t, mp in zip(times, tp_comm))
+    after = max(max(0.0, t.communication_seconds - mp) + t.communication_hidden_seconds + t.offload_seconds
+                + t.optimizer_seconds + t.engine_seconds for t, mp in zip(times, tp_comm))
     tokens_micro = setup.micro_batch_size * workload.seq_len
     p2p = 2 * (m + p - 1) * tokens_micro * model.hidden_size * dtype_bytes(setup.precision) / p2p_bandwidth(cluster, setup)
     compute = (m + p - 1) * slot

@@ -312,7 +312,10 @@ def model_parallel_bytes(model: ModelSpec, setup: ZeroSetup, seq_len: int) -> fl
         all_reduce = 2 * (tp - 1) / tp * tokens * h * e
         column = 5 if model.gated_mlp else 2
         per_layer = forward_passes * 2 * all_reduce + column * all_reduce
-        head = (tp - 1) / tp * tokens * model.vocab_size * e * forward_passes + all_reduce
+        # the head's input gradient, and its logits' gather unless Megatron's vocab-parallel cross-entropy reads them
+        # in place (ModelSpec.vocab_parallel); none on a pipeline stage without the head (vocab 0: stage_view)
+        gather = 0 if model.vocab_parallel else (tp - 1) / tp * tokens * model.vocab_size * e * forward_passes
+        head = gather + all_reduce if model.vocab_size else 0
         total = model.num_layers * per_layer + head
     elif sp > 1:
         local = tokens / sp

@@ -140,10 +140,12 @@ class CheckpointShape:
     # the AutoTP and Ulysses degrees (ranks of one TP or SP group read the same samples: launching/parallel.py RankLayout)
     tensor_parallel: int = 1
     sequence_parallel: int = 1
+    # pipeline stages (launching/pipeline.py): each stage's ZeRO-1 partitions and layer files belong to its stage
+    pipeline_parallel: int = 1
 
     @property
     def data_parallel(self) -> int:
-        return max(1, self.world_size // (self.tensor_parallel * self.sequence_parallel))
+        return max(1, self.world_size // (self.tensor_parallel * self.sequence_parallel * self.pipeline_parallel))
 
     @property
     def global_batch(self) -> int | None:
@@ -169,10 +171,11 @@ class Resize:
 
 
 def write_shape(tag_dir: str | os.PathLike, world_size: int, micro_batch: int, grad_accum: int, zero_stage: int,
-                precision: str, tensor_parallel: int = 1, sequence_parallel: int = 1) -> None:
+                precision: str, tensor_parallel: int = 1, sequence_parallel: int = 1, pipeline_parallel: int = 1) -> None:
     atomic_write_text(Path(tag_dir) / SHAPE_FILE, json.dumps(
         {"world_size": world_size, "micro_batch": micro_batch, "grad_accum": grad_accum, "zero_stage": zero_stage,
-         "precision": precision, "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel}) + "\n")
+         "precision": precision, "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel,
+         "pipeline_parallel": pipeline_parallel}) + "\n")
 
 
 def read_shape(ckpt_dir: str | os.PathLike) -> CheckpointShape | None:
@@ -190,7 +193,8 @@ def read_shape(ckpt_dir: str | os.PathLike) -> CheckpointShape | None:
                                micro_batch=int(d["micro_batch"]), grad_accum=int(d["grad_accum"]),
                                zero_stage=d.get("zero_stage"), precision=d.get("precision"),
                                zero_partitions=len(shards), tensor_parallel=int(d.get("tensor_parallel", 1)),
-                               sequence_parallel=int(d.get("sequence_parallel", 1)))
+                               sequence_parallel=int(d.get("sequence_parallel", 1)),
+                               pipeline_parallel=int(d.get("pipeline_parallel", 1)))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if not shards:

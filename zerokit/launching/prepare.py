@@ -28,6 +28,7 @@ from zerokit.launching.checkpoints import (
     detect_resize,
     held_accumulation,
     read_latest,
+    read_shape,
 )
 from zerokit.launching.command import LaunchSpec, validate
 from zerokit.launching import k8s, learn, user_script
@@ -619,7 +620,15 @@ def rank_environment(cluster: Cluster, multi_node: bool) -> dict:
 
 def check_pipeline(req: LaunchRequest, stages: int, script, resize) -> None:
     """Pipeline stages run in zerokit's own loop (launching/pipeline.py's PipelineModule); a pipeline checkpoint holds
-    one file per layer and its stage's optimizer partitions, and resumes at the GPU count that wrote it."""
+    one file per layer and its stage's optimizer partitions, and resumes at the GPU count and stage count that wrote
+    it (its zerokit.json records both: checkpoints.write_shape)."""
+    shape = read_shape(Path(req.output_dir) / CKPT_SUBDIR) if req.resume and req.output_dir and script is None else None
+    if shape is not None and shape.pipeline_parallel != stages:
+        raise ZerokitError(f"the checkpoint in {req.output_dir} was written with {shape.pipeline_parallel} pipeline "
+                           f"stage(s) and this run has {stages}: a checkpoint's optimizer partitions belong to its "
+                           f"stages, so resume with {flag('pipeline-parallel')} {shape.pipeline_parallel}; to change "
+                           f"the stages, start a new run from the exported model ({flag('model')} "
+                           f"{Path(req.output_dir) / 'final'} once a run has finished)")
     if stages <= 1:
         return
     if script is not None:

@@ -809,7 +809,7 @@ def save_checkpoint(run: Run, data: Data, step: int, e: int, b: int) -> None:
     if run.rank == 0:  # what wrote it, for a resume on another world size (launching/checkpoints.py read_shape)
         layout = run.layout
         write_shape(run.ckpt_dir / tag, run.world, data.mb, data.ga, run.stage, run.precision,
-                    layout.tensor_parallel, layout.sequence_parallel)
+                    layout.tensor_parallel, layout.sequence_parallel, layout.pipeline_parallel)
         write_latest(run.ckpt_dir, tag)
     dist.barrier()
 

@@ -189,6 +189,10 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
         why = pipeline_problem(model, pp)
         if why:
             raise ZerokitError(why)
+        if pins.get("tensor_parallel", 1) > 1:  # priced (estimate/pipeline.py), but the adapter splits no Linear
+            raise ZerokitError(f"{flag('pipeline-parallel')} is planned with data parallelism only (zerokit's "
+                               f"PipelineModule adapter runs whole layers; AutoTP inside it is untried): drop "
+                               f"{flag('tensor-parallel')}")
         if cluster.world_size % pp:
             raise ZerokitError(f"{flag('pipeline-parallel')} {pp} does not divide the {cluster.world_size} GPUs (every "
                                f"stage has the same data-parallel ranks): use a divisor of {cluster.world_size}")
@@ -565,13 +569,29 @@ def pipeline_rows(model: ModelSpec, cluster: Cluster, workload: Workload, pins: 
                        else f"{ratio:.0%} slower" if ratio > TIE_TOLERANCE else "as fast")
         else:
             verdict = "fits where no ZeRO setup does"
-        bubble = ev.time.pipeline_bubble
-        rows.append((ev, _rejection(ev, f"{verdict}: {stages_count} pipeline stages (bubble {bubble:.0%}); runs the "
-                                        f"model as a PipelineModule: pin {flag('pipeline-parallel')} {stages_count} "
-                                        "to choose it")))
+        rows.append((ev, _rejection(ev, f"{verdict}: {stages_count} pipeline stages ({_pipeline_why(ev, plan)}); "
+                                        f"runs the model as a PipelineModule: pin {flag('pipeline-parallel')} "
+                                        f"{stages_count} to choose it")))
     rows.sort(key=lambda r: -r[0].time.tokens_per_second)  # first among the other rows: the third axis, compared
     plan.rejected[:0] = [r for _, r in rows]
     plan.others[:0] = [ev for ev, _ in rows]
+
+
+def _pipeline_why(ev: Evaluation, plan: Plan) -> str:
+    """What a pipeline row pays and what it saves, in seconds of its step: the bubble's idle slots, the blocking sends,
+    the gradient reduction and optimizer step after the last micro-batch (estimate/pipeline.pipeline_time), against
+    the chosen setup's communication that compute does not hide."""
+    t = ev.time
+    idle = t.pipeline_bubble * t.compute_seconds
+    after = t.communication_seconds - t.pipeline_p2p_seconds
+    paid = (f"bubble {t.pipeline_bubble:.0%}: {idle:.3g} s idle, {t.pipeline_p2p_seconds:.3g} s of sends between "
+            f"stages, {after:.3g} s of gradient reduction and step after the last micro-batch")
+    if not plan.fits:
+        return paid
+    chosen = plan.best.time
+    return (f"{paid}, {t.compute_seconds - idle:.3g} s of compute; the chosen {plan.best.setup.label}: "
+            f"{chosen.compute_seconds:.3g} s of compute, {chosen.communication_seconds:.3g} s of communication that "
+            "compute does not hide")
 
 
 def _pipeline_can_fit(model, cluster, workload, pins, knobs, memory_fraction) -> bool:

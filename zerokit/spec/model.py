@@ -100,6 +100,10 @@ class ModelSpec:
     # q and k with new tensors (Phi3Attention: `value_states = qkv[..., query_pos + ...:]`)
     fused_qkv_kept: bool = False
     exact: bool = True  # False when shapes were guessed from a bare parameter count
+    # Megatron's tensor parallelism (Megatron-LM / Megatron-DeepSpeed GPT models, bench/published_3d.py): the embedding
+    # and the head are VocabParallelEmbedding / a vocab-parallel head with a vocab-parallel cross-entropy, so a TP rank
+    # holds, computes and keeps logits for vocab / tp rows (tensor_parallel_shard). AutoTP (False) keeps them whole.
+    vocab_parallel: bool = False
     max_positions: int | None = None  # max_position_embeddings / n_positions; None: unknown or unbounded (ALiBi)
     # a learned absolute position table (GPT-2's wpe of n_positions rows, OPT's embed_positions): a longer sequence
     # indexes past it (an IndexError in the embedding), so max_positions is a hard limit; otherwise (rotary, computed
@@ -163,6 +167,12 @@ class ModelSpec:
         idle = (self.num_experts - self.experts_per_token) * per_expert * moe_layers
         return self.params - idle
 
+    @property
+    def _holds_untied_head(self) -> bool:
+        """An untied LM head beside the input embedding (a pipeline's first stage holds the embedding alone:
+        estimate/pipeline.py stage_view gives it embedding_params V h, untied)."""
+        return not self.tied_embeddings and self.embedding_params >= 2 * self.vocab_size * self.hidden_size
+
     def tensor_parallel_params(self) -> int:
         """Parameters AutoTP splits over the tensor-parallel ranks: every decoder Linear's weight and, in training, the
         untied LM head (module_inject/auto_tp.py _replace: q/k/v/gate/up become LinearLayer, o_proj/down_proj
@@ -173,7 +183,8 @@ class ModelSpec:
         a, k = self.num_attention_heads, self.num_kv_heads
         attention = h * (a + 2 * k) * d + a * d * h
         mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size * max(1, self.num_experts)
-        head = 0 if self.tied_embeddings else self.vocab_size * h
+        # an untied head only where the model holds one; a vocab-parallel head is split by its rows (tensor_parallel_shard)
+        head = self.vocab_size * h if self._holds_untied_head and not self.vocab_parallel else 0
         return self.num_layers * (attention + mlp) + head
 
     @by_identity()
@@ -192,15 +203,20 @@ class ModelSpec:
         split = self.tensor_parallel_params()
         vh = self.vocab_size * self.hidden_size
         largest = self.largest_layer_params
+        common = dict(head_norm_elements=self.head_norm_elements // tp,
+                      head_norm_rows=max(1, self.head_norm_rows // tp) if self.head_norm_rows else 0,
+                      num_attention_heads=self.num_attention_heads // tp, num_kv_heads=max(1, self.num_kv_heads // tp),
+                      intermediate_size=self.intermediate_size // tp)
+        if self.vocab_parallel:  # Megatron: the embedding and head rows split too, and the logits with them
+            kept = self.embedding_params // tp
+            return replace(self, params=self.params - split + split // tp - (self.embedding_params - kept),
+                           largest_layer_params=max(vh // tp, largest // tp), vocab_size=self.vocab_size // tp,
+                           embedding_params=kept, **common)
         if largest > vh:  # the largest module is a split Linear (else the replicated embedding)
             largest = max(vh, largest // tp)
+        head_split = vh - vh // tp if self._holds_untied_head else 0  # AutoTP's LinearLayer lm_head
         return replace(self, params=self.params - split + split // tp, largest_layer_params=largest,
-                       head_norm_elements=self.head_norm_elements // tp,
-                       head_norm_rows=max(1, self.head_norm_rows // tp) if self.head_norm_rows else 0,
-                       num_attention_heads=self.num_attention_heads // tp,
-                       num_kv_heads=max(1, self.num_kv_heads // tp),
-                       intermediate_size=self.intermediate_size // tp,
-                       embedding_params=self.embedding_params - (0 if self.tied_embeddings else vh - vh // tp))
+                       embedding_params=self.embedding_params - head_split, **common)
 
     def with_liger_kernels(self, version: str | None = None) -> "ModelSpec":
         """This model as Liger-Kernel patches it (AutoLigerKernelForCausalLM / apply_liger_kernel_to_<model type>), for
