@@ -113,6 +113,24 @@ def test_the_committed_table_is_what_the_model_gives_now(pr, ft, evaluated):
     assert "held-out half (no fitted figure saw these runs)" in committed and "rule of thumb" in committed
 
 
+def test_the_blind_set_is_sourced_and_outside_the_split(pr, ft):
+    """bench/data/blind_runs.yaml: complete entries from sources that are in neither half (judged once by the
+    committed fit, they join the split at the next refit), none of them a corpus source."""
+    blind = pr.load_runs(pr.BLIND)
+    assert len(blind) >= 40
+    corpus_groups = {r["group"] for r in pr.load_runs()}
+    split = ft.load_split()
+    for run in blind:
+        assert re.match(r"https://", run["source"]) and len(str(run["quote"])) >= 10, run["id"]
+        assert run["group"] not in split and run["group"] not in corpus_groups, run["id"]
+
+
+def test_the_committed_blind_table_is_what_the_model_gives_now(pr):
+    committed = (BENCH / "results" / "published_runs_blind.txt").read_text()
+    assert committed == pr.blind_table(*pr.blind_rows(pr.load_runs(pr.BLIND)))
+    assert "blind set (collected by readers who never saw a prediction" in committed
+
+
 def test_the_fitted_step_recombines_the_priced_parts(evaluated):
     # a plan's step is gpu_step of its parts under the committed fit; TimeFit() leaves every part as priced
     from zerokit.estimate.gpu_time import TimeFit, gpu_step, time_fit
