@@ -72,8 +72,8 @@ def measured_step(run: dict) -> float | None:
 
 
 def megatron_flops(run: dict) -> float:
-    b, s, l, h, v = run["global_batch"], run["seq_len"], run["num_layers"], run["hidden_size"], run["vocab_size"]
-    return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    b, s, n, h, v = run["global_batch"], run["seq_len"], run["num_layers"], run["hidden_size"], run["vocab_size"]
+    return 96 * b * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h))
 
 
 def gpt_spec(run: dict):

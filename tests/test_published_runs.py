@@ -131,6 +131,16 @@ def test_the_committed_blind_table_is_what_the_model_gives_now(pr):
     assert "blind set (collected by readers who never saw a prediction" in committed
 
 
+def test_a_run_is_priced_as_published_without_features_it_did_not_use(pr):
+    """The harness pins what a run leaves unstated to what it ran: no AutoTP, Ulysses, hpZ or tiling
+    (UNSTATED_PINS). A BERT-large fp32 run at micro batch 93 on 16 V100 (the autotuning README's largest that fit) does
+    not fit zerokit's memory model; unpinned, the planner priced it at TP 2, a setup the run never used."""
+    run = next(r for r in pr.load_runs(pr.BLIND) if r["id"] == "dsx-at-bert-large-z1-mbs93-fp32-v100x16")
+    assert "tensor_parallel" not in run["setup"]
+    label = pr.predict(run)["label"]
+    assert "tp=" not in label and "sp=" not in label and "tiled" not in label and "hpz" not in label
+
+
 def test_the_fitted_step_recombines_the_priced_parts(evaluated):
     # a plan's step is gpu_step of its parts under the committed fit; TimeFit() leaves every part as priced
     from zerokit.estimate.gpu_time import TimeFit, gpu_step, time_fit
