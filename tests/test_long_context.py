@@ -120,21 +120,30 @@ def test_seq_len_max_is_the_longest_that_fits_the_pinned_setup(capsys):
     rc, out, err = run(argv, capsys)
     assert rc == 0
     d = json.loads(out)
-    longest = d["workload"]["max_seq_len"]
-    assert d["workload"]["seq_len"] == longest and longest % 8 == 0 and d["fits"]
-    assert "per GPU" in d["workload"]["max_seq_len_search"]["binds"]
-    # the oracle: the memory model itself, one granule on either side
+    longest, search = d["workload"]["max_seq_len"], d["workload"]["max_seq_len_search"]
+    bound = search["memory_bound_seq_len"]
+    assert d["workload"]["seq_len"] == longest and longest % 8 == 0 and d["fits"] and longest < bound
+    assert "per GPU" in search["binds"]
+    # the oracle: the memory model itself, one granule on either side of its bound
     model = load_model_spec("llama-3.1-8b")
     setup = ZeroSetup(**{k: d["choice"][k] for k in ZeroSetup.__dataclass_fields__})
-    assert evaluate(model, H100x8, Workload(seq_len=longest), setup).fits
-    assert not evaluate(model, H100x8, Workload(seq_len=longest + 8), setup).fits
+    assert evaluate(model, H100x8, Workload(seq_len=bound), setup).fits
+    assert not evaluate(model, H100x8, Workload(seq_len=bound + 8), setup).fits
+    # the answer a user copies: with what grows with the sequence at the fitted factor (zerokit/data/
+    # long_context_fit.json, fitted on published long-sequence runs), the budget holds there and not one granule on
+    factor = json.loads(bundled_data("long_context_fit.json").read_text())["seq_memory_factor"]
+    assert search["seq_memory_factor"] == factor > 1
+    fixed = evaluate(model, H100x8, Workload(seq_len=8), setup).memory.per_gpu_total
+    budget = evaluate(model, H100x8, Workload(seq_len=8), setup).budget.gpu_bytes
+    at = lambda n: fixed + factor * (evaluate(model, H100x8, Workload(seq_len=n), setup).memory.per_gpu_total - fixed)  # noqa: E731
+    assert at(longest) <= budget < at(longest + 8)
     rc, out, err = run([a for a in argv if a != "--json"], capsys)
-    assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out
-    # its likely range: the Ulysses maxima's published / zerokit (zerokit/data/seq_len_range.json), in multiples of 8
-    search, ulysses = d["workload"]["max_seq_len_search"], _seq_len_ranges()["ulysses"]
+    assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out and f"the memory model alone: {bound}" in out
+    # its likely range: the Ulysses maxima's published / the memory model's longest (zerokit/data/seq_len_range.json)
+    ulysses = _seq_len_ranges()["ulysses"]
     assert (search["likely_low"], search["likely_high"]) == tuple(
-        int(longest * ulysses[k]) // 8 * 8 for k in ("ratio_low", "ratio_high"))
-    assert search["likely_low"] < search["likely_high"] < longest and ulysses["basis"] in search["range_basis"]
+        int(bound * ulysses[k]) // 8 * 8 for k in ("ratio_low", "ratio_high"))
+    assert search["likely_low"] < search["likely_high"] < bound and ulysses["basis"] in search["range_basis"]
     assert f"likely {search['likely_low']} to {search['likely_high']} tokens: " in out
 
 
@@ -158,8 +167,7 @@ def test_seq_len_max_range_rests_on_the_setups_kind(capsys):
                       "--json"], capsys)
     search = json.loads(out)["workload"]["max_seq_len_search"]
     one = _seq_len_ranges()["one_sequence_per_rank"]
-    assert rc == 0 and one["basis"] in search["range_basis"] and search["likely_high"] < json.loads(out)["workload"][
-        "max_seq_len"]
+    assert rc == 0 and one["basis"] in search["range_basis"] and search["likely_high"] < search["memory_bound_seq_len"]
     rc, out, _ = run(["plan", "tiny-llama", "--gpu", "cpu", "--seq-len", "max", "--json"], capsys)
     assert rc == 0 and "likely_low" not in json.loads(out)["workload"]["max_seq_len_search"]
     rc, out, _ = run(["plan", "tiny-llama", "--gpu", "cpu", "--seq-len", "max"], capsys)
@@ -178,7 +186,9 @@ def test_seq_len_max_in_check(tmp_path, capsys):
     longest = d["workload"]["max_seq_len"]
     assert d["fits"] and longest == d["workload"]["seq_len"] and longest % 8 == 0
     assert "per GPU" in d["workload"]["max_seq_len_search"]["binds"]
-    assert d["workload"]["max_seq_len_search"]["likely_high"] < longest  # the Ulysses maxima's range, as plan's
+    bound = d["workload"]["max_seq_len_search"]["memory_bound_seq_len"]
+    assert longest < bound and d["verdict"] == "fits"  # the answer with the sequence's memory at the fitted factor
+    assert d["workload"]["max_seq_len_search"]["likely_high"] < bound  # the Ulysses maxima's range, as plan's
     rc, out, err = run([a for a in argv if a != "--json"], capsys)
     assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out
 

@@ -309,6 +309,25 @@ def test_the_page_answers_as_the_user_edits_and_matches_the_cli(server, browser,
     other.close()
 
 
+def test_the_page_says_at_the_edge_where_the_cli_does(server, browser):
+    """A length the memory model fits but the published long runs' factor does not (planning/search.py verdict):
+    the page's verdict line says AT THE EDGE, as `zerokit plan` does."""
+    argv = ["llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--seq-len", "4000000",
+            "--activation-checkpointing", "offload", "--sequence-parallel", "8", "--stage", "3", "--offload-optimizer",
+            "cpu"]
+    cli = cli_plan_json(argv)
+    assert cli["verdict"] == "at the edge" and cli["fits"]
+    query = ("model=llama-3.1-8b&gpu=h100-80gb&gpus_per_node=8&seq_len=4000000&activation_checkpointing=offload&"
+             "sequence_parallel=8&stage=3&offload_optimizer=cpu")
+    page = browser.new_page(bypass_csp=True)
+    page.goto(f"http://127.0.0.1:{server}/?{query}")
+    page.wait_for_function("document.body.dataset.state === 'answered'")
+    verdict = page.locator("#verdict")
+    assert verdict.get_attribute("data-verdict") == "at the edge" and verdict.text_content().startswith("AT THE EDGE")
+    assert page.locator("#summary").get_attribute("data-label") == cli["choice"]["label"]
+    page.close()
+
+
 def test_the_check_tab_judges_an_uploaded_config_as_check_does(server, browser, tmp_path):
     cfg = tmp_path / "ds_config.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",

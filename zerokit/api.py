@@ -248,6 +248,10 @@ def build_plan(req, model=None):
 
         plan = make_plan(model, cluster, workload, pins, memory_fraction=fraction)
         pipeline_rows(model, cluster, workload, pins, plan, memory_fraction=fraction)
+    if plan.best is not None and not cluster.accelerator.is_cpu:  # published GPU runs set the edge (search.verdict)
+        from zerokit.planning.search import verdict
+
+        plan.verdict = verdict(model, cluster, plan.workload, plan.best)
     warning = model.check_seq_len(workload.seq_len)  # said by load_workload / warn_seq_len: once
     plan.warnings += [warning] if warning else []
     plan.finetune = finetune

@@ -88,6 +88,7 @@ class CheckResult:
     workload: object | None = None  # spec.setup.Workload judged (with --seq-len max: at the longest that fits)
     seq_len_search: object | None = None  # --seq-len max: planning/search.py SeqLenSearch
     warnings: list = field(default_factory=list)  # e.g. a sequence past the model's rotary positions
+    verdict: str | None = None  # "fits", "at the edge" or "does not fit" (planning/search.py verdict); None: not judged
 
     @property
     def valid(self) -> bool:
@@ -113,6 +114,8 @@ class CheckResult:
             "world_size": self.world_size,
             "valid": self.valid,
             "fits": None if self.evaluation is None else self.evaluation.fits,
+            "verdict": None if self.evaluation is None else (
+                self.verdict or ("fits" if self.evaluation.fits else "does not fit")),
             "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in self.findings],
             "deepspeed_error": self.deepspeed_error,
             "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
@@ -251,7 +254,8 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                 "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
         fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
         if longest_seq:
-            from zerokit.planning.search import SeqLenSearch, binding, likely_range, longest_fitting, seq_len_limit
+            from zerokit.planning.search import (SeqLenSearch, binding, likely_range, longest_fitting, safe_longest,
+                                                 seq_len_limit, seq_memory_factor)
 
             granule, limit = setup.sequence_parallel, seq_len_limit(model)
             longest, at, beyond = longest_fitting(
@@ -259,8 +263,13 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             if longest == 0:
                 raise ZerokitError(f"{flag('seq-len')} max: {config_path} fits nothing even at {granule} token"
                                    f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
+            bound, factor = longest, 1.0
+            if not cluster.accelerator.is_cpu:  # the answer a user copies, as plan's (search.longest_plan)
+                factor = seq_memory_factor()
+                longest = granule * max(1, safe_longest(model, cluster, workload, setup, at.budget.gpu_bytes, granule,
+                                                        longest // granule, factor, knobs))
             result.seq_len_search = SeqLenSearch(longest, granule, limit, binding(beyond), likely_range(
-                longest, granule, setup.sequence_parallel, not cluster.accelerator.is_cpu))
+                bound, granule, setup.sequence_parallel, not cluster.accelerator.is_cpu), bound, factor)
             workload = replace(workload, seq_len=longest)
             result.workload = workload
         if search:
@@ -269,6 +278,10 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             result.search = MicroBatchSearch(largest, too_big)
         else:
             result.evaluation = evaluate(model, cluster, workload, setup, knobs, fraction)
+            if not cluster.accelerator.is_cpu:  # fits, at the edge or does not fit, as plan says (search.verdict)
+                from zerokit.planning.search import verdict
+
+                result.verdict = verdict(model, cluster, workload, result.evaluation, knobs=knobs)
     return result
 
 

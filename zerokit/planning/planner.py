@@ -224,6 +224,9 @@ class Plan:
     finetune: Finetune = field(default_factory=Finetune)  # what model.trained.trainable_params came from
     warnings: list[str] = field(default_factory=list)  # e.g. a sequence past the model's rotary positions
     seq_len_search: object | None = None  # --seq-len max: planning/search.py SeqLenSearch
+    # "fits", "at the edge" or "does not fit" (planning/search.py verdict: the memory model, and the sequence's memory
+    # at seq_memory_factor); None where not judged
+    verdict: str | None = None
     others: list[Evaluation] = field(default_factory=list, repr=False)  # the Evaluations behind `rejected`, in order
 
     @property
@@ -241,6 +244,7 @@ class Plan:
             "hardware": self.cluster.to_dict(),
             "workload": vars(self.workload).copy(),
             "fits": self.fits,
+            "verdict": self.verdict or ("fits" if self.fits else "does not fit"),
             "choice": None,
             "memory": None,
             "time": None,

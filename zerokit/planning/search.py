@@ -30,17 +30,28 @@ class SeqLenSearch:
     # where the longest sequence that really runs is likely to be (likely_range): (low, high, what it rests on); None
     # where no published maximum checked this kind of answer (a CPU)
     likely: tuple[int, int, str] | None = None
+    # the memory model's own longest (longest is shorter where the sequence's memory at seq_memory_factor binds first)
+    memory_bound: int | None = None
+    factor: float = 1.0  # seq_memory_factor the answer was cut with
 
     def to_dict(self) -> dict:
-        out = {"max_seq_len": self.longest, "granule": self.granule, "limit": self.limit, "binds": self.binds}
+        out = {"max_seq_len": self.longest, "granule": self.granule, "limit": self.limit, "binds": self.binds,
+               "memory_bound_seq_len": self.memory_bound or self.longest, "seq_memory_factor": self.factor}
         if self.likely:
             out.update(likely_low=self.likely[0], likely_high=self.likely[1], range_basis=self.likely[2])
         return out
 
     @property
     def note(self) -> str:
-        note = (f"longest sequence that fits: {self.longest} tokens (a multiple of {self.granule}); at "
-                f"{self.longest + self.granule} tokens: {self.binds}")
+        bound = self.memory_bound or self.longest
+        if bound > self.longest:
+            note = (f"longest sequence that fits: {self.longest} tokens (a multiple of {self.granule}), with the "
+                    f"memory that grows with the sequence at {self.factor:g}x what the model counts, where published "
+                    f"long-sequence runs ended (bench/results/long_context.txt); the memory model alone: {bound} "
+                    f"tokens, at {bound + self.granule} tokens: {self.binds}")
+        else:
+            note = (f"longest sequence that fits: {self.longest} tokens (a multiple of {self.granule}); at "
+                    f"{self.longest + self.granule} tokens: {self.binds}")
         if self.likely:
             low, high, basis = self.likely
             note += f"; likely {low} to {high} tokens: {basis}"
@@ -67,6 +78,69 @@ def likely_range(longest: int, granule: int, sequence_parallel: int, on_gpu: boo
         return None
     low, high = (int(longest * entry[k]) // granule * granule for k in ("ratio_low", "ratio_high"))
     return low, high, f"{entry['basis']} reached {entry['ratio_low']:.2f}-{entry['ratio_high']:.2f}x of zerokit's longest"
+
+
+@lru_cache(maxsize=1)
+def seq_memory_factor() -> float:
+    """How much more than the memory model counts the memory that grows with the sequence takes where published
+    long-sequence runs ended (zerokit/data/long_context_fit.json, fitted on the fit half of
+    bench/data/long_context_evidence.yaml by bench/long_context.py --fit, inside [1, 2]: the CUDA caching allocator's
+    rounding and fragmentation at multi-GB blocks and buffers no term names). 1 where no fit is bundled."""
+    path = bundled_data("long_context_fit.json")
+    return float(json.loads(path.read_text())["seq_memory_factor"]) if path.exists() else 1.0
+
+
+def fixed_bytes(model, cluster, workload, setup, knobs=None) -> int:
+    """The setup's per-GPU memory at the shortest sequence it runs (one token per sequence-parallel rank): what does
+    not grow with the sequence (model states, buffers, the context)."""
+    from zerokit.estimate.pipeline import setup_memory
+
+    tiny = replace(workload, seq_len=max(1, setup.sequence_parallel), doc_len=None)
+    return setup_memory(model, cluster, setup, tiny, knobs).per_gpu_total
+
+
+def edge_bytes(fixed: int, total: int, factor: float) -> float:
+    """The memory at a length if what grows with the sequence takes `factor` times what the model counts."""
+    return fixed + factor * max(0, total - fixed)
+
+
+def verdict(model, cluster, workload, evaluation, factor: float | None = None, knobs=None) -> str:
+    """"fits", "at the edge" (the memory model fits it, but with the sequence's memory at seq_memory_factor, where
+    published long-sequence runs ended, it would not) or "does not fit"."""
+    if not evaluation.fits:
+        return "does not fit"
+    factor = seq_memory_factor() if factor is None else factor
+    if factor <= 1.0:
+        return "fits"
+    fixed = fixed_bytes(model, cluster, workload, evaluation.setup, knobs)
+    over = edge_bytes(fixed, evaluation.memory.per_gpu_total, factor) > evaluation.budget.gpu_bytes
+    return "at the edge" if over else "fits"
+
+
+def safe_units(total_at, fixed: int, budget: int, factor: float, best: int) -> int:
+    """The largest n <= best (units of the granule) whose memory, the sequence's part at `factor`, stays in the
+    budget; total_at(n): the setup's memory model total at n units. 0: not even one unit."""
+    fits = lambda n: edge_bytes(fixed, total_at(n), factor) <= budget  # noqa: E731
+    if factor <= 1.0 or fits(best):
+        return best
+    return _longest_from(fits, 1, best) if fits(1) else 0
+
+
+def safe_longest(model, cluster, workload, setup, budget_bytes: int, granule: int, best: int,
+                 factor: float | None = None, knobs=None) -> int:
+    """The longest multiple of granule, up to best units, at which `setup` stays in the budget with the sequence's
+    memory at `factor` (seq_memory_factor): the answer `--seq-len max` gives (longest_plan), in units of granule."""
+    from zerokit.estimate.pipeline import setup_memory
+
+    factor = seq_memory_factor() if factor is None else factor
+    if factor <= 1.0:
+        return best
+    fixed = fixed_bytes(model, cluster, workload, setup, knobs)
+
+    def total_at(units: int) -> int:
+        return setup_memory(model, cluster, setup, replace(workload, seq_len=units * granule), knobs).per_gpu_total
+
+    return safe_units(total_at, fixed, budget_bytes, factor, best)
 
 
 def longest_fitting(judge, granule: int = 1, limit: int = MAX_SEQ_LEN):
@@ -185,13 +259,22 @@ def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
     beyond = None
     if best < top:  # what binds one granule longer: the least-memory survivor there
         beyond = min((judge(s, best + 1) for s in survivors), key=lambda ev: ev.memory.per_gpu_total)
-    longest = best * granule
-    plan = make_plan(model, cluster, replace(workload, seq_len=longest), pins, memory_fraction=memory_fraction,
+    bound = best * granule
+    plan = make_plan(model, cluster, replace(workload, seq_len=bound), pins, memory_fraction=memory_fraction,
                      within={family_key(s) for s in survivors})
+    factor = seq_memory_factor() if not cluster.accelerator.is_cpu else 1.0  # published GPU runs set it
+    safe = best
+    if plan.best is not None and factor > 1.0:
+        # the answer a user copies: the chosen setup's longest with the sequence's memory at the fitted factor
+        safe = max(1, safe_longest(model, cluster, workload, plan.best.setup, plan.budget.gpu_bytes, granule, best,
+                                   factor))
+        if safe < best:
+            plan = make_plan(model, cluster, replace(workload, seq_len=safe * granule), pins,
+                             memory_fraction=memory_fraction, within={family_key(plan.best.setup)})
     if plan.best is not None:
         neighbour_rows(plan, candidates, survivors, judge, granule, best)
-    likely = likely_range(longest, granule, plan.choice.sequence_parallel, not cluster.accelerator.is_cpu)
-    return plan, SeqLenSearch(longest, granule, top * granule, binding(beyond), likely)
+    likely = likely_range(bound, granule, plan.choice.sequence_parallel, not cluster.accelerator.is_cpu)
+    return plan, SeqLenSearch(safe * granule, granule, top * granule, binding(beyond), likely, bound, factor)
 
 
 def _longest_from(fits, lo: int, top: int) -> int:

@@ -194,7 +194,11 @@ def format_plan(plan) -> str:
         out.append("NOTHING FITS")
         return "\n".join(out)
     s = plan.best.setup
-    out.append(("FITS: " if plan.fits else "DOES NOT FIT. Least-memory setup: ") + s.label)
+    if plan.verdict == "at the edge":
+        out.append(f"AT THE EDGE: {s.label} (fits the memory model, but not with the memory that grows with the "
+                   "sequence at the factor where published long-sequence runs ended: docs/long-context.md)")
+    else:
+        out.append(("FITS: " if plan.fits else "DOES NOT FIT. Least-memory setup: ") + s.label)
     out.append(f"  ZeRO stage {s.zero_stage}, offload optimizer {s.offload_optimizer}, offload params {s.offload_param}, "
                f"{s.precision}, micro batch {s.micro_batch_size} x accumulation {s.gradient_accumulation_steps}, "
                f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}"
@@ -278,7 +282,10 @@ def format_check(result) -> str:
     if result.finetune is not None:
         out += ["  " + line for line in finetune_lines(result.finetune, result.model)]
     search = result.search
-    if search is None:
+    if search is None and getattr(result, "verdict", None) == "at the edge":
+        out.append(f"AT THE EDGE: {ev.setup.label} (fits the memory model, but not with the memory that grows with "
+                   "the sequence at the factor where published long-sequence runs ended: docs/long-context.md)")
+    elif search is None:
         out.append(("FITS: " if ev.fits else "DOES NOT FIT: ") + ev.setup.label)
     elif search.largest == 0:
         out.append("DOES NOT FIT even at micro batch 1: " + ev.setup.label)

@@ -84,9 +84,12 @@ async function plan() {
 function show(data, url) {
   const p = data.plan, v = $("#verdict");
   $("#answer").hidden = false;
-  v.textContent = p.fits ? "FITS: " + p.choice.label : (p.choice ? "DOES NOT FIT (least memory: " + p.choice.label + ")" : "NOTHING FITS");
-  v.className = p.fits ? "fits" : "nofit";
+  const edge = p.verdict === "at the edge";  // fits the memory model, not the published long runs' factor
+  v.textContent = edge ? "AT THE EDGE: " + p.choice.label :
+    p.fits ? "FITS: " + p.choice.label : (p.choice ? "DOES NOT FIT (least memory: " + p.choice.label + ")" : "NOTHING FITS");
+  v.className = edge ? "edge" : p.fits ? "fits" : "nofit";
   v.dataset.fits = String(p.fits);
+  v.dataset.verdict = p.verdict;
   const s = $("#summary");
   s.textContent = "";
   if (p.choice) {
