@@ -245,3 +245,22 @@ def test_repeats_keep_memory_of_the_first_and_the_fastest_median():
     got = bench.fastest_of_repeats(first, [again])
     assert got[0]["peak_bytes"] == 10 and got[0]["step_seconds"] == 0.20 and got[0]["step_seconds_by_repeat"] == [0.30, 0.20]
     assert got[1]["peak_bytes"] == 11 and got[1]["step_seconds"] == 0.25
+
+
+def test_the_long_lend_rows_train_with_checkpoint_offload_as_planned(tmp_path):
+    """bench/gpu_lend.sh LEND_SET=long (issue 45): each LONG row is launched with --activation-checkpointing offload,
+    rendered with DeepSpeed's cpu_checkpointing key, and predicted with checkpoint offload: the job and its plan are
+    the same setup."""
+    import run
+
+    from zerokit.spec.hardware import build_cluster
+
+    cluster = build_cluster(gpu="h200", gpus_per_node=1, hardware_profile="none")
+    assert [j.seq_len for j in run.LONG] == sorted(j.seq_len for j in run.LONG) and len(run.LONG) == 3
+    for job in run.LONG:
+        assert job.setup().checkpoint_offload and job.setup().tiled_mlp and "ckptoff" in job.name
+        cmd = run.launch_command(job, tmp_path / "c.json", tmp_path / "o", "cuda", 1, 4)
+        assert cmd[cmd.index("--activation-checkpointing") + 1] == "offload"
+        cfg = run.render(job, cluster, 4)
+        assert cfg["activation_checkpointing"]["cpu_checkpointing"] is True
+        assert run.predict(job, cluster, cfg)["per_rank_bytes"] < cluster.accelerator.memory_bytes

@@ -131,6 +131,16 @@ def test_the_committed_blind_table_is_what_the_model_gives_now(pr):
     assert "blind set (collected by readers who never saw a prediction" in committed
 
 
+def test_the_committed_round_3_blind_table_is_what_the_model_gives_now(pr):
+    path = pr.REPO / "bench" / "data" / "blind_runs_r3.yaml"
+    committed = (BENCH / "results" / "published_runs_blind_r3.txt").read_text()
+    cmd = ("python bench/published_runs.py --blind --data bench/data/blind_runs_r3.yaml --out "
+           "bench/results/published_runs_blind_r3.txt")
+    assert committed == pr.blind_table(*pr.blind_rows(pr.load_runs(path)), cmd, path)
+    groups = {r["group"] for r in pr.load_runs(path)}
+    assert not groups & {r["group"] for r in pr.load_runs(pr.BLIND)} and not groups & {r["group"] for r in pr.load_runs()}
+
+
 def test_a_run_is_priced_as_published_without_features_it_did_not_use(pr):
     """The harness pins what a run leaves unstated to what it ran: no AutoTP, Ulysses, hpZ or tiling
     (UNSTATED_PINS). A BERT-large fp32 run at micro batch 93 on 16 V100 (the autotuning README's largest that fit) does

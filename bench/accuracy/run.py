@@ -79,6 +79,7 @@ class Job:
     tiled_loss: bool = False
     tiled_mlp: bool = False
     ranks: int = 2
+    ckpt_offload: bool = False  # checkpointed layer inputs to host memory (launch --activation-checkpointing offload)
 
     @property
     def name(self) -> str:
@@ -88,7 +89,7 @@ class Job:
         if self.offload_param != "none":
             parts.append(f"op-{self.offload_param}")
         if self.ckpt:
-            parts.append("ckpt")
+            parts.append("ckptoff" if self.ckpt_offload else "ckpt")
         if self.accum > 1:
             parts.append(f"ga{self.accum}")
         for tag, v in (("tp", self.tp), ("sp", self.sp), ("hpz", self.hpz)):
@@ -136,7 +137,8 @@ class Job:
                          offload_param=self.offload_param, precision=self.precision,
                          micro_batch_size=self.micro_batch, gradient_accumulation_steps=self.accum,
                          activation_checkpointing=self.ckpt, tensor_parallel=self.tp, sequence_parallel=self.sp,
-                         hpz_partition_size=self.hpz, tiled_loss=self.tiled_loss, tiled_mlp=self.tiled_mlp)
+                         hpz_partition_size=self.hpz, tiled_loss=self.tiled_loss, tiled_mlp=self.tiled_mlp,
+                         checkpoint_offload=self.ckpt and self.ckpt_offload)
 
     def tiled_args(self) -> list[str]:
         """ALST's tiling is how zerokit's loop runs, not a config key: launch --config takes it as an option."""
@@ -281,6 +283,14 @@ LEND = [
     J("gpu-3b", 2, "bf16", 2, 2048, ckpt=True, ranks=1),
     J("gpu-3b", 2, "bf16", 4, 2048, ft="lora", ranks=1),  # the H200 lend's worst re-prediction was LoRA at ZeRO-2
 ]
+# issue 45: one model at three long lengths on one GPU, ALST's single-GPU recipe (checkpoint offload, tiled MLP; no
+# Ulysses on one GPU), each measured allocated, reserved and nvidia-smi against the plan at its length (bench/gpu_lend.sh
+# with LEND_SET=long: 4 steps each, ~4 min on an H200 by the plan's own step times)
+LONG = [
+    Job("gpu-1b", 3, "bf16", 1, 32768, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
+    Job("gpu-1b", 3, "bf16", 1, 65536, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
+    Job("gpu-1b", 3, "bf16", 1, 131072, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
+]
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
 
 
@@ -368,7 +378,7 @@ def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, step
     cmd += ["--gpus-per-node", str(job.ranks if device == "cpu" else ranks), "--seq-len", str(job.seq_len), "--steps", str(steps),
             "--output-dir", str(out)]
     if job.ckpt:
-        cmd += ["--activation-checkpointing", "on"]
+        cmd += ["--activation-checkpointing", "offload" if job.ckpt_offload else "on"]
     if no_save:  # nothing of it is measured: a 3B model's checkpoint is 48 GB written, its export another 12
         cmd += ["--no-save"]
     return cmd + job.finetune_args() + job.tiled_args()
@@ -521,6 +531,8 @@ def main(argv=None) -> int:
     g.add_argument("--full", action="store_true", help="the whole grid")
     g.add_argument("--one-gpu", action="store_true", help="the rows sized for one CUDA device (ONE_GPU)")
     g.add_argument("--lend", action="store_true", help="bench/gpu_lend.sh's 1B-3B rows for one GPU (LEND)")
+    g.add_argument("--long", action="store_true", help="bench/gpu_lend.sh LEND_SET=long: one model at three long "
+                                                       "lengths with checkpoint offload and tiled MLP (LONG)")
     g.add_argument("--long-sp", action="store_true", help="Ulysses SP 2 against data parallelism at 4,096 tokens per "
                                                            "rank (LONG_SP)")
     ap.add_argument("--only", help="regex on job names")
@@ -543,13 +555,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     jobs = (full_grid() if args.full else list(ONE_GPU) if args.one_gpu else list(LEND) if args.lend
-            else list(LONG_SP) if args.long_sp else list(QUICK))
+            else list(LONG) if args.long else list(LONG_SP) if args.long_sp else list(QUICK))
     if args.only:
         jobs = [j for j in jobs if re.search(args.only, j.name)]
     if args.limit:
         jobs = jobs[: args.limit]
     runs = Path(args.runs) / ("full" if args.full else "one-gpu" if args.one_gpu else "lend" if args.lend
-                              else "long-sp" if args.long_sp else "quick")
+                              else "long" if args.long else "long-sp" if args.long_sp else "quick")
     runs.mkdir(parents=True, exist_ok=True)
     # the device the jobs ran on, so that --reuse re-predicts GPU runs on a machine without one
     device_file = runs / "device.json"
@@ -638,7 +650,7 @@ def main(argv=None) -> int:
         summary["repeat_spread_median"] = statistics.median(spreads)
         summary["repeat_spread_max"] = max(spreads)
     grid = ("--full" if args.full else "--one-gpu" if args.one_gpu else "--lend" if args.lend
-            else "--long-sp" if args.long_sp else "--quick")
+            else "--long" if args.long else "--long-sp" if args.long_sp else "--quick")
     cmd = f"python bench/accuracy/run.py {grid}" + (f" --only '{args.only}'" if args.only else "") + (
         f" --steps {args.steps}" if args.steps != 12 else "") + (f" --warmup {args.warmup}" if args.warmup != 2 else "") + (
         f" --limit {args.limit}" if args.limit else "") + (f" --repeat {args.repeat}" if args.repeat > 1 else "") + (
