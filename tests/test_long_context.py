@@ -135,7 +135,10 @@ def test_seq_len_max_is_the_longest_that_fits_the_pinned_setup(capsys):
     assert search["seq_memory_factor"] == factor > 1
     fixed = evaluate(model, H100x8, Workload(seq_len=8), setup).memory.per_gpu_total
     budget = evaluate(model, H100x8, Workload(seq_len=8), setup).budget.gpu_bytes
-    at = lambda n: fixed + factor * (evaluate(model, H100x8, Workload(seq_len=n), setup).memory.per_gpu_total - fixed)  # noqa: E731
+
+    def at(n: int) -> float:
+        return fixed + factor * (evaluate(model, H100x8, Workload(seq_len=n), setup).memory.per_gpu_total - fixed)
+
     assert at(longest) <= budget < at(longest + 8)
     rc, out, err = run([a for a in argv if a != "--json"], capsys)
     assert rc == 0 and f"longest sequence that fits: {longest} tokens" in out and f"the memory model alone: {bound}" in out

@@ -254,23 +254,8 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
                 "rank (a packed weight holds 1/2 to 1/8 of its weight's elements); 0 partitions them all"))
         fraction = memory_fraction or DEFAULT_MEMORY_FRACTION
         if longest_seq:
-            from zerokit.planning.search import (SeqLenSearch, binding, likely_range, longest_fitting, safe_longest,
-                                                 seq_len_limit, seq_memory_factor)
-
-            granule, limit = setup.sequence_parallel, seq_len_limit(model)
-            longest, at, beyond = longest_fitting(
-                lambda s: evaluate(model, cluster, replace(workload, seq_len=s), setup, knobs, fraction), granule, limit)
-            if longest == 0:
-                raise ZerokitError(f"{flag('seq-len')} max: {config_path} fits nothing even at {granule} token"
-                                   f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
-            bound, factor = longest, 1.0
-            if not cluster.accelerator.is_cpu:  # the answer a user copies, as plan's (search.longest_plan)
-                factor = seq_memory_factor()
-                longest = granule * max(1, safe_longest(model, cluster, workload, setup, at.budget.gpu_bytes, granule,
-                                                        longest // granule, factor, knobs))
-            result.seq_len_search = SeqLenSearch(longest, granule, limit, binding(beyond), likely_range(
-                bound, granule, setup.sequence_parallel, not cluster.accelerator.is_cpu), bound, factor)
-            workload = replace(workload, seq_len=longest)
+            result.seq_len_search = config_longest(model, cluster, workload, setup, knobs, fraction, config_path)
+            workload = replace(workload, seq_len=result.seq_len_search.longest)
             result.workload = workload
         if search:
             largest, result.evaluation, too_big = largest_fitting_micro_batch(
@@ -283,6 +268,28 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
 
                 result.verdict = verdict(model, cluster, workload, result.evaluation, knobs=knobs)
     return result
+
+
+def config_longest(model, cluster, workload, setup, knobs, fraction: float, config_path: str):
+    """`check --seq-len max`: the config's setup at the longest sequence it fits (planning/search.py longest_fitting),
+    cut on a GPU, as plan's answer is (search.longest_plan), to where published long runs ended; a SeqLenSearch."""
+    from zerokit.planning.planner import evaluate
+    from zerokit.planning.search import (SeqLenSearch, binding, likely_range, longest_fitting, safe_longest,
+                                         seq_len_limit, seq_memory_factor)
+
+    granule, limit = setup.sequence_parallel, seq_len_limit(model)
+    longest, at, beyond = longest_fitting(
+        lambda s: evaluate(model, cluster, replace(workload, seq_len=s), setup, knobs, fraction), granule, limit)
+    if longest == 0:
+        raise ZerokitError(f"{flag('seq-len')} max: {config_path} fits nothing even at {granule} token"
+                           f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
+    bound, factor = longest, 1.0
+    if not cluster.accelerator.is_cpu:
+        factor = seq_memory_factor()
+        longest = granule * max(1, safe_longest(model, cluster, workload, setup, at.budget.gpu_bytes, granule,
+                                                longest // granule, factor, knobs))
+    return SeqLenSearch(longest, granule, limit, binding(beyond), likely_range(
+        bound, granule, setup.sequence_parallel, not cluster.accelerator.is_cpu), bound, factor)
 
 
 def with_parallelism(setup, par):

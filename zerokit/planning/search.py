@@ -120,7 +120,9 @@ def verdict(model, cluster, workload, evaluation, factor: float | None = None, k
 def safe_units(total_at, fixed: int, budget: int, factor: float, best: int) -> int:
     """The largest n <= best (units of the granule) whose memory, the sequence's part at `factor`, stays in the
     budget; total_at(n): the setup's memory model total at n units. 0: not even one unit."""
-    fits = lambda n: edge_bytes(fixed, total_at(n), factor) <= budget  # noqa: E731
+    def fits(n: int) -> bool:
+        return edge_bytes(fixed, total_at(n), factor) <= budget
+
     if factor <= 1.0 or fits(best):
         return best
     return _longest_from(fits, 1, best) if fits(1) else 0
