@@ -312,13 +312,13 @@ def test_the_page_answers_as_the_user_edits_and_matches_the_cli(server, browser,
 def test_the_page_says_at_the_edge_where_the_cli_does(server, browser):
     """A length the memory model fits but the published long runs' factor does not (planning/search.py verdict):
     the page's verdict line says AT THE EDGE, as `zerokit plan` does."""
-    argv = ["llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--seq-len", "4000000",
+    argv = ["llama-3.1-8b", "--gpu", "h100-80gb", "--gpus-per-node", "8", "--seq-len", "5000000",
             "--activation-checkpointing", "offload", "--sequence-parallel", "8", "--stage", "3", "--offload-optimizer",
-            "cpu"]
+            "cpu", "--liger-kernels", "on"]
     cli = cli_plan_json(argv)
-    assert cli["verdict"] == "at the edge" and cli["fits"]
-    query = ("model=llama-3.1-8b&gpu=h100-80gb&gpus_per_node=8&seq_len=4000000&activation_checkpointing=offload&"
-             "sequence_parallel=8&stage=3&offload_optimizer=cpu")
+    assert cli["verdict"] == "at the edge" and cli["fits"] and cli["model"]["liger_kernels"]
+    query = ("model=llama-3.1-8b&gpu=h100-80gb&gpus_per_node=8&seq_len=5000000&activation_checkpointing=offload&"
+             "sequence_parallel=8&stage=3&offload_optimizer=cpu&liger_kernels=on")
     page = browser.new_page(bypass_csp=True)
     page.goto(f"http://127.0.0.1:{server}/?{query}")
     page.wait_for_function("document.body.dataset.state === 'answered'")
