@@ -60,10 +60,11 @@ def load_split(path: Path = SPLIT) -> dict[str, str]:
     return dict(yaml.safe_load(path.read_text())["groups"])
 
 
-def assign_split(runs: list[dict], split: dict[str, str]) -> dict[str, str]:
-    """Every group not yet in `split` joins a half; those already there never move. SEEN_GROUPS go to "fit"; the others
-    in the order of the SHA-256 of their name (no one picks it), each to the half with fewer runs so far, so the
-    halves stay about the same size without anyone choosing which source lands where."""
+def assign_split(runs: list[dict], split: dict[str, str], seen=lambda group: group in SEEN_GROUPS) -> dict[str, str]:
+    """Every group not yet in `split` joins a half; those already there never move. Groups `seen` (SEEN_GROUPS: sources
+    earlier rules were chosen against) go to "fit"; the others in the order of the SHA-256 of their name (no one picks
+    it), each to the half with fewer runs so far, so the halves stay about the same size without anyone choosing which
+    source lands where. bench/long_context.py splits its evidence by the same rule."""
     counts = {"fit": 0, "held_out": 0}
     sizes: dict[str, int] = {}
     for run in runs:
@@ -71,10 +72,9 @@ def assign_split(runs: list[dict], split: dict[str, str]) -> dict[str, str]:
     for group, half in split.items():
         counts[half] += sizes.get(group, 0)
     out = dict(split)
-    for group in SEEN_GROUPS:
-        if group in sizes and group not in out:
-            out[group] = "fit"
-            counts["fit"] += sizes[group]
+    for group in sorted(g for g in sizes if g not in out and seen(g)):
+        out[group] = "fit"
+        counts["fit"] += sizes[group]
     for group in sorted((g for g in sizes if g not in out), key=lambda g: hashlib.sha256(g.encode()).hexdigest()):
         half = "fit" if counts["fit"] <= counts["held_out"] else "held_out"
         out[group] = half

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -216,23 +215,12 @@ def fit_factor(rows: list[tuple[dict, object]]) -> tuple[float, float]:
 
 
 def assign_split(results: list[dict], split: dict[str, str]) -> dict[str, str]:
-    """SEEN_SOURCES to the fit half; every other new source to the half with fewer results so far, in the order of
-    the SHA-256 of its name (no one picks it); a listed source never moves (bench/fit_time.py assign_split's rule)."""
-    sizes: dict[str, int] = {}
-    for r in results:
-        sizes[r["group"]] = sizes.get(r["group"], 0) + 1
-    counts = {"fit": 0, "held_out": 0}
-    for g, half in split.items():
-        counts[half] += sizes.get(g, 0)
-    out = dict(split)
-    for g in sorted(g for g in sizes if g not in out and g.startswith(SEEN_SOURCES)):
-        out[g] = "fit"
-        counts["fit"] += sizes[g]
-    for g in sorted((g for g in sizes if g not in out), key=lambda g: hashlib.sha256(g.encode()).hexdigest()):
-        half = "fit" if counts["fit"] <= counts["held_out"] else "held_out"
-        out[g] = half
-        counts[half] += sizes[g]
-    return out
+    """bench/fit_time.py assign_split's rule, with SEEN_SOURCES as the seen groups: those to the fit half, every other
+    new source by the SHA-256 of its name to the half with fewer results so far; a listed source never moves."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from fit_time import assign_split as by_source
+
+    return by_source(results, split, seen=lambda group: group.startswith(SEEN_SOURCES))
 
 
 def load_split() -> dict[str, str]:
