@@ -181,7 +181,7 @@ def max_rows(results: list[dict]) -> list[tuple[dict, object]]:
     from zerokit.planning import search
 
     rows = []
-    with mock.patch.object(search, "seq_memory_factor", lambda: 1.0):
+    with mock.patch.object(search, "seq_memory_factor", lambda seq_len=None: 1.0):
         for r in results:
             if r["kind"] in ("max", "fit"):
                 plan, _ = plan_of(r, "max")
@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                       "half's maxima of bench/data/long_context_evidence.yaml (split: bench/data/long_context_split.yaml)"
                       f". Written by `{FIT_COMMAND}`; tests/test_long_context_evidence.py refits and compares.",
             "seq_memory_factor": factor, "bounds": list(FACTOR_BOUNDS), "loss": round(value, 6),
+            # the shortest sequence the factor was fitted on: below it no evidence says the sequence's memory runs over
+            "from_seq_len": min(int(r["seq_len"]) for r, _ in rows),
             "command": FIT_COMMAND, "fit_on": sorted(r["id"] for r, _ in rows),
             "fit_results": len(fit_results)}, indent=2) + "\n")
         print(f"seq_memory_factor {factor} (loss {value:.4f}) from {len(rows)} maxima and lengths that ran: wrote "

@@ -46,6 +46,23 @@ def test_the_factor_is_reproduced_from_the_fit_half_alone_inside_its_bounds():
     assert low <= factor <= high and (low, high) == lc().FACTOR_BOUNDS
     assert committed["fit_on"] == sorted(r["id"] for r, _ in rows)  # no held-out result among them
     assert all(split[r["group"]] == "fit" for r, _ in rows)
+    assert committed["from_seq_len"] == min(int(r["seq_len"]) for r, _ in rows)
+
+
+def test_the_factor_acts_only_where_its_evidence_does():
+    """Below the shortest sequence the factor was fitted on, nothing says the sequence's memory runs over: a 4K plan
+    that fills its GPUs fits; the same model at millions of tokens, filled as far, is at the edge."""
+    import zerokit
+    from zerokit.planning.search import seq_memory_factor
+
+    fit = json.loads((DATA / "long_context_fit.json").read_text())
+    assert seq_memory_factor(fit["from_seq_len"] - 1) == 1.0 < seq_memory_factor(fit["from_seq_len"])
+    short = zerokit.plan("llama-3-8b", gpu="h100-80gb", gpus_per_node=8, seq_len=4096, global_batch=64)
+    assert short.fits and short.verdict == "fits"
+    long = zerokit.plan("llama-3.1-8b", gpu="h100-80gb", gpus_per_node=8, seq_len=5_000_000, stage=3,
+                        offload_optimizer="cpu", activation_checkpointing="offload", sequence_parallel=8,
+                        liger_kernels="on")
+    assert long.fits and long.verdict == "at the edge" and long.to_dict()["verdict"] == "at the edge"
 
 
 def test_the_committed_table_is_what_the_model_gives_now():

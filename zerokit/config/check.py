@@ -285,7 +285,7 @@ def config_longest(model, cluster, workload, setup, knobs, fraction: float, conf
                            f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
     bound, factor = longest, 1.0
     if not cluster.accelerator.is_cpu:
-        factor = seq_memory_factor()
+        factor = seq_memory_factor(bound)
         longest = granule * max(1, safe_longest(model, cluster, workload, setup, at.budget.gpu_bytes, granule,
                                                 longest // granule, factor, knobs))
     return SeqLenSearch(longest, granule, limit, binding(beyond), likely_range(
