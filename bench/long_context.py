@@ -33,6 +33,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import published_runs as pr  # bench/published_runs.py: one set of setup keys, their plan flags and pins
+
 DATA = REPO / "bench" / "data" / "long_context_evidence.yaml"
 SPLIT = REPO / "bench" / "data" / "long_context_split.yaml"
 FIT_JSON = REPO / "zerokit" / "data" / "long_context_fit.json"
@@ -42,20 +46,6 @@ KINDS = ("max", "fit", "oom", "peak")
 WITHIN = 0.15  # issue 45: maxima within 15%, none promised more than 1.15x
 FACTOR_BOUNDS = (1.0, 2.0)  # the factor's physical bounds: at least what is counted, at most the allocator's worst case
 
-# setup key -> zerokit plan flag (the values pin the published setup)
-FLAGS = {
-    "gpu": "--gpu", "gpus_per_node": "--gpus-per-node", "nodes": "--nodes", "params": "--params",
-    "hidden_size": "--hidden-size", "num_layers": "--num-layers", "vocab_size": "--vocab-size",
-    "stage": "--stage", "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
-    "precision": "--precision", "micro_batch": "--micro-batch", "activation_checkpointing": "--activation-checkpointing",
-    "sequence_parallel": "--sequence-parallel", "tiled_mlp": "--tiled-mlp", "tiled_loss": "--tiled-loss",
-    "liger_kernels": "--liger-kernels", "attention": "--attention", "finetune": "--finetune",
-    "cpu_memory": "--cpu-memory",
-}
-# what a result did not use unless its setup says so (as bench/published_runs.py UNSTATED_PINS)
-UNSTATED = {"tensor_parallel": 1, "sequence_parallel": 1, "hpz": 1, "tiled_loss": False, "tiled_mlp": False,
-            "grad_accum": 1, "micro_batch": 1}
-UNSTATED_FLAGS = {"tensor_parallel": "--tensor-parallel", "hpz": "--hpz", "grad_accum": "--grad-accum"}
 REQUIRED = ("id", "group", "source", "quote", "kind", "seq_len", "setup")
 REQUIRED_SETUP = ("gpu", "gpus_per_node", "nodes", "stage", "precision")
 
@@ -99,30 +89,23 @@ def check_entry(r) -> str | None:
     missing = [k for k in REQUIRED_SETUP if k not in setup]
     if missing:
         return f"{name}: setup lacks {', '.join(missing)}: state it, or the default taken, in assumptions"
-    unknown = sorted(set(setup) - set(FLAGS) - {"model"})
+    unknown = sorted(set(setup) - set(pr.FLAGS) - {"model"})
     if unknown:
-        return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join(['model', *FLAGS])}"
+        return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join(['model', *pr.FLAGS])}"
     if "model" not in setup and not all(k in setup for k in ("params", "hidden_size", "num_layers", "vocab_size")):
         return f"{name}: no model: give model, or params, hidden_size, num_layers and vocab_size"
     return None
 
 
 def plan_argv(r: dict, seq_len) -> list[str]:
-    setup = {**UNSTATED, **r["setup"]}
+    """bench/published_runs.py plan_argv of the result's setup at `seq_len` (its UNSTATED_PINS: no TP, SP, hpZ or
+    tiling unless stated), one sequence per micro step unless stated."""
+    setup = {"micro_batch": 1, "grad_accum": 1, **r["setup"], "seq_len": seq_len}
     if setup.get("liger_kernels") not in (None, False, "off") and setup.get("tiled_loss"):
         # a collector's "tiled_loss: true" beside Liger names Liger's own chunked fused cross-entropy, which
         # --liger-kernels prices (zerokit's --tiled-loss is ALST's TiledFusedLogitsLoss, refused beside Liger)
         setup["tiled_loss"] = False
-    argv = ["plan"] + ([str(setup["model"])] if "model" in setup else [])
-    for key, flag in {**FLAGS, **UNSTATED_FLAGS}.items():
-        if key in setup:
-            value = setup[key]
-            if isinstance(value, bool):
-                value = "on" if value else "off"
-            if isinstance(value, float) and key == "params":
-                value = f"{value:.6g}"
-            argv += [flag, str(value)]
-    return argv + ["--seq-len", str(seq_len), "--hardware-profile", "none"]
+    return pr.plan_argv(setup)
 
 
 def plan_of(r: dict, seq_len):
@@ -181,7 +164,7 @@ def max_rows(results: list[dict]) -> list[tuple[dict, object]]:
     from zerokit.planning import search
 
     rows = []
-    with mock.patch.object(search, "seq_memory_factor", lambda seq_len=None: 1.0):
+    with mock.patch.object(search, "seq_memory_factor", lambda cluster, seq_len=None: 1.0):
         for r in results:
             if r["kind"] in ("max", "fit"):
                 plan, _ = plan_of(r, "max")
@@ -217,7 +200,6 @@ def fit_factor(rows: list[tuple[dict, object]]) -> tuple[float, float]:
 def assign_split(results: list[dict], split: dict[str, str]) -> dict[str, str]:
     """bench/fit_time.py assign_split's rule, with SEEN_SOURCES as the seen groups: those to the fit half, every other
     new source by the SHA-256 of its name to the half with fewer results so far; a listed source never moves."""
-    sys.path.insert(0, str(REPO / "bench"))
     from fit_time import assign_split as by_source
 
     return by_source(results, split, seen=lambda group: group.startswith(SEEN_SOURCES))

@@ -47,7 +47,7 @@ FLAGS = {
     "liger_kernels": "--liger-kernels", "hpz": "--hpz", "finetune": "--finetune", "lora_r": "--lora-r",
     "quantized_weights": "--zero-quantized-weights", "quantized_gradients": "--zero-quantized-gradients",
     "intra_node_bandwidth": "--intra-node-bandwidth", "inter_node_bandwidth": "--inter-node-bandwidth",
-    "compile": "--compile", "tiled_loss": "--tiled-loss", "tiled_mlp": "--tiled-mlp",
+    "compile": "--compile", "tiled_loss": "--tiled-loss", "tiled_mlp": "--tiled-mlp", "cpu_memory": "--cpu-memory",
 }
 # what a run did not use unless its setup says so: the planner would otherwise reach for them where the published
 # setup does not fit its memory model (AutoTP, Ulysses, hpZ, ALST's tiling), pricing a setup the run never ran

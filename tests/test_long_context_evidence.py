@@ -54,9 +54,12 @@ def test_the_factor_acts_only_where_its_evidence_does():
     that fills its GPUs fits; the same model at millions of tokens, filled as far, is at the edge."""
     import zerokit
     from zerokit.planning.search import seq_memory_factor
+    from zerokit.spec.hardware import build_cluster
 
     fit = json.loads((DATA / "long_context_fit.json").read_text())
-    assert seq_memory_factor(fit["from_seq_len"] - 1) == 1.0 < seq_memory_factor(fit["from_seq_len"])
+    gpus, cpus = build_cluster(gpu="h100-80gb", gpus_per_node=8), build_cluster(gpu="cpu", gpus_per_node=2)
+    assert seq_memory_factor(gpus, fit["from_seq_len"] - 1) == 1.0 < seq_memory_factor(gpus, fit["from_seq_len"])
+    assert seq_memory_factor(cpus, fit["from_seq_len"]) == 1.0  # no published run measured CPU ranks
     short = zerokit.plan("llama-3-8b", gpu="h100-80gb", gpus_per_node=8, seq_len=4096, global_batch=64)
     assert short.fits and short.verdict == "fits"
     long = zerokit.plan("llama-3.1-8b", gpu="h100-80gb", gpus_per_node=8, seq_len=5_000_000, stage=3,

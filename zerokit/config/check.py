@@ -263,16 +263,15 @@ def check_config(config: dict, config_path: str, model, cluster, workload, activ
             result.search = MicroBatchSearch(largest, too_big)
         else:
             result.evaluation = evaluate(model, cluster, workload, setup, knobs, fraction)
-            if not cluster.accelerator.is_cpu:  # fits, at the edge or does not fit, as plan says (search.verdict)
-                from zerokit.planning.search import verdict
+            from zerokit.planning.search import verdict  # fits, at the edge or does not fit, as plan says
 
-                result.verdict = verdict(model, cluster, workload, result.evaluation, knobs=knobs)
+            result.verdict = verdict(model, cluster, workload, result.evaluation, knobs=knobs)
     return result
 
 
 def config_longest(model, cluster, workload, setup, knobs, fraction: float, config_path: str):
     """`check --seq-len max`: the config's setup at the longest sequence it fits (planning/search.py longest_fitting),
-    cut on a GPU, as plan's answer is (search.longest_plan), to where published long runs ended; a SeqLenSearch."""
+    cut, as plan's answer is (search.longest_plan), to where published long runs ended; a SeqLenSearch."""
     from zerokit.planning.planner import evaluate
     from zerokit.planning.search import (SeqLenSearch, binding, likely_range, longest_fitting, safe_longest,
                                          seq_len_limit, seq_memory_factor)
@@ -283,11 +282,9 @@ def config_longest(model, cluster, workload, setup, knobs, fraction: float, conf
     if longest == 0:
         raise ZerokitError(f"{flag('seq-len')} max: {config_path} fits nothing even at {granule} token"
                            f"{'s' if granule > 1 else ''}: {binding(at)}", exit_code=EXIT_DOES_NOT_FIT)
-    bound, factor = longest, 1.0
-    if not cluster.accelerator.is_cpu:
-        factor = seq_memory_factor(bound)
-        longest = granule * max(1, safe_longest(model, cluster, workload, setup, at.budget.gpu_bytes, granule,
-                                                longest // granule, factor, knobs))
+    bound, factor = longest, seq_memory_factor(cluster, longest)
+    longest = granule * max(1, safe_longest(model, cluster, workload, setup, at.budget.gpu_bytes, granule,
+                                            longest // granule, factor, knobs))
     return SeqLenSearch(longest, granule, limit, binding(beyond), likely_range(
         bound, granule, setup.sequence_parallel, not cluster.accelerator.is_cpu), bound, factor)
 

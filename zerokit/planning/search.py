@@ -86,14 +86,16 @@ def _long_context_fit() -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def seq_memory_factor(seq_len: int | None = None) -> float:
+def seq_memory_factor(cluster, seq_len: int | None = None) -> float:
     """How much more than the memory model counts the memory that grows with the sequence takes where published
     long-sequence runs ended (zerokit/data/long_context_fit.json, fitted on the fit half of
     bench/data/long_context_evidence.yaml by bench/long_context.py --fit, inside [1, 2]: the CUDA caching allocator's
-    rounding and fragmentation at multi-GB blocks and buffers no term names). 1 where no fit is bundled, and for a
-    sequence shorter than the shortest the fit saw (`from_seq_len`): no evidence there says the memory runs over."""
+    rounding and fragmentation at multi-GB blocks and buffers no term names). 1 where no fit is bundled, on CPU ranks
+    (every published run was on GPUs), and for a sequence shorter than the shortest the fit saw (`from_seq_len`): no
+    evidence there says the memory runs over."""
     fit = _long_context_fit()
-    if not fit or (seq_len is not None and seq_len < int(fit.get("from_seq_len", 0))):
+    if (not fit or cluster.accelerator.is_cpu
+            or (seq_len is not None and seq_len < int(fit.get("from_seq_len", 0)))):
         return 1.0
     return float(fit["seq_memory_factor"])
 
@@ -117,7 +119,7 @@ def verdict(model, cluster, workload, evaluation, factor: float | None = None, k
     published long-sequence runs ended, it would not) or "does not fit"."""
     if not evaluation.fits:
         return "does not fit"
-    factor = seq_memory_factor(workload.seq_len) if factor is None else factor
+    factor = seq_memory_factor(cluster, workload.seq_len) if factor is None else factor
     if factor <= 1.0:
         return "fits"
     fixed = fixed_bytes(model, cluster, workload, evaluation.setup, knobs)
@@ -142,7 +144,7 @@ def safe_longest(model, cluster, workload, setup, budget_bytes: int, granule: in
     memory at `factor` (seq_memory_factor): the answer `--seq-len max` gives (longest_plan), in units of granule."""
     from zerokit.estimate.pipeline import setup_memory
 
-    factor = seq_memory_factor(best * granule) if factor is None else factor
+    factor = seq_memory_factor(cluster, best * granule) if factor is None else factor
     if factor <= 1.0:
         return best
     fixed = fixed_bytes(model, cluster, workload, setup, knobs)
@@ -272,7 +274,7 @@ def longest_plan(model, cluster, workload, pins: dict, memory_fraction: float):
     bound = best * granule
     plan = make_plan(model, cluster, replace(workload, seq_len=bound), pins, memory_fraction=memory_fraction,
                      within={family_key(s) for s in survivors})
-    factor = seq_memory_factor(bound) if not cluster.accelerator.is_cpu else 1.0  # published GPU runs set it
+    factor = seq_memory_factor(cluster, bound)
     safe = best
     if plan.best is not None and factor > 1.0:
         # the answer a user copies: the chosen setup's longest with the sequence's memory at the fitted factor

@@ -166,6 +166,12 @@ def link_lines(c) -> list[str]:
     return [line + f" ({flag('intra-node-bandwidth')} / {flag('inter-node-bandwidth')} set yours)"]
 
 
+def at_the_edge(label: str) -> str:
+    """The verdict line of a plan or check at the edge (planning/search.py verdict)."""
+    return (f"AT THE EDGE: {label} (fits the memory model, but not with the memory that grows with the sequence at "
+            "the factor where published long-sequence runs ended: docs/long-context.md)")
+
+
 def format_plan(plan) -> str:
     m, c, w = plan.model, plan.cluster, plan.workload
     exact = "exact" if m.exact else f"estimated from {flag('params')}"
@@ -195,8 +201,7 @@ def format_plan(plan) -> str:
         return "\n".join(out)
     s = plan.best.setup
     if plan.verdict == "at the edge":
-        out.append(f"AT THE EDGE: {s.label} (fits the memory model, but not with the memory that grows with the "
-                   "sequence at the factor where published long-sequence runs ended: docs/long-context.md)")
+        out.append(at_the_edge(s.label))
     else:
         out.append(("FITS: " if plan.fits else "DOES NOT FIT. Least-memory setup: ") + s.label)
     out.append(f"  ZeRO stage {s.zero_stage}, offload optimizer {s.offload_optimizer}, offload params {s.offload_param}, "
@@ -282,9 +287,8 @@ def format_check(result) -> str:
     if result.finetune is not None:
         out += ["  " + line for line in finetune_lines(result.finetune, result.model)]
     search = result.search
-    if search is None and getattr(result, "verdict", None) == "at the edge":
-        out.append(f"AT THE EDGE: {ev.setup.label} (fits the memory model, but not with the memory that grows with "
-                   "the sequence at the factor where published long-sequence runs ended: docs/long-context.md)")
+    if search is None and result.verdict == "at the edge":
+        out.append(at_the_edge(ev.setup.label))
     elif search is None:
         out.append(("FITS: " if ev.fits else "DOES NOT FIT: ") + ev.setup.label)
     elif search.largest == 0:

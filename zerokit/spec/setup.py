@@ -132,7 +132,7 @@ class ZeroSetup:
                                f"{flag('pipeline-parallel')}")
         if self.sequence_parallel > 1:
             # Ulysses with pipeline stages is an open DeepSpeed issue (#4645). Tensor parallelism with stages is priced
-            # (Megatron-DeepSpeed's 3D runs, bench/published_3d.py); planner.pipeline_pins refuses it for a launch
+            # (Megatron-DeepSpeed's 3D runs, bench/published_3d.py); planner.parallel_options refuses it for a plan
             raise ZerokitError(f"{flag('pipeline-parallel')} is planned without Ulysses (sequence parallelism with "
                                f"pipeline stages is not supported by DeepSpeed, issue #4645): drop "
                                f"{flag('sequence-parallel')}")
