@@ -60,6 +60,14 @@ REQUIRED_SETUP = ("gpu", "gpus_per_node", "nodes", "stage", "offload_optimizer",
 
 
 FRAMEWORKS = ("deepspeed", "fsdp", "megatron", "colossalai", "other")
+# whose tensor parallelism a run with tensor_parallel > 1 used: Megatron's (Megatron-DeepSpeed, Domino, ATorch) splits
+# the embedding, the LM head and the cross-entropy by vocabulary rows (VocabParallelEmbedding,
+# vocab_parallel_cross_entropy: ModelSpec.vocab_parallel, as bench/published_3d.py prices it); DeepSpeed's AutoTP
+# splits the decoder's Linears and an untied head (ModelSpec.tensor_parallel_shard)
+TENSOR_PARALLEL_KINDS = ("megatron", "autotp")
+# setup keys that are no plan flag; lm_head false: an encoder fine-tuned with a classification head (run_glue), whose
+# count holds the vocabulary once, as a tied LM's does (spec_from_params), but runs no matmul over it
+SETUP_FACTS = {"model", "interconnect", "tensor_parallel_kind", "lm_head"}
 
 
 class CorpusError(Exception):
@@ -101,9 +109,14 @@ def check_run(run) -> str | None:
     missing = [k for k in REQUIRED_SETUP if k not in setup]
     if missing:
         return f"{name}: setup lacks {', '.join(missing)}: state it, or the default taken, in assumptions"
-    unknown = sorted(set(setup) - set(FLAGS) - {"model", "interconnect"})
+    unknown = sorted(set(setup) - set(FLAGS) - SETUP_FACTS)
     if unknown:
-        return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join(['model', *FLAGS])}"
+        return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join([*sorted(SETUP_FACTS), *FLAGS])}"
+    if int(setup.get("tensor_parallel", 1)) > 1 and setup.get("tensor_parallel_kind") not in TENSOR_PARALLEL_KINDS:
+        return (f"{name}: tensor_parallel {setup['tensor_parallel']} without tensor_parallel_kind: state whose it was, "
+                f"{' or '.join(TENSOR_PARALLEL_KINDS)}")
+    if "lm_head" in setup and not isinstance(setup["lm_head"], bool):
+        return f"{name}: lm_head {setup['lm_head']!r}: give true or false"
     if "model" not in setup and not all(k in setup for k in ("params", "hidden_size", "num_layers", "vocab_size")):
         return f"{name}: no model: give model, or params, hidden_size, num_layers and vocab_size"
     try:
@@ -133,6 +146,20 @@ def plan_argv(setup: dict) -> list[str]:
     return argv + ["--hardware-profile", "none"]
 
 
+def planned(req, setup: dict):
+    """The model build_plan plans for a run: Megatron's tensor parallelism holds vocab / tp rows of the embedding and
+    head on each rank (TENSOR_PARALLEL_KINDS); without an LM head the vocabulary is the input embedding alone, a lookup
+    (timing.matmul_params; the logits' element-wise work is still priced, as for an LM)."""
+    from dataclasses import replace
+
+    from zerokit.api import planned_model
+
+    model = planned_model(req)
+    if setup.get("lm_head") is False:
+        model = replace(model, tied_embeddings=False, embedding_params=model.vocab_size * model.hidden_size)
+    return replace(model, vocab_parallel=True) if setup.get("tensor_parallel_kind") == "megatron" else model
+
+
 def predict(run: dict) -> dict:
     """zerokit's plan of one run (pinned) and the rule of thumb on the same run."""
     from zerokit.api import build_plan
@@ -148,7 +175,7 @@ def predict(run: dict) -> dict:
     try:
         with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
             req = request(plan_argv(setup))
-        plan = build_plan(req)
+        plan = build_plan(req, model=planned(req, setup))
     except (ZerokitError, SystemExit) as e:
         why = str(e) if isinstance(e, ZerokitError) else (said.getvalue().strip().splitlines() or ["bad value"])[-1]
         raise CorpusError(f"run {run['id']}: zerokit cannot plan its setup: {why}") from e

@@ -617,6 +617,25 @@ def test_spec_from_params_overrides():
     assert only_l.num_layers == 32 and only_l.hidden_size % 128 == 0 and 3584 <= only_l.hidden_size <= 4608
 
 
+@pytest.mark.parametrize("params, h, layers, vocab, tied", [
+    (3_212_749_824, 3072, 28, 128256, True),    # Llama-3.2-3B (tie_word_embeddings true; its model card's count)
+    (6_738_415_616, 4096, 32, 32000, False),    # Llama-2-7B (lm_head apart)
+    (1_557_611_200, 1600, 48, 50257, True),     # GPT-2 XL (lm_head is wte)
+    (2_352e7, 14400, 8, 250880, True),          # BigScience's 20B probe: 8 x (12 h^2 + 13 h) + V h
+])
+def test_spec_from_params_reads_a_tied_head_from_the_count(params, h, layers, vocab, tied):
+    """A count with its shape that leaves one vocabulary matrix beside the layers is a tied model: its LM head runs
+    the matmul (timing.matmul_params keeps it) and an AutoTP shard still holds matmuls (at TP 8 the 20B probe's shard
+    once held none: the untied guess put 2 V h in a count that holds V h)."""
+    from zerokit.estimate.timing import matmul_params
+
+    s = spec_from_params(params, hidden_size=h, num_layers=layers, vocab_size=vocab)
+    assert s.tied_embeddings is tied and s.embedding_params == (1 if tied else 2) * vocab * h
+    assert matmul_params(s) == s.params - (0 if tied else vocab * h)
+    shard = s.tensor_parallel_shard(8)
+    assert 0 < matmul_params(shard) < matmul_params(s)
+
+
 @pytest.mark.parametrize("params", [5e6, 1.2e8, 1.1e9, 3e9, 400e9, 1e12])  # 1e6: below the smallest (bad input)
 def test_spec_from_params_scales_monotonically_and_sanely(params):
     s = spec_from_params(params)

@@ -151,6 +151,27 @@ def test_a_run_is_priced_as_published_without_features_it_did_not_use(pr):
     assert "tp=" not in label and "sp=" not in label and "tiled" not in label and "hpz" not in label
 
 
+def test_megatron_tensor_parallelism_splits_the_vocabulary_and_a_classifier_runs_no_lm_head(pr):
+    """BigScience's 20B probe (8 layers of 14400, vocabulary 250880, Megatron TP 8) logged 108.47 TFLOPs per GPU with
+    recompute (chronicles-prequel.md): 769.99 s a step. Each rank runs 1/8 of the layers' and of the vocab-parallel
+    head's matmuls; priced as AutoTP with the tied head whole on every rank, the step came out 1.5x slow, and before
+    spec_from_params read the count as tied, a shard held no matmul at all (0.38x). Within 1.25x of the log."""
+    runs = {r["id"]: r for r in pr.load_runs()}
+    tr11 = runs["bigscience-tr11-20b-l8-tp8-z1-fp16-a100x8"]
+    assert tr11["setup"]["tensor_parallel_kind"] == "megatron"
+    predicted = pr.predict(tr11)
+    assert predicted["parts"].compute.matmul_seconds > 0
+    assert 1 / 1.25 < predicted["predicted"] / tr11["step_seconds"] < 1.25
+    as_autotp = pr.predict({**tr11, "setup": {**tr11["setup"], "tensor_parallel_kind": "autotp"}})["predicted"]
+    assert as_autotp > 1.3 * predicted["predicted"]
+    # DistilBERT fine-tuned on MNLI (a classification head): its count holds the vocabulary once, as a tied LM's does;
+    # lm_head false takes the head's 30522 x 768 matmul out (a third of its matmul FLOPs)
+    glue = next(r for r in pr.load_runs(pr.BLIND) if r["id"] == "dsx-at-distilbert-z0-mbs256-fp32-v100x16")
+    assert glue["setup"]["lm_head"] is False
+    with_head = {**glue, "setup": {k: v for k, v in glue["setup"].items() if k != "lm_head"}}
+    assert pr.predict(with_head)["predicted"] > 1.25 * pr.predict(glue)["predicted"]
+
+
 def test_the_fitted_step_recombines_the_priced_parts(evaluated):
     # a plan's step is gpu_step of its parts under the committed fit; TimeFit() leaves every part as priced
     from zerokit.estimate.gpu_time import TimeFit, gpu_step, time_fit
@@ -177,6 +198,8 @@ def test_bad_corpus_entries_get_one_line_and_exit_2(pr, tmp_path, capsys):
         "unknown model": ({**good, "setup": {**good["setup"], "model": "no-such-model-here"}}, "cannot plan"),
         "bad stage": ({**good, "setup": {**good["setup"], "stage": 9}}, "invalid choice: 9"),
         "bad framework": ({**good, "framework": "jax"}, "framework 'jax'"),
+        "tp of no kind": ({**good, "setup": {**good["setup"], "tensor_parallel": 2}}, "without tensor_parallel_kind"),
+        "bad lm_head": ({**good, "setup": {**good["setup"], "lm_head": "no"}}, "lm_head 'no'"),
     }
     for name, (run, said) in cases.items():
         path = tmp_path / f"{name.replace(' ', '_')}.yaml"

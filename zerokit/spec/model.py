@@ -756,7 +756,8 @@ def spec_from_params(
     vocab_size: int | None = None,
     seq_len: int | None = None,
 ) -> ModelSpec:
-    """A plausible Llama-like (untied, SwiGLU, RMSNorm) ModelSpec for a bare parameter count.
+    """A plausible Llama-like (SwiGLU, RMSNorm; untied unless the shape's count says tied) ModelSpec for a bare
+    parameter count.
 
     ``params`` is kept exactly; shapes are guessed (``exact=False``). Rule: total ≈ L·(4h² + 3·h·I)
     + 2·V·h (I ≈ 8h/3; GQA where the family uses it). With no shape given, h/I/heads come from the
@@ -824,6 +825,12 @@ def spec_from_params(
         raise ZerokitError(f"{_human(total)} parameters at hidden size {h:,} make {L:,} layers, above the "
                            f"{MAX_LAYERS:,} zerokit accepts ({WHY['MAX_LAYERS']}): give a larger {flag('hidden-size')}")
 
+    # A count given with its shape that leaves room for one vocabulary matrix, not two, is a tied model (GPT-2,
+    # Megatron's GPT, BLOOM, OPT, Llama-3.2-1B/3B: the LM head is the input embedding). Priced untied, its LM head
+    # would run no matmul (timing.matmul_params takes the input embedding out) and an AutoTP shard would split a head
+    # the count never held. Left beside the layers: under 1.5 V h is one matrix (and position tables), not two.
+    left = total - L * _layer_params(h, inter, heads, kv) - h
+    tied = hidden_size is not None and num_layers is not None and left < 1.5 * V * h
     head_dim = max(1, h // heads)
     largest = max(V * h, h * inter, h * h)
     return ModelSpec(
@@ -837,11 +844,11 @@ def spec_from_params(
         head_dim=head_dim,
         intermediate_size=inter,
         vocab_size=V,
-        tied_embeddings=False,
+        tied_embeddings=tied,
         gated_mlp=True,
         num_experts=1,
         experts_per_token=1,
-        embedding_params=2 * V * h,
+        embedding_params=(1 if tied else 2) * V * h,
         model_type="params",
         norm="rmsnorm",
         exact=False,
