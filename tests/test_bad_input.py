@@ -343,7 +343,7 @@ ROWS = [
     ("freeze-matches-everything", ["plan", "tiny-llama", "--freeze", "*"], {}, 2, "freezes every parameter"),
     ("freeze-empty", ["plan", "tiny-llama", "--freeze", ""], {}, 2, "empty"),
     ("freeze-with-lora", ["plan", "tiny-llama", "--finetune", "lora", "--freeze", "embed"], {}, 2, "--finetune full"),
-    ("finetune-with-params", ["plan", *P, "--finetune", "lora"], {}, 2, "not --params"),
+    ("freeze-with-params", ["plan", *P, "--freeze", "embed"], {}, 2, "a bare --params count does not have"),
     ("finetune-unknown", ["plan", "tiny-llama", "--finetune", "dora"], {}, 2, "invalid choice"),
     ("render-lora-r-zero", ["render", "tiny-llama", "--finetune", "lora", "--lora-r", "0", "-o", "x.json"], {}, 2,
      "--lora-r"),

@@ -147,8 +147,22 @@ def test_plan_cli_lora_json_text_and_errors():
         r = _zerokit("plan", "tiny-llama", "--gpu", "a100-80gb", *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and msg in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
-    r = _zerokit("plan", "--params", "7B", "--gpu", "a100-80gb", "--finetune", "lora")
-    assert r.returncode == 2 and "give a model config, not --params" in r.stderr
+    r = _zerokit("plan", "--params", "7B", "--gpu", "a100-80gb", "--freeze", "embed")
+    assert r.returncode == 2 and "a bare --params count does not have" in r.stderr
+
+
+def test_lora_on_a_bare_count_is_peft_s_count_on_its_shape():
+    """LoRA r=16 on all-linear over Llama-2-7B's shape given as a count (6,738,415,616 at hidden 4096, 32 layers):
+    peft's print_trainable_parameters for Llama-2-7B reads "trainable params: 39,976,960 || all params: 6,778,392,576"
+    (32 layers x r (in + out) over q, k, v, o, gate, up, down). peft counts it on shape_config's Llama."""
+    out = json.loads(_zerokit("plan", "--params", "6738415616", "--hidden-size", "4096", "--num-layers", "32",
+                              "--vocab-size", "32000", "--gpu", "a100-80gb", "--finetune", "lora", "--lora-r", "16",
+                              "--json").stdout)
+    assert (out["model"]["trainable_params"], out["model"]["params"]) == (39_976_960, 6_778_392_576)
+    q = json.loads(_zerokit("plan", "--params", "6738415616", "--hidden-size", "4096", "--num-layers", "32",
+                            "--gpu", "a100-80gb", "--finetune", "qlora", "--json").stdout)
+    assert q["model"]["trainable_params"] == 39_976_960
+    assert q["memory"]["per_gpu"]["terms"]["parameters"] < out["memory"]["per_gpu"]["terms"]["parameters"] / 3
 
 
 RANK_SCRIPT = textwrap.dedent('''

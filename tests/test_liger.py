@@ -111,7 +111,6 @@ def test_check_prices_a_liger_script(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--params", "7B"], "a bare parameter count"),
     (["gpt2"], "model type 'gpt2'"),
     (["llama-3.1-8b", "--tiled-loss", "on"], "drop --tiled-loss"),
     (["tiny-llama", "--trace"], "drop --trace or --liger-kernels"),
@@ -120,6 +119,20 @@ def test_what_liger_cannot_run_is_one_line(extra, needle, capsys):
     rc, out, err = run(["plan", *extra, "--gpu", "h100-80gb", "--liger-kernels", "on"], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
     assert "Traceback" not in err
+
+
+def test_a_bare_count_runs_liger_as_the_llama_it_is_priced_as(capsys):
+    """A --params count is priced as a Llama (spec_from_params), whose modules Liger patches: its fused linear
+    cross-entropy takes the logits out, as for llama-2-7b's own config (same shape, same vocabulary)."""
+    terms = {}
+    for model in (["--params", "6738415616", "--hidden-size", "4096", "--num-layers", "32"], ["llama-2-7b"]):
+        for liger in ("off", "on"):
+            rc, out, err = run(["plan", *model, "--gpu", "h100-80gb", "--seq-len", "4096", "--stage", "3", "--micro-batch", "1",
+                                "--liger-kernels", liger, "--json"], capsys)
+            assert rc in (0, 1), err
+            terms[(model[0], liger)] = json.loads(out)["memory"]["per_gpu"]["terms"]
+    assert terms[("--params", "on")].get("logits_and_loss", 0) < terms[("--params", "off")]["logits_and_loss"]
+    assert terms[("--params", "on")].get("logits_and_loss", 0) == terms[("llama-2-7b", "on")].get("logits_and_loss", 0)
 
 
 # ------------------------------------------------------------------- releases before 0.6.1: 32-bit row offsets

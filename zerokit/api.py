@@ -176,8 +176,12 @@ def finetune_from(req):
 def apply_finetune(req, model, finetune):
     """The ModelSpec as fine-tuned, counted from the model's real module shapes (spec/finetune.py)."""
     if getattr(req, "params", None):
-        raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')} count the model's modules: give a "
-                           f"model config, not {flag('params')}")
+        if finetune.freeze or finetune.mode == "full":
+            raise ZerokitError(f"{flag('freeze')} names the model's modules, which a bare {flag('params')} count does "
+                               f"not have: give a model config")
+        from zerokit.spec.finetune import shape_finetuned_spec
+
+        return shape_finetuned_spec(model, finetune)
     from zerokit.spec.finetune import finetuned_spec
     from zerokit.spec.resolve import resolve_model
 

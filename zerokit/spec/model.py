@@ -225,9 +225,10 @@ class ModelSpec:
         tensors saved for backward and the same loss chunk)."""
         if version is not None:
             liger_release(version)  # one line for a version it cannot read
-        if self.model_type not in LIGER_MODEL_TYPES:
-            what = "a bare parameter count" if self.model_type == "params" else f"model type {self.model_type!r}"
-            raise ZerokitError(f"{flag('liger-kernels')} on: Liger-Kernel has no kernels for {what} (it patches "
+        # a bare count is priced as a Llama (spec_from_params: SwiGLU, RMSNorm, rotary), whose modules Liger patches
+        if self.model_type not in LIGER_MODEL_TYPES and self.model_type != "params":
+            raise ZerokitError(f"{flag('liger-kernels')} on: Liger-Kernel has no kernels for model type "
+                               f"{self.model_type!r} (it patches "
                                f"{', '.join(sorted(LIGER_TEXT_TYPES))}): drop {flag('liger-kernels')}")
         return replace(self, liger_kernels=True, liger_version=version)
 
