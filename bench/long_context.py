@@ -232,10 +232,15 @@ def summary(rows: list[tuple[dict, dict]]) -> list[str]:
             ok = sum(c in right for c in calls)
             edge = sum(c == "at the edge" for c in calls)
             out.append(f"  {kind}: {len(calls)}; called right: {ok} ({edge} of them 'at the edge')")
-    peaks = [e["ratio"] for r, e in rows if r["kind"] == "peak" and "ratio" in e]
+    peaks = [(e["ratio"], r.get("peak_what") != "unknown") for r, e in rows if r["kind"] == "peak" and "ratio" in e]
     if peaks:
-        within = sum(abs(x - 1) <= WITHIN for x in peaks)
-        out.append(f"  peaks: {len(peaks)}; within 15%: {within}; median predicted/measured {statistics.median(peaks):.2f}")
+        within = sum(abs(x - 1) <= WITHIN for x, _ in peaks)
+        stated = [x for x, known in peaks if known]
+        out.append(f"  peaks: {len(peaks)}; within 15%: {within}; median predicted/measured "
+                   f"{statistics.median(x for x, _ in peaks):.2f}; where the source says what it read (nvidia-smi or "
+                   f"the allocator): {len(stated)}, within 15%: {sum(abs(x - 1) <= WITHIN for x in stated)}; the "
+                   f"rest are ambiguous (the source does not say whether it read nvidia-smi, torch's reserved or "
+                   f"allocated memory)")
     refused = sum("refused" in e and e.get("verdict") is None for _, e in rows)
     if refused:
         out.append(f"  not planned (zerokit refuses the setup, each with its reason above): {refused}")
