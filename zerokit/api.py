@@ -190,6 +190,15 @@ def apply_finetune(req, model, finetune):
 
 def pins_from(req) -> dict:
     """The setup dimensions the request pins, as the planner reads them (on/off as booleans)."""
+    if getattr(req, "sequence_parallel_mode", None) == "fpdt":
+        # FPDT (deepspeed/sequence/fpdt_layer.py, the Ulysses-Offload blog): each sequence in chunks whose keys and
+        # values are offloaded to the host between attention passes; wired into Megatron-DeepSpeed's GPT
+        # (--ds-sequence-parallel-fpdt), not into an HF model, so zerokit can neither run nor price it
+        raise ZerokitError(f"{flag('sequence-parallel-mode')} fpdt: DeepSpeed's FPDT (Fully Pipelined Distributed "
+                           "Transformer: chunked, offloaded sequence parallelism) runs inside Megatron-DeepSpeed's GPT, "
+                           "not an HF model, and zerokit does not plan it: use ulysses, with "
+                           f"{flag('activation-checkpointing')} offload and {flag('tiled-mlp')} on for the longest "
+                           "sequences")
     pins = {k: getattr(req, k, None) for k in ("zero_stage", "offload_optimizer", "offload_param", "precision",
                                                "micro_batch_size", "gradient_accumulation_steps", "tensor_parallel",
                                                "sequence_parallel", "hpz_partition_size", "pipeline_parallel")}

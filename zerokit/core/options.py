@@ -134,6 +134,7 @@ COMPILE_MODES = ("off", "torch", "deepcompile")
 # what runs the offloaded optimizer (ZeroSetup.offload_engine): ZeRO-Offload's DeepSpeedCPUAdam after every step,
 # ZenFlow (zero_optimization.zenflow) or SuperOffload (offload_optimizer.super_offload, ZeRO-3, Superchips)
 OFFLOAD_ENGINES = ("zero-offload", "zenflow", "superoffload")
+SEQUENCE_PARALLEL_MODES = ("ulysses", "fpdt")
 
 
 def liger_kernels(text) -> str:
@@ -316,6 +317,10 @@ OPTIONS: tuple[Option, ...] = (
            "fine-tune)", type=positive_int, metavar="N", group=_PIN),
     Option("sequence-parallel", ("plan", "render", "launch"), "Ulysses sequence-parallel ranks per sequence (1: none)",
            type=positive_int, metavar="N", group=_PIN),
+    Option("sequence-parallel-mode", ("plan", "render", "launch"), "how the sequence-parallel ranks split a sequence: "
+           "ulysses (DeepSpeed-Ulysses, ALST's UlyssesSPAttentionHF: all-to-alls over the attention heads) or fpdt "
+           "(DeepSpeed's chunked, offloaded FPDT: not planned, refused by name) (default ulysses)",
+           choices=SEQUENCE_PARALLEL_MODES, group=_PIN),
     Option("hpz", ("plan", "render", "launch"), "ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)",
            type=positive_int, metavar="N", dest="hpz_partition_size", group=_PIN),
     Option("pipeline-parallel", ("plan", "render", "launch"), "pipeline stages of DeepSpeed's pipeline engine (ZeRO-0/1; "
