@@ -19,6 +19,7 @@ multi-GB blocks, buffers no term names), on the fit half only, inside [1, 2], an
 zerokit/data/long_context_fit.json with the runs it came from.
 
 Usage: python bench/long_context.py [--split] [--fit] [--out bench/results/long_context.txt]
+       python bench/long_context.py --blind --data FILE --out FILE_RESULTS   (a later blind set, judged once)
 """
 
 from __future__ import annotations
@@ -247,17 +248,22 @@ def summary(rows: list[tuple[dict, dict]]) -> list[str]:
     return out
 
 
-def table(results: list[dict], split: dict[str, str], cmd: str) -> str:
+def table(results: list[dict], split: dict[str, str], cmd: str, data: list[Path] | None = None) -> str:
+    """Every result, then each half's summary; a blind file's results (split "blind": sources in no half) are judged
+    once by the committed factor, as their own half."""
+    shown = ", ".join(str(p.resolve().relative_to(REPO)) for p in (data or [DATA]))
+    where = (f"split: {SPLIT.relative_to(REPO)} (whole sources in each half)" if data in (None, [DATA]) else
+             "sources in no half of the split: judged once by the committed factor (zerokit/data/long_context_fit.json)")
     lines = [f"command: {cmd}",
-             f"data: {DATA.relative_to(REPO)} ({len(results)} results, {len({r['group'] for r in results})} sources); "
-             f"split: {SPLIT.relative_to(REPO)} (whole sources in each half)",
+             f"data: {shown} ({len(results)} results, {len({r['group'] for r in results})} sources); {where}",
              "zerokit: planned with --hardware-profile none, every stated setup dimension pinned (TP 1, SP 1, hpZ 1, no "
              "tiling unless stated); max: the answer a user copies (and the memory model's bound); fit/oom: the verdict "
              "at the length; peak: predicted / measured (nvidia-smi's estimate where the source read nvidia-smi)", ""]
     rows = [(r, evaluate(r)) for r in results]
     head = f"{'result':52} {'half':8} {'kind':4} {'tokens':>10}  zerokit"
     lines += [head, "-" * len(head)]
-    for half in ("fit", "held_out"):
+    halves = ("fit", "held_out", "blind")
+    for half in halves:
         for r, e in rows:
             if split.get(r["group"]) != half:
                 continue
@@ -270,7 +276,7 @@ def table(results: list[dict], split: dict[str, str], cmd: str) -> str:
             else:
                 said = e["verdict"] or e.get("refused")
             lines.append(f"{r['id'][:52]:52} {half:8} {r['kind']:4} {int(r['seq_len']):>10,}  {said}")
-    for half in ("fit", "held_out"):
+    for half in halves:
         part = [(r, e) for r, e in rows if split.get(r["group"]) == half]
         if part:
             lines += ["", f"{half.replace('_', '-')} half: {len(part)} results from {len({r['group'] for r, _ in part})} sources"]
@@ -285,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--half", choices=("fit", "held_out"), help="only this half (a fit looks at the fit half alone)")
     ap.add_argument("--fit", action="store_true", help="fit seq_memory_factor on the fit half's maxima; write it")
+    ap.add_argument("--blind", action="store_true",
+                    help="judge --data's results (sources in no half) once with the committed factor")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     try:
@@ -299,6 +307,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(split[r['group']] == 'held_out' for r in results)} held out")
         return 0
     split = load_split()
+    cmd = "python bench/long_context.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
+    if a.blind:
+        known = sorted({r["group"] for r in results} & (set(split) | {r["group"] for r in load([DATA])}))
+        if known:
+            print(f"error: --blind judges sources in no half, and {len(known)} of these are known already (first: "
+                  f"{known[0]}): drop --blind, or give a file of new sources", file=sys.stderr)
+            return 2
+        text = table(results, {r["group"]: "blind" for r in results}, cmd, a.data)
+        print(text, end="")
+        if a.out:
+            a.out.write_text(text)
+        return 0
     missing = sorted({r["group"] for r in results} - set(split))
     if missing:
         print(f"error: sources without a half: {', '.join(missing)}: run python bench/long_context.py --split",
