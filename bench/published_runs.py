@@ -395,7 +395,11 @@ def table(rows: list[dict], split: dict[str, str], cmd: str) -> str:
 BLIND = REPO / "bench" / "data" / "blind_runs.yaml"
 BLIND_TITLE = "blind set (collected by readers who never saw a prediction; no fitted figure saw these runs)"
 # a blind file's first table, kept as printed where a later change (the harness's UNSTATED_PINS) moved its figures
-FIRST_LOOKS = {"blind_runs.yaml": "bench/results/published_runs_blind_first_look.txt"}
+# each blind set's table as first judged, kept as printed, and what changed the model since
+FIRST_LOOKS = {"blind_runs.yaml": ("bench/results/published_runs_blind_first_look.txt",
+                                   "before the harness pinned UNSTATED_PINS"),
+               "blind_runs_r4.yaml": ("bench/results/published_runs_blind_r4_first_look.txt",
+                                      "before a count's tie was read only where room is left beside the layers")}
 
 
 BLIND_COMMAND = "python bench/published_runs.py --blind --out bench/results/published_runs_blind.txt"
@@ -423,7 +427,7 @@ def blind_table(rows: list[dict], unplanned: list[str], cmd: str = BLIND_COMMAND
     first = FIRST_LOOKS.get(path.name)
     lines.insert(1, f"data: {shown} ({len(rows)} runs, {len(split)} sources), none in bench/data/split.yaml yet: they "
                     "join the split (python bench/fit_time.py --split) at the next refit"
-                    + (f"; first judged in {first}, before the harness pinned UNSTATED_PINS" if first else ""))
+                    + (f"; first judged in {first[0]}, {first[1]}" if first else ""))
     lines += [line for line in text[6:] if line and not line.startswith(("fit half", "held-out half", "likely range",
                                                                             "  out-of-sample"))]
     part = [r for r in rows if r["run"]["framework"] == FITTED_FRAMEWORK]

@@ -555,6 +555,7 @@ def shape_finetuned_spec(model: ModelSpec, finetune: Finetune) -> ModelSpec:
     from pathlib import Path
 
     from zerokit.core.fsutil import atomic_write_text, cache_dir
+    from zerokit.core.quiet import library_output
 
     text = json.dumps(shape_config(model), sort_keys=True)
     name = f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
@@ -566,8 +567,6 @@ def shape_finetuned_spec(model: ModelSpec, finetune: Finetune) -> ModelSpec:
     except OSError:  # an unwritable cache: a private temporary copy, counted each time
         path = Path(tempfile.mkdtemp(prefix="zerokit-shape-")) / name
         path.write_text(text)
-    from zerokit.core.quiet import library_output
-
     with library_output():
         split = trainable_split(str(path), finetune)
     return with_finetune(model, replace(split, total_params=model.params + split.adapter_params), finetune.mode)

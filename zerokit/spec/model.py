@@ -829,9 +829,10 @@ def spec_from_params(
     # A count given with its shape that leaves room for one vocabulary matrix, not two, is a tied model (GPT-2,
     # Megatron's GPT, BLOOM, OPT, Llama-3.2-1B/3B: the LM head is the input embedding). Priced untied, its LM head
     # would run no matmul (timing.matmul_params takes the input embedding out) and an AutoTP shard would split a head
-    # the count never held. Left beside the layers: under 1.5 V h is one matrix (and position tables), not two.
+    # the count never held. Left beside the layers: under 1.5 V h is one matrix (and position tables), not two; none
+    # left (the guessed layers outweigh the count) says nothing of the head, which stays untied.
     left = total - L * _layer_params(h, inter, heads, kv) - h
-    tied = hidden_size is not None and num_layers is not None and left < 1.5 * V * h
+    tied = hidden_size is not None and num_layers is not None and 0 < left < 1.5 * V * h
     head_dim = max(1, h // heads)
     largest = max(V * h, h * inter, h * h)
     return ModelSpec(
