@@ -95,7 +95,7 @@ def price(run: dict) -> dict:
     from zerokit.estimate.pipeline import pipeline_time, stage_memory, stages
     from zerokit.estimate.timing import estimate_time
     from zerokit.spec.hardware import build_cluster
-    from zerokit.spec.setup import Workload, ZeroSetup
+    from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 
     model = gpt_spec(run)
     per_node = min(8, run["gpus"])
@@ -112,8 +112,11 @@ def price(run: dict) -> dict:
         else estimate_time(model, cluster, setup, workload)
     # the sources' memory is nvidia-smi's on the job's first node: pipeline stage 0 (estimate/reserved.py: the
     # context, NCCL's buffers, the allocator's rounding beside the allocated peak)
-    memory = (stage_memory(model, cluster, setup, workload, stages(model, setup, method)[0])
-              if setup.pipeline_parallel > 1 else estimate_memory(model, cluster, setup, workload))
+    # data_types.grad_accum_dtype as the run states it: BigScience's BF16_Optimizer keeps an fp32 accumulation buffer
+    # of the stage's whole parameters (estimate/memory.py grad_accum_terms)
+    knobs = replace(ZeroKnobs.for_model(model), grad_accum_dtype=run.get("grad_accum_dtype"))
+    memory = (stage_memory(model, cluster, setup, workload, stages(model, setup, method)[0], knobs)
+              if setup.pipeline_parallel > 1 else estimate_memory(model, cluster, setup, workload, knobs))
     smi = memory.nvidia_smi
     return {"step": time.step_seconds, "bubble": time.pipeline_bubble, "p2p": time.pipeline_p2p_seconds,
             "memory_gb": (smi.nvidia_smi_bytes if smi else memory.per_gpu_total) / GIB,

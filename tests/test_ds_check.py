@@ -408,3 +408,43 @@ def test_load_config_file_errors_are_one_line(tmp_path, content, match):
 def test_load_config_file_on_a_folder(tmp_path):
     with pytest.raises(ZerokitError, match="is a folder"):
         load_config_file(tmp_path)
+
+
+_ENGINE_SCRIPT = """
+import os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+import torch, deepspeed
+cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+       "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": int(sys.argv[1])},
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+model = torch.nn.Linear(8, 8)
+try:
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    print("built", type(engine.optimizer).__name__)
+except NotImplementedError as e:
+    print("refused", e)
+"""
+
+
+@pytest.mark.parametrize("stage, port", [(0, 29571), (1, 29572)])
+def test_fp32_grad_accumulation_as_the_engine_takes_it(stage, port, tmp_path):
+    """bf16 with data_types.grad_accum_dtype fp32: without ZeRO DeepSpeed's engine raises NotImplementedError
+    (engine._do_optimizer_sanity_check), which check reports as an error; at ZeRO-1 it builds BF16_Optimizer, whose
+    unsharded fp32 buffer the plan prices. Both sides from a real deepspeed.initialize on CPU."""
+    script = tmp_path / "engine.py"
+    script.write_text(_ENGINE_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), str(stage), str(port)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith(("built", "refused"))]
+    cfg = json.loads(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                 "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+                                 "zero_optimization": {"stage": stage}}))
+    errors = [f for f in lint_config(cfg, 1) if f.level == "error"]
+    if stage == 0:
+        assert said and said[0].startswith("refused") and "unsupported mix" in said[0], res.stdout + res.stderr
+        assert [f.key for f in errors] == ["data_types.grad_accum_dtype"] and "NotImplementedError" in errors[0].message
+    else:
+        assert said == ["built BF16_Optimizer"], res.stdout + res.stderr
+        assert not errors
+        _, knobs = setup_from_config(cfg, 1)
+        assert knobs.grad_accum_dtype == "fp32"

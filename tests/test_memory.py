@@ -337,3 +337,41 @@ def test_zero3_steps_one_sub_group_at_a_time_measured_on_two_ranks(tmp_path):
     predicted = bench.predict(job, cluster, cfg)["phases"]["step"]
     assert abs(predicted - measured) / measured < 0.05, (predicted, measured)
     assert predicted < 0.8 * default
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_fp32_gradient_accumulation_measured_on_two_ranks(stage, tmp_path):
+    """data_types.grad_accum_dtype fp32 on a bf16 model (grad_accum_terms): at ZeRO-1 the engine builds BF16_Optimizer,
+    whose fp32 accumulation buffer is the whole model's (4 bytes a parameter, unsharded); at ZeRO-3 the gradient
+    partition buffer is made in fp32. A real 2-rank tiny-llama job (`zerokit launch --gpu cpu`, the live-tensor meter):
+    every phase within 1% of the prediction read from the same config (config.setup.grad_accum_dtype_of)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "bench" / "accuracy"))
+    import run as bench
+
+    from zerokit.spec.hardware import build_cluster
+
+    job = bench.J("tiny-llama", stage, "bf16", 2, 128)
+    cluster = build_cluster(gpu="cpu", gpus_per_node=2)
+    cfg = bench.render(job, cluster, 3)
+    plain = bench.predict(job, cluster, cfg)["phases"]
+    cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    path, out = tmp_path / "ds.json", tmp_path / "run"
+    path.write_text(json.dumps(cfg))
+    env = dict(os.environ, ZEROKIT_MEMORY_STEPS="2", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "zerokit", "launch", "--model", bench.MODELS["tiny-llama"], "--config",
+                          str(path), "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "128", "--steps", "3",
+                          "--output-dir", str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    measured = bench.measure(out, 1)[0]["phase_peaks"]
+    predicted = bench.predict(job, cluster, cfg)["phases"]
+    for phase in ("backward", "step"):
+        assert abs(predicted[phase] - measured[phase]) / measured[phase] < 0.01, (phase, predicted, measured)
+    params = bench.predict(job, cluster, cfg)["params"]
+    assert predicted["step"] - plain["step"] == (4 * params if stage == 1 else 2 * params // 2)

@@ -458,7 +458,11 @@ def predict(job: Job, cluster, cfg: dict) -> dict:
     from zerokit.spec.setup import Workload, ZeroKnobs
 
     spec = job.spec()
-    knobs = ZeroKnobs.from_zero_config(cfg.get("zero_optimization") or {})
+    from dataclasses import replace
+
+    from zerokit.config.setup import grad_accum_dtype_of
+
+    knobs = replace(ZeroKnobs.from_zero_config(cfg.get("zero_optimization") or {}), grad_accum_dtype=grad_accum_dtype_of(cfg))
     ev = evaluate(spec, cluster, Workload(seq_len=job.seq_len), job.setup(), knobs)
     smi = ev.memory.nvidia_smi
     # what max_memory_allocated can show: the fit's CUDA-context allowance is priced in nvidia-smi's figure instead

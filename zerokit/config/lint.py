@@ -207,6 +207,27 @@ def _precision_findings(config: Mapping, accelerator) -> list[Finding]:
     return out
 
 
+def _data_types_findings(config: Mapping, stage: int) -> list[Finding]:
+    """data_types.grad_accum_dtype beside the model's dtype: without ZeRO the engine takes only the model's own
+    (engine._do_optimizer_sanity_check raises NotImplementedError "unsupported mix of model_dtype and
+    grad_accum_dtype"); with ZeRO any mix runs (ZeRO-1 bf16 with fp32 builds BF16_Optimizer, priced by
+    estimate/memory.py grad_accum_terms)."""
+    from zerokit.config.setup import grad_accum_dtype_of
+
+    accum = grad_accum_dtype_of(config)
+    if accum is None or stage != 0 or config.get("pipeline") or lookup(config, "pipeline.stages"):
+        return []
+    bf16 = bf16_block(config)
+    model = ("fp16" if lookup(config, "fp16.enabled") is True else
+             "bf16" if isinstance(bf16, Mapping) and bf16.get("enabled") is True else "fp32")
+    if accum == model:
+        return []
+    return [Finding("error", "data_types.grad_accum_dtype",
+                    f"{accum} gradient accumulation on a {model} model without ZeRO: DeepSpeed raises "
+                    "NotImplementedError (unsupported mix of model_dtype and grad_accum_dtype); use ZeRO stage 1 or "
+                    "more, or remove data_types.grad_accum_dtype")]
+
+
 def _optimizer_findings(config: Mapping, stage: int, opt_dev: str, accelerator) -> list[Finding]:
     """lint_config's optimizer block against the ZeRO optimizer offload (opt_dev) and the accelerator."""
     out: list[Finding] = []
@@ -285,6 +306,7 @@ def lint_config(config: dict, world_size: int, accelerator=None) -> list[Finding
     opt_dev = lookup(zero, "offload_optimizer.device", "none") or "none"
     param_dev = lookup(zero, "offload_param.device", "none") or "none"
     out.extend(_optimizer_findings(config, stage, opt_dev, accelerator))
+    out.extend(_data_types_findings(config, stage))
 
     for old, new in ZERO_DEPRECATED.items():
         if old in zero:

@@ -146,7 +146,7 @@ class MemoryEstimate:
 TRAINABLE_ONLY_TERMS = frozenset({
     "gradients", "tiled_loss_head_grad", "master_weights", "optimizer_states", "fp32_gradients", "optimizer_step_temporaries",
     "fp16_flatten_copies", "gradient_flat_copy", "optimizer_states_offloaded", "fp32_gradients_offloaded", "offload_param_partition",
-    "offload_grad_buffer", "optimizer_swap_buffers"})
+    "offload_grad_buffer", "optimizer_swap_buffers", "bf16_optimizer_grad_accum"})
 
 # The per-GPU terms that DeepSpeed's estimator calls "model states".
 MODEL_STATE_TERMS = ("parameters", "gradients", "master_weights", "optimizer_states", "fp32_gradients",
@@ -918,6 +918,26 @@ def _backward_start_terms(model: ModelSpec, setup: ZeroSetup, acts: dict[str, in
     return backward
 
 
+def grad_accum_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, states: dict[str, int], n: int) -> dict[str, int]:
+    """What a 16-bit model's gradient accumulation in fp32 (data_types.grad_accum_dtype, ZeroKnobs.grad_accum_dtype)
+    changes, from the allocations DeepSpeed makes at init (so in every phase):
+    - ZeRO-3: its gradient partition buffer (stage3.py grad_partitions_flat_buffer) is made in
+      gradient_accumulation_dtype: 4 bytes per partition element, not 2;
+    - ZeRO-1 with bf16 and no offload: the engine builds BF16_Optimizer (engine._do_optimizer_sanity_check), whose
+      fp32_groups_gradients_flat is zeros_like the whole flat bf16 group in that dtype: 4 bytes per trainable
+      parameter, not sharded (bf16_optimizer.py _setup_for_real_optimizer);
+    - ZeRO-2 keeps its buffers in the model's dtype; at stage 0 DeepSpeed refuses the mix (NotImplementedError).
+    Measured on 2 CPU ranks, tiny-llama bf16 (1,262,720 parameters): every phase +5,050,880 bytes at ZeRO-1 (4 per
+    parameter), +1,262,720 at ZeRO-3 (2 more per partition element), none at ZeRO-2 (tests/test_memory.py)."""
+    if knobs.grad_accum_dtype != "fp32" or setup.precision == "fp32":
+        return {}
+    if setup.zero_stage == 3 and states.get("gradients"):
+        return {"gradients": 4 * model.trainable // n}
+    if setup.zero_stage == 1 and setup.precision == "bf16" and setup.offload_optimizer == "none":
+        return {"bf16_optimizer_grad_accum": 4 * model.trainable}
+    return {}
+
+
 def zero3_sub_group_elements(model: ModelSpec, n: int, knobs: ZeroKnobs) -> int:
     """The largest sub-group of a rank's ZeRO-3 partition: stage3.py _create_fp16_sub_groups adds whole parameters
     until a sub-group holds at least sub_group_size elements, so one holds at most sub_group_size plus its last
@@ -1006,6 +1026,8 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     model = model.tensor_parallel_shard(setup.tensor_parallel)
     optimizer = optimizer_named(knobs.optimizer)
     states = model_state_terms(model, cluster, setup, optimizer)
+    accum = grad_accum_terms(model, setup, knobs, states, setup.zero_ranks(cluster.world_size))
+    states.update({k: v for k, v in accum.items() if k in states})
     bufs = buffer_terms(model, cluster, setup, knobs)
     acts = activation_terms(model, setup, workload, on_cpu)
     n = setup.zero_ranks(cluster.world_size)
@@ -1013,6 +1035,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     tokens = setup.micro_batch_size * workload.seq_len // setup.sequence_parallel
     logits = tokens * model.vocab_size
     persistent = {k: states[k] for k in ("parameters", "master_weights", "optimizer_states")}
+    persistent.update({k: v for k, v in accum.items() if k not in states})
     live = {}  # what forward gathers and backward still needs
     persistent_bytes = hpz_bytes = 0
     if setup.zero_stage == 3:

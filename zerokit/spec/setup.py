@@ -383,6 +383,10 @@ class ZeroKnobs:
     # --optim adamw_torch or a plain torch.optim.AdamW, or with "torch_adam": true; "lion", "adamw_bnb_8bit", ... Read
     # from a ds_config by config.setup.optimizer_of (`zerokit check --client-optimizer` for a script's own).
     optimizer: str = DEFAULT_OPTIMIZER
+    # Not a zero_optimization key either: data_types.grad_accum_dtype ("fp32", "bf16", "fp16"; None: the model's),
+    # what DeepSpeed accumulates gradients in (engine.get_data_types), read by config.setup.setup_from_config; render
+    # never writes it. estimate/memory.py grad_accum_terms says what it changes.
+    grad_accum_dtype: str | None = None
 
     @classmethod
     def for_hidden_size(cls, hidden_size: int | None) -> "ZeroKnobs":
@@ -416,7 +420,7 @@ class ZeroKnobs:
         d = cls()
         vals = {}
         for f in d.__dataclass_fields__:
-            if f == "optimizer":  # from the config's optimizer block (config.setup.setup_from_config)
+            if f in ("optimizer", "grad_accum_dtype"):  # from the config's optimizer block and data_types
                 continue
             v = zero.get(f, getattr(d, f))
             if v == "auto":
