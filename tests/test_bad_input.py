@@ -138,6 +138,8 @@ ROWS = [
     ("gpu-memory-exabytes", ["plan", *P, "--gpu-memory", "2000PB"], {}, 2, "unit"),
     ("gpu-memory-beyond-eib", ["plan", *P, "--gpu-memory", "2000000TB"], {}, 2, "1 EiB"),
     ("gpu-memory-empty", ["plan", *P, "--gpu-memory", ""], {}, 2, "empty"),
+    ("gpu-memory-no-unit", ["plan", *P, "--gpu-memory", "80"], {}, 2, "has no unit, so it reads as 80 bytes"),
+    ("cpu-memory-no-unit", ["plan", *P, "--cpu-memory", "429.5"], {}, 2, "e.g. 429.5GB or 429.5GiB"),
     ("cpu-memory-text", ["plan", *P, "--cpu-memory", "lots"], {}, 2, "--cpu-memory"),
     ("nvme-size-negative", ["plan", *P, "--nvme-size=-1GB"], {}, 2, "negative"),
     ("nvme-path-missing", ["plan", *P, "--nvme-path", "/nonexistent/nvme"], {}, 2, "--nvme-path"),

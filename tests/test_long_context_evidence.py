@@ -101,3 +101,19 @@ def test_a_bad_entry_is_one_line_and_exit_2(tmp_path, capsys, broken, fragment):
     assert lc().main(["--data", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err
+
+
+def test_the_blind_set_is_new_sources_and_its_committed_table_is_what_the_model_gives_now():
+    """bench/data/long_context_blind.yaml: results from sources in neither half nor the evidence file, collected by a
+    reader who never saw a prediction; its table, judged by the committed factor, reprinted as committed."""
+    path = BENCH / "data" / "long_context_blind.yaml"
+    blind = lc().load([path])
+    known = {r["group"] for r in lc().load([lc().DATA])} | set(lc().load_split())
+    assert len(blind) >= 20 and not {r["group"] for r in blind} & known
+    for r in blind:
+        assert re.match(r"https://", r["source"]) and len(str(r["quote"])) >= 10, r["id"]
+    cmd = ("python bench/long_context.py --blind --data bench/data/long_context_blind.yaml --out "
+           "bench/results/long_context_blind.txt")
+    committed = (BENCH / "results" / "long_context_blind.txt").read_text()
+    assert committed == lc().table(blind, {r["group"]: "blind" for r in blind}, cmd, [path])
+    assert (BENCH / "results" / "long_context_blind_first_look.txt").is_file()

@@ -23,6 +23,9 @@ GiB = 2**30
 GB = 10**9
 
 
+UNITLESS_FLOOR = 2**20  # a size given without a unit below a MiB is taken for a missing unit (parse_size)
+
+
 def parse_size(text: str | int | float, what: str = "size") -> int:
     """Bytes from a number with an optional unit. Decimal units (GB) are 10^9, binary (GiB) 2^30.
 
@@ -42,6 +45,11 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
             raise ZerokitError(f"unknown unit {m.group(2)!r} in {what} {text!r}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
     if value < 0:
         raise ZerokitError(f"{what} must not be negative, got {text!r}")
+    if not unit and 0 < value < UNITLESS_FLOOR:
+        # every memory it sizes (a GPU's, a node's RAM, an NVMe drive) is gigabytes: "--cpu-memory 512" means a unit
+        # left out, not 512 bytes
+        raise ZerokitError(f"{what} {text!r} has no unit, so it reads as {value:g} bytes: give one, e.g. {value:g}GB "
+                           f"or {value:g}GiB")
     size = value * _UNITS[unit]
     at_most(size, "MAX_BYTES", what)
     return int(round(size))
