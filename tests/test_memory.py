@@ -304,47 +304,10 @@ def test_falcon_peak_is_in_the_last_layers_attention_backward():
     assert activation_terms(LLAMA3_8B, ZeroSetup(micro_batch_size=1), Workload(seq_len=s))["attention_backward"] == 0
 
 
-def test_zero3_steps_one_sub_group_at_a_time_measured_on_two_ranks(tmp_path):
-    """stage3.py step() makes each sub-group's fp32 gradient in _prepare_sub_group and frees it in _release_sub_group,
-    so the step holds one sub-group's (zero3_sub_group_elements), not the partition's. Measured: a real 2-rank
-    ZeRO-3 bf16 tiny-llama job at sub_group_size 100,000 (bench/accuracy/run.py's job, `zerokit launch --gpu cpu`,
-    the live-tensor meter): the step phase within 5% of the prediction, and well under the default's."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "bench" / "accuracy"))
-    import run as bench
-
-    from zerokit.spec.hardware import build_cluster
-
-    job = bench.J("tiny-llama", 3, "bf16", 2, 128)
-    cluster = build_cluster(gpu="cpu", gpus_per_node=2)
-    cfg = bench.render(job, cluster, 3)
-    default = bench.predict(job, cluster, cfg)["phases"]["step"]
-    cfg["zero_optimization"]["sub_group_size"] = 100_000
-    path, out = tmp_path / "ds.json", tmp_path / "run"
-    path.write_text(json.dumps(cfg))
-    env = dict(os.environ, ZEROKIT_MEMORY_STEPS="2", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "zerokit", "launch", "--model", bench.MODELS["tiny-llama"], "--config",
-                          str(path), "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "128", "--steps", "3",
-                          "--output-dir", str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    measured = bench.measure(out, 1)[0]["phase_peaks"]["step"]
-    predicted = bench.predict(job, cluster, cfg)["phases"]["step"]
-    assert abs(predicted - measured) / measured < 0.05, (predicted, measured)
-    assert predicted < 0.8 * default
-
-
-@pytest.mark.parametrize("stage", [1, 3])
-def test_fp32_gradient_accumulation_measured_on_two_ranks(stage, tmp_path):
-    """data_types.grad_accum_dtype fp32 on a bf16 model (grad_accum_terms): at ZeRO-1 the engine builds BF16_Optimizer,
-    whose fp32 accumulation buffer is the whole model's (4 bytes a parameter, unsharded); at ZeRO-3 the gradient
-    partition buffer is made in fp32. A real 2-rank tiny-llama job (`zerokit launch --gpu cpu`, the live-tensor meter):
-    every phase within 1% of the prediction read from the same config (config.setup.grad_accum_dtype_of)."""
+def _two_rank_bf16_job(stage: int, tmp_path, edit):
+    """A real 2-rank tiny-llama bf16 job of bench/accuracy/run.py at `stage`, its rendered config changed by `edit`,
+    run by `zerokit launch --gpu cpu` with the live-tensor meter: (phase peaks measured on rank 0, predicted phases
+    for the edited config, predicted phases for the config as rendered, the model's parameters)."""
     import json
     import os
     import subprocess
@@ -360,8 +323,8 @@ def test_fp32_gradient_accumulation_measured_on_two_ranks(stage, tmp_path):
     job = bench.J("tiny-llama", stage, "bf16", 2, 128)
     cluster = build_cluster(gpu="cpu", gpus_per_node=2)
     cfg = bench.render(job, cluster, 3)
-    plain = bench.predict(job, cluster, cfg)["phases"]
-    cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    rendered = bench.predict(job, cluster, cfg)["phases"]
+    edit(cfg)
     path, out = tmp_path / "ds.json", tmp_path / "run"
     path.write_text(json.dumps(cfg))
     env = dict(os.environ, ZEROKIT_MEMORY_STEPS="2", OMP_NUM_THREADS="1")
@@ -369,9 +332,28 @@ def test_fp32_gradient_accumulation_measured_on_two_ranks(stage, tmp_path):
                           str(path), "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "128", "--steps", "3",
                           "--output-dir", str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    measured = bench.measure(out, 1)[0]["phase_peaks"]
-    predicted = bench.predict(job, cluster, cfg)["phases"]
+    predicted = bench.predict(job, cluster, cfg)
+    return bench.measure(out, 1)[0]["phase_peaks"], predicted["phases"], rendered, predicted["params"]
+
+
+def test_zero3_steps_one_sub_group_at_a_time_measured_on_two_ranks(tmp_path):
+    """stage3.py step() makes each sub-group's fp32 gradient in _prepare_sub_group and frees it in _release_sub_group,
+    so the step holds one sub-group's (zero3_sub_group_elements), not the partition's. Measured at sub_group_size
+    100,000 (_two_rank_bf16_job): the step phase within 5% of the prediction, and well under the default's."""
+    measured, predicted, default, _ = _two_rank_bf16_job(
+        3, tmp_path, lambda cfg: cfg["zero_optimization"].update(sub_group_size=100_000))
+    assert abs(predicted["step"] - measured["step"]) / measured["step"] < 0.05, (predicted, measured)
+    assert predicted["step"] < 0.8 * default["step"]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_fp32_gradient_accumulation_measured_on_two_ranks(stage, tmp_path):
+    """data_types.grad_accum_dtype fp32 on a bf16 model (grad_accum_terms): at ZeRO-1 the engine builds BF16_Optimizer,
+    whose fp32 accumulation buffer is the whole model's (4 bytes a parameter, unsharded); at ZeRO-3 the gradient
+    partition buffer is made in fp32. Measured (_two_rank_bf16_job): every phase within 1% of the prediction read
+    from the same config (config.setup.grad_accum_dtype_of)."""
+    measured, predicted, plain, params = _two_rank_bf16_job(
+        stage, tmp_path, lambda cfg: cfg.update(data_types={"grad_accum_dtype": "fp32"}))
     for phase in ("backward", "step"):
         assert abs(predicted[phase] - measured[phase]) / measured[phase] < 0.01, (phase, predicted, measured)
-    params = bench.predict(job, cluster, cfg)["params"]
     assert predicted["step"] - plain["step"] == (4 * params if stage == 1 else 2 * params // 2)
