@@ -351,7 +351,7 @@ def test_fp32_gradient_accumulation_measured_on_two_ranks(stage, tmp_path):
     """data_types.grad_accum_dtype fp32 on a bf16 model (grad_accum_terms): at ZeRO-1 the engine builds BF16_Optimizer,
     whose fp32 accumulation buffer is the whole model's (4 bytes a parameter, unsharded); at ZeRO-3 the gradient
     partition buffer is made in fp32. Measured (_two_rank_bf16_job): every phase within 1% of the prediction read
-    from the same config (config.setup.grad_accum_dtype_of)."""
+    from the same config (config.read.grad_accum_dtype_of)."""
     measured, predicted, plain, params = _two_rank_bf16_job(
         stage, tmp_path, lambda cfg: cfg.update(data_types={"grad_accum_dtype": "fp32"}))
     for phase in ("backward", "step"):

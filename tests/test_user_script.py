@@ -239,3 +239,24 @@ def test_a_shipped_auto_config_for_a_script_is_judged_at_its_largest_fitting_mic
     assert head.startswith("# ZeRO-3") and "mb=" in head, head
     args = shlex.split(p.stdout.split("# command:\n", 1)[1].splitlines()[0])
     assert args[args.index("--deepspeed") + 1] == str(out.resolve() / "ds_config.json")
+
+
+def test_a_finished_script_ends_without_teardown_yet_keeps_its_exit_hooks_and_files(tmp_path):
+    """core.process.finish_script_rank: after the script returns, its atexit hooks run and every open file's buffer is
+    flushed before os._exit(0) skips the interpreter's teardown (where a native thread pool left joinable aborts a
+    finished rank). A script that leaves a file open with buffered text and registers an exit hook, run as the
+    launcher runs it on a rank."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import atexit, sys\n"
+        "f = open(sys.argv[-1] + '.log', 'w', buffering=1 << 20)\n"
+        "f.write('step 1\\n' * 1000)  # buffered, never closed\n"
+        "atexit.register(lambda: open(sys.argv[-1] + '.hook', 'w').write('uploaded'))\n")
+    stem = str(tmp_path / "out")
+    res = subprocess.run([sys.executable, "-m", "zerokit.launching.user_script", "--local_rank=0", str(script), stem],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert Path(stem + ".log").read_text() == "step 1\n" * 1000
+    assert Path(stem + ".hook").read_text() == "uploaded"

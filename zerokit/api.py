@@ -179,7 +179,7 @@ def apply_finetune(req, model, finetune):
         if finetune.freeze or finetune.mode == "full":
             raise ZerokitError(f"{flag('freeze')} names the model's modules, which a bare {flag('params')} count does "
                                f"not have: give a model config")
-        from zerokit.spec.finetune import shape_finetuned_spec
+        from zerokit.spec.bare_count import shape_finetuned_spec
 
         return shape_finetuned_spec(model, finetune)
     from zerokit.spec.finetune import finetuned_spec

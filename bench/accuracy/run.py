@@ -460,7 +460,7 @@ def predict(job: Job, cluster, cfg: dict) -> dict:
     spec = job.spec()
     from dataclasses import replace
 
-    from zerokit.config.setup import grad_accum_dtype_of
+    from zerokit.config.read import grad_accum_dtype_of
 
     knobs = replace(ZeroKnobs.from_zero_config(cfg.get("zero_optimization") or {}), grad_accum_dtype=grad_accum_dtype_of(cfg))
     ev = evaluate(spec, cluster, Workload(seq_len=job.seq_len), job.setup(), knobs)

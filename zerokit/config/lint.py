@@ -21,6 +21,7 @@ from zerokit.config.read import (
     checked_config,
     checked_world_size,
     derive_batch,
+    grad_accum_dtype_of,
     is_int,
     lookup,
     parallelism_from_config,
@@ -212,8 +213,6 @@ def _data_types_findings(config: Mapping, stage: int) -> list[Finding]:
     (engine._do_optimizer_sanity_check raises NotImplementedError "unsupported mix of model_dtype and
     grad_accum_dtype"); with ZeRO any mix runs (ZeRO-1 bf16 with fp32 builds BF16_Optimizer, priced by
     estimate/memory.py grad_accum_terms)."""
-    from zerokit.config.setup import grad_accum_dtype_of
-
     accum = grad_accum_dtype_of(config)
     if accum is None or stage != 0 or config.get("pipeline") or lookup(config, "pipeline.stages"):
         return []

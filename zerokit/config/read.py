@@ -172,3 +172,20 @@ def parallelism_from_config(config: Mapping) -> Parallelism:
                        hpz_partition_size=degree(zero.get("zero_hpz_partition_size")),
                        # the pipeline block's stages ("auto" by default: the PipelineModule's own count, unknown here)
                        pipeline_parallel=degree(lookup(config, "pipeline.stages")))
+
+
+# DeepSpeed's names for a data type (runtime/config.py DtypeEnum), by what zerokit calls it
+_DTYPE_NAMES = {"fp16": ("torch.float16", "fp16", "float16", "half"),
+                "fp32": ("torch.float32", "fp32", "float32", "float"),
+                "bf16": ("torch.bfloat16", "bf16", "bfloat16")}
+
+
+def grad_accum_dtype_of(config: dict) -> str | None:
+    """data_types.grad_accum_dtype as fp32, bf16 or fp16 (ZeroKnobs.grad_accum_dtype); None where absent or "auto"
+    (the model's own dtype, engine.get_data_types); a name DeepSpeed's DtypeEnum does not read stays as given, for
+    the config checker to report."""
+    block = config.get("data_types")
+    value = block.get("grad_accum_dtype") if isinstance(block, dict) else None
+    if value in (None, "auto"):
+        return None
+    return next((name for name, spellings in _DTYPE_NAMES.items() if str(value) in spellings), str(value))

@@ -11,7 +11,8 @@ from dataclasses import replace
 from zerokit.config.auto import AUTO, auto_keys, fill_auto
 from zerokit.config.keys import ZERO_FIELD_TO_ALIAS
 from zerokit.config.lint import batch_findings
-from zerokit.config.read import batch_world_size, bf16_block, checked_block, checked_config, checked_world_size, derive_batch, is_int
+from zerokit.config.read import (batch_world_size, bf16_block, checked_block, checked_config, checked_world_size,
+                                 derive_batch, grad_accum_dtype_of, is_int)
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.optimizer import ADAMW, ADAMW_TORCH, deepspeed_optimizer
 from zerokit.spec.optimizer import client_optimizer as client_optimizer_named
@@ -98,23 +99,6 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
         knobs = ZeroKnobs(**{**knobs.to_dict(), "overlap_comm": setup.zero_stage == 3})
     return setup, replace(knobs, optimizer=optimizer_of(config, client_optimizer),
                           grad_accum_dtype=grad_accum_dtype_of(config))
-
-
-# DeepSpeed's names for a data type (runtime/config.py DtypeEnum), by what zerokit calls it
-_DTYPE_NAMES = {"fp16": ("torch.float16", "fp16", "float16", "half"),
-                "fp32": ("torch.float32", "fp32", "float32", "float"),
-                "bf16": ("torch.bfloat16", "bf16", "bfloat16")}
-
-
-def grad_accum_dtype_of(config: dict) -> str | None:
-    """data_types.grad_accum_dtype as fp32, bf16 or fp16 (ZeroKnobs.grad_accum_dtype); None where absent or "auto"
-    (the model's own dtype, engine.get_data_types); a name DeepSpeed's DtypeEnum does not read stays as given, for
-    the config checker to report."""
-    block = config.get("data_types")
-    value = block.get("grad_accum_dtype") if isinstance(block, dict) else None
-    if value in (None, AUTO):
-        return None
-    return next((name for name, spellings in _DTYPE_NAMES.items() if str(value) in spellings), str(value))
 
 
 # What a config without an optimizer block trains with is the script's choice (DeepSpeed wraps it:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
-from zerokit.core.process import close_process_groups
+from zerokit.core.process import close_process_groups, finish_script_rank
 
 MODULE = "zerokit.launching.user_script"  # what the deepspeed launcher starts on every rank (--module)
 
@@ -192,9 +192,9 @@ def main(argv: list[str] | None = None) -> None:
             close_process_groups()
         raise
     # Most scripts (the HF Trainer's and TRL's examples among them) leave their process group to the interpreter's
-    # teardown, where gloo's can abort a finished rank: destroyed here, still under the script's normal exit (its
-    # atexit hooks, e.g. a tracker's final upload, still run). zerokit.core.process says why.
-    close_process_groups()
+    # teardown, where gloo's can abort a finished rank: destroyed here, the script's atexit hooks run (a tracker's
+    # final upload), open files flushed, and out without the teardown. zerokit.core.process says why.
+    finish_script_rank()
 
 
 if __name__ == "__main__":
