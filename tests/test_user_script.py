@@ -248,15 +248,16 @@ def test_a_finished_script_ends_without_teardown_yet_keeps_its_exit_hooks_and_fi
     launcher runs it on a rank."""
     import subprocess
 
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import atexit, sys\n"
-        "f = open(sys.argv[-1] + '.log', 'w', buffering=1 << 20)\n"
-        "f.write('step 1\\n' * 1000)  # buffered, never closed\n"
-        "atexit.register(lambda: open(sys.argv[-1] + '.hook', 'w').write('uploaded'))\n")
-    stem = str(tmp_path / "out")
-    res = subprocess.run([sys.executable, "-m", "zerokit.launching.user_script", "--local_rank=0", str(script), stem],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert Path(stem + ".log").read_text() == "step 1\n" * 1000
-    assert Path(stem + ".hook").read_text() == "uploaded"
+    for ending in ("", "sys.exit(0)\n"):  # returning, or the script's own sys.exit(0)
+        script = tmp_path / "train.py"
+        script.write_text(
+            "import atexit, sys\n"
+            "f = open(sys.argv[-1] + '.log', 'w', buffering=1 << 20)\n"
+            "f.write('step 1\\n' * 1000)  # buffered, never closed\n"
+            "atexit.register(lambda: open(sys.argv[-1] + '.hook', 'w').write('uploaded'))\n" + ending)
+        stem = str(tmp_path / f"out{len(ending)}")
+        res = subprocess.run([sys.executable, "-m", "zerokit.launching.user_script", "--local_rank=0", str(script),
+                              stem], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert Path(stem + ".log").read_text() == "step 1\n" * 1000
+        assert Path(stem + ".hook").read_text() == "uploaded"

@@ -38,7 +38,7 @@ def close_process_groups() -> bool:
 
 
 def finish_script_rank() -> None:
-    """The end of a user's script that returned normally (launching/user_script.py): process groups closed, then
+    """The end of a user's script that returned or called sys.exit(0) (launching/user_script.py): groups closed, then
     what the interpreter's own exit would still do that the script can rely on (its atexit hooks, e.g. a tracker's
     final upload or logging's flush; every open file's buffer flushed), then os._exit(0) without the teardown in
     which a native thread pool left joinable (DeepSpeed's CPU communication op, torch's) calls std::terminate. With

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
-from zerokit.core.process import close_process_groups, finish_script_rank
+from zerokit.core.process import finish_script_rank
 
 MODULE = "zerokit.launching.user_script"  # what the deepspeed launcher starts on every rank (--module)
 
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
-        if exc.code in (None, 0):  # the script's own sys.exit() after success
-            close_process_groups()
+        if exc.code in (None, 0):  # the script's own sys.exit() after success: the same clean end
+            finish_script_rank()
         raise
     # Most scripts (the HF Trainer's and TRL's examples among them) leave their process group to the interpreter's
     # teardown, where gloo's can abort a finished rank: destroyed here, the script's atexit hooks run (a tracker's
