@@ -417,7 +417,12 @@ import torch, deepspeed
 cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
        "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": int(sys.argv[1])},
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
-model = torch.nn.Linear(8, 8)
+if sys.argv[3] == "pipe":  # a one-stage PipelineModule: the PipelineEngine path
+    from deepspeed.pipe import PipelineModule
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = PipelineModule(layers=[torch.nn.Linear(8, 8)], num_stages=1, loss_fn=torch.nn.MSELoss())
+else:
+    model = torch.nn.Linear(8, 8)
 try:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     print("built", type(engine.optimizer).__name__)
@@ -426,19 +431,21 @@ except NotImplementedError as e:
 """
 
 
-@pytest.mark.parametrize("stage, port", [(0, 29571), (1, 29572)])
-def test_fp32_grad_accumulation_as_the_engine_takes_it(stage, port, tmp_path):
+@pytest.mark.parametrize("stage, port, kind", [(0, 29571, "plain"), (1, 29572, "plain"), (0, 29573, "pipe")])
+def test_fp32_grad_accumulation_as_the_engine_takes_it(stage, port, kind, tmp_path):
     """bf16 with data_types.grad_accum_dtype fp32: without ZeRO DeepSpeed's engine raises NotImplementedError
-    (engine._do_optimizer_sanity_check), which check reports as an error; at ZeRO-1 it builds BF16_Optimizer, whose
-    unsharded fp32 buffer the plan prices. Both sides from a real deepspeed.initialize on CPU."""
+    (engine._do_optimizer_sanity_check), which check reports as an error, a pipelined model too (its PipelineEngine
+    runs the same check); at ZeRO-1 it builds BF16_Optimizer, whose unsharded fp32 buffer the plan prices. Both sides
+    from a real deepspeed.initialize on CPU."""
     script = tmp_path / "engine.py"
     script.write_text(_ENGINE_SCRIPT)
-    res = subprocess.run([sys.executable, str(script), str(stage), str(port)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, str(script), str(stage), str(port), kind], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     said = [ln for ln in res.stdout.splitlines() if ln.startswith(("built", "refused"))]
     cfg = json.loads(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                                  "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
-                                 "zero_optimization": {"stage": stage}}))
+                                 "zero_optimization": {"stage": stage},
+                                 **({"pipeline": {"stages": 1}} if kind == "pipe" else {})}))
     errors = [f for f in lint_config(cfg, 1) if f.level == "error"]
     if stage == 0:
         assert said and said[0].startswith("refused") and "unsupported mix" in said[0], res.stdout + res.stderr

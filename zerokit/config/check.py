@@ -371,7 +371,7 @@ def _assumed(config: dict, concrete: dict, values: dict, given: dict, *, searche
 
 
 # Bump when lint_config, fill_auto or validate_with_deepspeed change what they decide: old entries stop matching.
-_VERDICT_SCHEMA = 8  # 8: data_types.grad_accum_dtype without ZeRO; 7: pipeline stages (the batch check over one stage's data-parallel ranks, lint); 6: the old "bfloat16" block read as bf16; 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
+_VERDICT_SCHEMA = 9  # 9: the grad_accum_dtype check on pipelined configs too; 8: data_types.grad_accum_dtype without ZeRO; 7: pipeline stages (the batch check over one stage's data-parallel ranks, lint); 6: the old "bfloat16" block read as bf16; 2: deepspeed_checked; 3: lint on other tools' keys, TP/SP, deprecated keys; 4: the batch world / sp, TP and hpZ priced; 5: "auto" train_batch_size over the data-parallel ranks under SP
 
 
 def deepspeed_verdict(config: dict, world_size: int, accelerator, trainer_values: dict | None,

@@ -25,6 +25,7 @@ from zerokit.config.read import (
     is_int,
     lookup,
     parallelism_from_config,
+    precision_of,
     with_bf16_name,
 )
 from zerokit.spec.optimizer import OPTIMIZERS
@@ -212,13 +213,13 @@ def _data_types_findings(config: Mapping, stage: int) -> list[Finding]:
     """data_types.grad_accum_dtype beside the model's dtype: without ZeRO the engine takes only the model's own
     (engine._do_optimizer_sanity_check raises NotImplementedError "unsupported mix of model_dtype and
     grad_accum_dtype"); with ZeRO any mix runs (ZeRO-1 bf16 with fp32 builds BF16_Optimizer, priced by
-    estimate/memory.py grad_accum_terms)."""
+    estimate/memory.py grad_accum_terms). A pipeline changes nothing here: the check runs before the engine asks
+    whether it pipelines, which only picks BF16_Optimizer for a bf16 model accumulating in bf16 (checked on a real
+    PipelineEngine, tests/test_ds_check.py)."""
     accum = grad_accum_dtype_of(config)
-    if accum is None or stage != 0 or config.get("pipeline") or lookup(config, "pipeline.stages"):
+    if accum is None or stage != 0:
         return []
-    bf16 = bf16_block(config)
-    model = ("fp16" if lookup(config, "fp16.enabled") is True else
-             "bf16" if isinstance(bf16, Mapping) and bf16.get("enabled") is True else "fp32")
+    model = precision_of(config, auto="fp32")
     if accum == model:
         return []
     return [Finding("error", "data_types.grad_accum_dtype",

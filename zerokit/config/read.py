@@ -93,6 +93,20 @@ def bf16_block(config: Mapping):
     return config.get(BF16_OLD_NAME) if block is None else block
 
 
+def precision_of(config: Mapping, auto: str | None = None) -> str:
+    """The model's dtype as DeepSpeed's engine takes it (engine.get_data_types: fp16 if enabled, else bf16 under
+    either name, else fp32). An enabled that is "auto" (the HF Trainer fills it) raises, unless `auto` says what to
+    read it as."""
+    for name, block in (("fp16", config.get("fp16")), ("bf16", bf16_block(config))):
+        enabled = block.get("enabled", False) if isinstance(block, Mapping) else False
+        if enabled == "auto" and auto is None:
+            raise ZerokitError(f"{name}.enabled is \"auto\": fill it first (fill_auto) with the precision the Trainer "
+                               "uses")
+        if enabled is True:
+            return name
+    return "fp32"
+
+
 def with_bf16_name(config: dict) -> dict:
     """config with an old "bfloat16" block that DeepSpeed reads under its current name "bf16" (a copy; config itself
     when there is none), so that every reader of the precision and the "auto" the Trainer fills sees one name (the

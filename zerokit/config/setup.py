@@ -11,24 +11,12 @@ from dataclasses import replace
 from zerokit.config.auto import AUTO, auto_keys, fill_auto
 from zerokit.config.keys import ZERO_FIELD_TO_ALIAS
 from zerokit.config.lint import batch_findings
-from zerokit.config.read import (batch_world_size, bf16_block, checked_block, checked_config, checked_world_size,
+from zerokit.config.read import (batch_world_size, precision_of, checked_block, checked_config, checked_world_size,
                                  derive_batch, grad_accum_dtype_of, is_int)
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.optimizer import ADAMW, ADAMW_TORCH, deepspeed_optimizer
 from zerokit.spec.optimizer import client_optimizer as client_optimizer_named
 from zerokit.spec.setup import ZeroKnobs, ZeroSetup
-
-
-def _precision(config: Mapping) -> str:
-    bf16 = bf16_block(config) or {}  # the old name "bfloat16" too, as DeepSpeed reads it
-    fp16 = config.get("fp16") or {}
-    for name, block in (("bf16", bf16), ("fp16", fp16)):
-        enabled = block.get("enabled", False) if isinstance(block, Mapping) else False
-        if enabled == AUTO:
-            raise ZerokitError(f"{name}.enabled is \"auto\": fill it first (fill_auto) with the precision the Trainer uses")
-        if enabled is True:
-            return name
-    return "fp32"
 
 
 def _offload_device(zero: Mapping, block: str, deprecated_flag: str) -> str:
@@ -75,7 +63,7 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
         zero_stage=int(stage),
         offload_optimizer=_offload_device(zero, "offload_optimizer", "cpu_offload"),
         offload_param=_offload_device(zero, "offload_param", "cpu_offload_param"),
-        precision=_precision(config),
+        precision=precision_of(config),
         micro_batch_size=int(micro),
         gradient_accumulation_steps=int(accum),
         activation_checkpointing="activation_checkpointing" in config,
