@@ -85,6 +85,31 @@ def test_stage_zero_holds_the_micro_batches_in_flight():
     assert held == 3 * acts + 3 * tokens_h  # three more micro-batches, each with its output kept to send
 
 
+def test_a_bf16_pipeline_without_zero_shards_master_and_moments():
+    """bf16 at stage 0 with stages is BF16_Optimizer (engine._do_optimizer_sanity_check): fp32 master and Adam's
+    moments over the stage's 4 data-parallel ranks (bf16_optimizer.py fp32_groups_flat_partition), one unsharded bf16
+    gradient buffer (fp32_groups_gradients_flat in grad_acc_dtype); the step's fp32 copy of the gradient partition.
+    Without stages the same config is FP16_Optimizer: every fp32 copy whole. Measured: tests/test_pipeline_launch.py."""
+    model = load_model_spec("llama-3-8b")
+    cluster = build_plan(request("plan", {**PLAN, "nodes": 1, "global_batch": 64})).cluster
+    work = Workload(seq_len=2048, global_batch=None)
+    piped = ZeroSetup(zero_stage=0, precision="bf16", pipeline_parallel=2, gradient_accumulation_steps=8)
+    stage = pp.stages(model, piped)[1]
+    terms = pp.stage_memory(model, cluster, piped, work, stage).phase_terms
+    shard = pp.stage_view(model, stage)
+    n = piped.zero_ranks(cluster.world_size)
+    assert n == cluster.world_size // 2 > 1
+    step = terms["step"]
+    assert step["master_weights"] == 4 * shard.trainable // n
+    assert step["optimizer_states"] == 8 * shard.trainable // n
+    assert step["bf16_optimizer_grad_accum"] == 2 * shard.trainable
+    assert step["fp32_gradients"] == 4 * shard.trainable // n
+    assert terms["backward_end"]["bf16_optimizer_grad_accum"] == 2 * shard.trainable
+    fp16 = pp.stage_memory(model, cluster, ZeroSetup(zero_stage=0, precision="fp16", pipeline_parallel=2,
+                                                     gradient_accumulation_steps=8), work, stage).phase_terms["step"]
+    assert fp16["master_weights"] == 4 * shard.trainable and "bf16_optimizer_grad_accum" not in fp16
+
+
 @pytest.mark.parametrize("options,fragment", [
     (dict(zero_stage=3), "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
     (dict(sequence_parallel=2), "without Ulysses"),

@@ -740,6 +740,12 @@ def model_state_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, opti
     if stage == 0 and not mixed:
         # Plain data parallel in fp32: the torch optimizer updates the params in place.
         terms.update(master_weights=0, optimizer_states=optimizer.state_bytes * trainable, fp32_gradients=0)
+    elif pipelined_bf16_optimizer(setup):
+        # BF16_Optimizer partitions its fp32 master copy over the stage's data-parallel ranks and the optimizer steps
+        # that partition (bf16_optimizer.py _setup_for_real_optimizer: fp32_groups_flat_partition); its gradient
+        # buffer is grad_accum_terms', its step's fp32 copy of the gradient partition _step_extra_terms'
+        terms.update(master_weights=part(bpp["master_weights"], True), fp32_gradients=0,
+                     optimizer_states=part(bpp["optimizer_states"], True))
     else:
         opt = {k: part(bpp[k], stage >= 1) for k in ("master_weights", "optimizer_states", "fp32_gradients")}
         if setup.offload_optimizer != "none":
@@ -928,7 +934,11 @@ def grad_accum_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, state
       parameter, not sharded (bf16_optimizer.py _setup_for_real_optimizer);
     - ZeRO-2 keeps its buffers in the model's dtype; at stage 0 DeepSpeed refuses the mix (NotImplementedError).
     Measured on 2 CPU ranks, tiny-llama bf16 (1,262,720 parameters): every phase +5,050,880 bytes at ZeRO-1 (4 per
-    parameter), +1,262,720 at ZeRO-3 (2 more per partition element), none at ZeRO-2 (tests/test_memory.py)."""
+    parameter), +1,262,720 at ZeRO-3 (2 more per partition element), none at ZeRO-2 (tests/test_memory.py).
+    A bf16 pipeline at stage 0 builds BF16_Optimizer whatever the config says (pipelined_bf16_optimizer), with that
+    buffer in bf16: 2 bytes per trainable parameter of the stage, not sharded."""
+    if pipelined_bf16_optimizer(setup):
+        return {"bf16_optimizer_grad_accum": 2 * model.trainable}
     if knobs.grad_accum_dtype != "fp32" or setup.precision == "fp32":
         return {}
     if setup.zero_stage == 3 and states.get("gradients"):
@@ -936,6 +946,15 @@ def grad_accum_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, state
     if setup.zero_stage == 1 and setup.precision == "bf16" and setup.offload_optimizer == "none":
         return {"bf16_optimizer_grad_accum": 4 * model.trainable}
     return {}
+
+
+def pipelined_bf16_optimizer(setup: ZeroSetup) -> bool:
+    """A bf16 pipeline without ZeRO: DeepSpeed's engine wraps the optimizer in BF16_Optimizer, which accumulates the
+    gradients in the model's dtype (engine._do_optimizer_sanity_check: model_dtype == grad_accum_dtype, bf16 and
+    pipeline_parallelism; an fp32 accumulation there is refused, config/lint.py). Without a pipeline the same config
+    gets FP16_Optimizer's unsharded fp32 copy (DDP_BFLOAT16). Measured on 4 CPU ranks, 2 stages x 2 data-parallel
+    (tests/test_pipeline_launch.py)."""
+    return setup.zero_stage == 0 and setup.pipeline_parallel > 1 and setup.precision == "bf16"
 
 
 def zero3_sub_group_elements(model: ModelSpec, n: int, knobs: ZeroKnobs) -> int:
@@ -958,6 +977,13 @@ def _step_extra_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, opti
     temporaries = step_optimizer(optimizer, on_cpu).step_temporaries if setup.offload_optimizer == "none" else 0
     if setup.offload_optimizer != "none" and setup.zero_stage >= 1:
         step_extra = {}  # the host copies above are all there is
+    elif pipelined_bf16_optimizer(setup):
+        # BF16_Optimizer.step casts the stage's gradient partition to fp32 for the optimizer (grad_partition.to(fp32),
+        # freed after the step); the 16-bit gradients stay (the pipeline clears them at the next backward,
+        # clear_lp_grads); the optimizer updates one flat fp32 partition
+        step_extra = {**grads, "fp32_gradients": 4 * trainable // n}
+        if temporaries:
+            step_extra["optimizer_step_temporaries"] = temporaries * trainable // n
     elif setup.zero_stage == 0:
         # the full 16-bit gradients, in mixed precision the fp32 gradients the BF16 optimizer
         # accumulates, torch AdamW's temporaries per parameter tensor (the largest bounds them)
