@@ -27,9 +27,9 @@ from pathlib import Path
 from zerokit.core.errors import ZerokitError
 from zerokit.core.fsutil import atomic_write_text
 from zerokit.core.options import flag
+from zerokit.report.run_dir import metrics_file
 
 CKPT_SUBDIR = "checkpoints"
-METRICS_SUBDIR = "metrics"
 FINAL_SUBDIR = "final"
 LATEST = "latest"
 TAG_RE = re.compile(r"^step(\d+)$")
@@ -41,7 +41,7 @@ class MetricsLog:
     most the last line, which read_metrics skips)."""
 
     def __init__(self, output_dir: str | os.PathLike, rank: int):
-        path = Path(output_dir) / METRICS_SUBDIR / f"rank{rank}.jsonl"
+        path = metrics_file(output_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(path, "a", buffering=1)
 

@@ -15,6 +15,7 @@ from zerokit.core.options import flag
 from zerokit.launching.checkpoints import CKPT_SUBDIR, config_rejection, convert_to_universal
 from zerokit.launching.command import build_launch_command, render_sbatch
 from zerokit.launching.prepare import LaunchPlan
+from zerokit.report.run_dir import launch_record_path
 
 
 def describe_command(plan: LaunchPlan, resume: bool) -> str:
@@ -126,7 +127,7 @@ def run(plan: LaunchPlan, report: bool = True) -> int:
 
     req, out = plan.request, plan.out_abs
     argv0, env0 = build_launch_command(plan.launch_spec(req.resume))
-    write_json_atomic(out / "launch.json", {
+    write_json_atomic(launch_record_path(out), {
         "command": argv0, "env": env0, "steps": plan.steps, "save_every": plan.save_every, "seq_len": plan.seq_len,
         "model": plan.model.source, "tokenizer": plan.tokenizer, "data": [str(f) for f in plan.files],
         "setup": plan.setup.to_dict(), "prediction": plan.prediction, "max_restarts": req.max_restarts,

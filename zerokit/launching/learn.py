@@ -13,12 +13,12 @@ is what run_report measures (summarize_metrics: warm-up steps dropped).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from zerokit.core.errors import ZerokitError
 from zerokit.core.options import flag
+from zerokit.report.run_dir import LAUNCH_RECORD, launch_record
 from zerokit.spec.profile import LEARNED_RUNS, MAX_LEARNED_RUNS, LearnedRun, learned_runs, load_profile
 
 
@@ -33,11 +33,10 @@ def learned_run_from(run_dir: str | Path) -> LearnedRun:
     from zerokit.report.run_report import read_metrics, summarize_metrics
 
     run = Path(run_dir)
-    try:
-        launch = json.loads((run / "launch.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise ZerokitError(f"{run} has no readable launch.json: give the {flag('output-dir')} of a `zerokit launch` "
-                           "run") from None
+    launch = launch_record(run)
+    if launch is None:
+        raise ZerokitError(f"{run} has no readable {LAUNCH_RECORD}: give the {flag('output-dir')} of a `zerokit "
+                           "launch` run")
     pred = launch.get("prediction") or {}
     needed = ("accelerator", "params", "world_size", "seq_len", "precision", "zero_stage", "micro_batch",
               "unlearned_step_seconds")
@@ -66,7 +65,7 @@ def learn(run_dir: str | Path, profile_path: str | None = None) -> tuple[Learned
 
     run = learned_run_from(run_dir)
     if profile_path is None:
-        launch = json.loads((Path(run_dir) / "launch.json").read_text(encoding="utf-8"))
+        launch = launch_record(run_dir) or {}
         profile_path = (launch.get("prediction") or {}).get("profile_path") or local_profile_path()
     if not profile_path or not Path(profile_path).is_file():
         raise ZerokitError(f"no hardware profile at {profile_path} to learn into: a run is learned into the profile of "

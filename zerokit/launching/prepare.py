@@ -7,7 +7,6 @@ Raises ZerokitError (one line) on bad input; a setup that does not fit prints it
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -35,6 +34,7 @@ from zerokit.launching import k8s, learn, user_script
 from zerokit.launching.rank_options import RANK_OPTIONS_FILE, RankOptions
 from zerokit.launching.probes import check_hosts_reachable, cuda_devices, deepspeed_bin, is_local
 from zerokit.measure.ranks import free_port
+from zerokit.report.run_dir import launch_record
 from zerokit.spec.finetune import Finetune
 from zerokit.spec.hardware import Cluster, HardwareOptions, local_gpus_in_catalog
 from zerokit.spec.resolve import ResolvedModel, resolve_model
@@ -332,10 +332,10 @@ def check_resume_finetune(req: LaunchRequest) -> None:
     says what it was; one without the key was written before zerokit's loop could fine-tune anything but every weight."""
     if not (req.resume and req.output_dir):
         return
-    try:
-        was = json.loads((Path(req.output_dir) / "launch.json").read_text()).get("finetune", {"mode": "full"})
-    except (OSError, ValueError, AttributeError):
+    record = launch_record(req.output_dir)
+    if record is None:
         return  # no record (a run started by hand, an --sbatch run not yet started): nothing to judge by
+    was = record.get("finetune", {"mode": "full"})
     if isinstance(was, dict) and "mode" in was:
         try:
             before = Finetune.from_dict(was)
@@ -408,10 +408,8 @@ def held_global_batch(req: LaunchRequest, resize: Resize | None) -> int | None:
         return None
     held = resize.old.global_batch
     if held is None:  # a checkpoint written before SHAPE_FILE: the run's own record of its setup
-        import json
-
         try:
-            setup = json.loads((Path(req.output_dir) / "launch.json").read_text())["setup"]
+            setup = (launch_record(req.output_dir) or {})["setup"]
             held = setup["micro_batch_size"] * setup["gradient_accumulation_steps"] * resize.old.world_size
         except (OSError, ValueError, KeyError, TypeError):
             raise ZerokitError(f"{flag('resume')}: checkpoint {resize.old.tag} was written by {resize.old.world_size} "

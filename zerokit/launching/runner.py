@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from zerokit.launching.checkpoints import CKPT_SUBDIR, METRICS_SUBDIR, config_rejection, latest_step
+from zerokit.launching.checkpoints import CKPT_SUBDIR, config_rejection, latest_step
+from zerokit.report.run_dir import metrics_files
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer"
@@ -89,7 +90,7 @@ def remove_shm(port: int | str | None, before: set[str], addr: str = "127.0.0.1"
 def reached_step(output_dir: str | os.PathLike, attempt: int, run_id: str | None = None) -> int:
     """The highest step any rank logged in metrics/rank*.jsonl during `attempt` (of run `run_id`)."""
     best = 0
-    for f in glob.glob(os.path.join(str(output_dir), METRICS_SUBDIR, "rank*.jsonl")):
+    for _, f in metrics_files(output_dir):
         try:
             with open(f) as fh:
                 for line in fh:

@@ -1002,14 +1002,10 @@ def close_trackers(run: Run) -> None:
 def final_figures(out: Path) -> list[tuple[str, float]]:
     """(tag, value) of the run report's predicted, measured and ratio figures; measured only when no launch.json holds
     a prediction (ranks started without `zerokit launch`, or from an --sbatch script, which writes none)."""
-    import json
-
+    from zerokit.report.run_dir import launch_record
     from zerokit.report.run_report import build_report, read_metrics, report_scalars, summarize_metrics
 
-    try:
-        prediction = json.loads((out / "launch.json").read_text(encoding="utf-8")).get("prediction")
-    except (OSError, ValueError):
-        prediction = None
+    prediction = (launch_record(out) or {}).get("prediction")
     return report_scalars(build_report(prediction, summarize_metrics(read_metrics(out))))
 
 

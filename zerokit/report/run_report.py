@@ -26,13 +26,10 @@ from zerokit.core.units import fmt_bytes, fmt_seconds
 
 def read_metrics(output_dir: str | os.PathLike) -> dict[int, list[dict]]:
     """rank -> records, in file order; lines cut short by a kill are skipped."""
+    from zerokit.report.run_dir import metrics_files
+
     out: dict[int, list[dict]] = {}
-    mdir = Path(output_dir) / "metrics"
-    for f in sorted(mdir.glob("rank*.jsonl")):
-        try:
-            rank = int(f.stem[4:])
-        except ValueError:
-            continue
+    for rank, f in metrics_files(output_dir):
         recs = []
         for line in f.read_text().splitlines():
             try:
