@@ -255,7 +255,7 @@ def test_quick_calibration_end_to_end(tmp_path):
     assert on_disk["torch_adamw_params_per_s"] > 0 and on_disk["torch_adamw_device"] == "cpu"
     # the compute benchmark: both families in both CPU precisions, every point timed, the fit's costs >= 0
     # and the fit sane (spec.profile.SANITY: FLOP rate plausible, points within its loose error bound)
-    from zerokit.measure.compute_fit import fit_problems
+    from zerokit.measure.compute_fit import compute_fit_problems
     from zerokit.estimate.timing import COMPUTE_FEATURES
     from zerokit.spec.profile import ADAPTER_FEATURES, slow_precisions
 
@@ -275,7 +275,7 @@ def test_quick_calibration_end_to_end(tmp_path):
             # LoRA and QLoRA versions of the models (peft and bitsandbytes are installed here): their costs fitted
             assert all(v["coef"][n] >= 0 for n in ADAPTER_FEATURES)
             assert {p["finetune"] for p in v["adapter_points"]} == {"lora", "qlora"}
-    assert fit_problems(ct, on_disk["matmul_tflops"]) == {}
+    assert compute_fit_problems(ct, on_disk["matmul_tflops"]) == {}
     assert all(0 <= cv <= SANITY.max_spread_cv for cv in on_disk["matmul_spread_cv"].values())
     assert on_disk["cpu_adam_params_per_s"] is None or on_disk["cpu_adam_params_per_s"] > 0
     acc = apply_profile(hardware.accelerator("cpu"), str(out))

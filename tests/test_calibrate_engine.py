@@ -60,7 +60,7 @@ def test_engine_seconds_picks_the_precision_and_stage():
 def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     pytest.importorskip("deepspeed")
     from zerokit.spec.profile import load_profile
-    from zerokit.measure.engine_fit import SEQ_LEN, MICRO_BATCH, measure_engine_overhead, synthetic_config
+    from zerokit.measure.engine_fit import SEQ_LEN, MICRO_BATCH, measure_engine_overhead, synthetic_engine_config
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.estimate.timing import collective_calls_per_step, estimate_time
@@ -89,7 +89,7 @@ def test_real_engines_fit_and_the_time_model_adds_the_fit(tmp_path):
     cluster = build_cluster(gpu="cpu", gpus_per_node=2, hardware_profile=str(path))
     model_dir = tmp_path / "m"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(synthetic_config(4)))
+    (model_dir / "config.json").write_text(json.dumps(synthetic_engine_config(4)))
     spec = load_model_spec(str(model_dir))
     for stage in STAGES:
         r = next(r for r in fits[str(stage)]["runs"] if (r["layers"], r["accum"], r["ckpt"], r["offload"]) == (4, 2, False, "none"))
@@ -209,7 +209,7 @@ def test_model_parallel_calls_priced_at_the_fitted_cost_else_the_latencies(tmp_p
     step time moves by exactly the difference."""
     from zerokit.estimate.timing import (estimate_time, model_parallel_call_seconds, model_parallel_calls,
                                          ring_steps)
-    from zerokit.measure.engine_fit import synthetic_config
+    from zerokit.measure.engine_fit import synthetic_engine_config
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.profile import load_profile
@@ -220,7 +220,7 @@ def test_model_parallel_calls_priced_at_the_fitted_cost_else_the_latencies(tmp_p
         fits.pop("tp", None), fits.pop("sp", None)
     model_dir = tmp_path / "m"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(synthetic_config(4, (4, 2))))
+    (model_dir / "config.json").write_text(json.dumps(synthetic_engine_config(4, (4, 2))))
     spec = load_model_spec(str(model_dir))
     work = Workload(seq_len=64)
 
@@ -286,7 +286,7 @@ def test_zero3_calls_over_a_wider_ring_priced_at_the_fitted_latency_else_back_to
     a profile whose latencies were measured on a wider ring (8 GPUs) already holds its ring's steps. The step time
     moves by exactly the difference, times the CPU's oversubscription."""
     from zerokit.estimate.timing import collective_calls_per_step, estimate_time, ring_steps, zero_call_seconds
-    from zerokit.measure.engine_fit import synthetic_config
+    from zerokit.measure.engine_fit import synthetic_engine_config
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.profile import load_profile
@@ -297,7 +297,7 @@ def test_zero3_calls_over_a_wider_ring_priced_at_the_fitted_latency_else_back_to
         fits["3"].pop("ring", None)
     model_dir = tmp_path / "m"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(synthetic_config(4)))
+    (model_dir / "config.json").write_text(json.dumps(synthetic_engine_config(4)))
     spec = load_model_spec(str(model_dir))
     work = Workload(seq_len=64)
 

@@ -53,7 +53,7 @@ def test_good_measurements_pass(jobs):
     assert matmul_problem("fp32", [0.171, 0.183, 0.186]) is None  # measured here, cv 3.8%
     assert matmul_problem("fp32", [0.1185, 0.1842, 0.1694]) is None  # measured under load, cv 18%
     ct = _fit(jobs, _by_key(jobs, _seconds(jobs)))
-    assert compute_fit.fit_problems(ct, MATMUL) == {}
+    assert compute_fit.compute_fit_problems(ct, MATMUL) == {}
     # the fit recovers the flop cost it was built from (within the 3% noise)
     assert ct["gated"]["fp32"]["coef"]["flop"] == pytest.approx(
         MEASURED["compute_timing"]["gated"]["fp32"]["coef"]["flop"], rel=0.15)
@@ -89,7 +89,7 @@ def test_degenerate_compute_fits(jobs):
         assert why in compute_fit_problem("gated", "fp32", coef, err, MATMUL["fp32"])
     # from timings: seconds with no FLOP cost in them fit 0 s/FLOP (what the busy run wrote)
     ct = _fit(jobs, _by_key(jobs, _seconds(jobs, flop_scale=0.0)))
-    probs = compute_fit.fit_problems(ct, MATMUL)
+    probs = compute_fit.compute_fit_problems(ct, MATMUL)
     assert probs and all("s/FLOP" in w or "GFLOP/s" in w for w in probs.values())
 
 
@@ -107,7 +107,7 @@ class FakeMeasure:
 
 
 def _compute_problems(jobs):
-    return lambda v: compute_fit.fit_problems(_fit(jobs, v), MATMUL)
+    return lambda v: compute_fit.compute_fit_problems(_fit(jobs, v), MATMUL)
 
 
 def _matmul_problems(v):

@@ -173,7 +173,7 @@ def finetune_from(req):
                     **{k: v for k, v in {**lora, **quant}.items() if v is not None})
 
 
-def apply_finetune(req, model, finetune):
+def finetuned_model(req, model, finetune):
     """The ModelSpec as fine-tuned, counted from the model's real module shapes (spec/finetune.py)."""
     if getattr(req, "params", None):
         if finetune.freeze or finetune.mode == "full":
@@ -229,7 +229,7 @@ def planned_model(req):
     model = load_model(req)
     finetune = finetune_from(req)
     if not finetune.is_full:
-        model = apply_finetune(req, model, finetune)
+        model = finetuned_model(req, model, finetune)
     return model
 
 
@@ -599,7 +599,7 @@ def check_request(req, config=None) -> Check:
         if model is None:
             raise ZerokitError(f"{flag('finetune')} {finetune.mode}/{flag('freeze')} count the model's modules: give "
                                f"{flag('model')}")
-        model = apply_finetune(req, model, finetune)
+        model = finetuned_model(req, model, finetune)
     cluster = load_cluster(req)
     trainer_values = {}
     if req.micro_batch_size:

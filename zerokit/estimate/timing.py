@@ -582,7 +582,7 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
 # forward + backward: the scores and activation elements count 4/3 under checkpointing, as the FLOPs do.
 
 
-# Submodules of the decoder layer engine_fit.py calibrates on (measure/engine_fit.py synthetic_config, a
+# Submodules of the decoder layer engine_fit.py calibrates on (measure/engine_fit.py synthetic_engine_config, a
 # LlamaDecoderLayer): the layer, self_attn, q/k/v/o_proj, mlp, gate/up/down_proj, act_fn, two RMSNorms.
 CALIBRATION_MODULES_PER_LAYER = 13
 

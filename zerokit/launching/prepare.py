@@ -164,7 +164,7 @@ class LaunchPlan:
             checkpoint_offload=self.setup.checkpoint_offload, tiled_loss=self.setup.tiled_loss,
             tiled_mlp=self.setup.tiled_mlp, compile=self.setup.compile, check_config=not self.deepspeed_checked,
             dist_backend=self.cluster.dist_backend,  # deepspeed.init_distributed(dist_backend=...) in the ranks
-            finetune=self.request.finetune,  # the ranks freeze / wrap in peft / quantize (train.py apply_finetune)
+            finetune=self.request.finetune,  # the ranks freeze / wrap in peft / quantize (train.py wrap_for_finetune)
             merge=self.request.merge, resume=resume, no_save=self.request.no_save)
 
     def script_args(self, resume: bool) -> list[str]:

@@ -240,7 +240,7 @@ def build_quantized(src: str, finetune: Finetune, compute_dtype, local_rank: int
                                dtype=torch.float32)
 
 
-def apply_finetune(model, finetune: Finetune, seed: int):
+def wrap_for_finetune(model, finetune: Finetune, seed: int):
     """--freeze: requires_grad False for the parameters the patterns match (spec.finetune.is_frozen, the rule the
     plan counted with). LoRA/QLoRA: peft's get_peft_model(model, LoraConfig(...)), which freezes every base weight
     and adds lora_A/lora_B to the target modules (bnb Linear4bit gets peft's bnb LoRA layer)."""
@@ -469,7 +469,7 @@ class Position:
 
 
 @dataclass
-class Trained:
+class LoopResult:
     """What train_loop leaves for the end record."""
 
     step: int
@@ -556,7 +556,7 @@ def _staged(run: Run) -> bool:
 def build_model_for(run: Run):
     """The model the engine trains: built (QLoRA: loaded 4-bit from run.base_src; else build_model from run.base_src or
     the model, under ZeRO-3 through transformers' zero.Init), checkpointing and the cache set, the finetune applied
-    (apply_finetune), ZeRO-3's 16-bit adapters cast, --tiled-mlp's MLPs tiled. Needs no process group below ZeRO-3."""
+    (wrap_for_finetune), ZeRO-3's 16-bit adapters cast, --tiled-mlp's MLPs tiled. Needs no process group below ZeRO-3."""
     import torch
 
     from zerokit.launching import parallel
@@ -583,7 +583,7 @@ def build_model_for(run: Run):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(model, "config"):
         model.config.use_cache = False
-    model = apply_finetune(model, finetune, args.seed)
+    model = wrap_for_finetune(model, finetune, args.seed)
     if run.stage == 3 and (run.bf16 or run.fp16):
         # peft adds its adapters after transformers built the base under zero.Init, in fp32 (LoraLayer.update_layer;
         # get_peft_model's autocast_adapter_dtype upcasts 16-bit adapters to fp32). deepspeed.initialize casts a
@@ -850,7 +850,7 @@ def real_tokens(batch: dict) -> int:
     return int(batch["input_ids"].numel() if mask is None else mask.sum())
 
 
-def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trained:
+def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> LoopResult:
     """The optimizer steps from the position to data.total_steps: a step record each, the CPU meter stopped after
     memory_steps, progress on rank 0, the crash hook, a checkpoint every save_every; then the final checkpoint."""
     import contextlib
@@ -950,7 +950,7 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Trai
     # the final checkpoint (resumable, and ZeRO-3's export reads it)
     if last_saved != step and not args.no_save:
         save_checkpoint(run, data, step, e_cur, b_cur)
-    return Trained(step, train_time, peak_alloc, (it, batch, loss_, out_) if steps_run else (it,))
+    return LoopResult(step, train_time, peak_alloc, (it, batch, loss_, out_) if steps_run else (it,))
 
 
 def write_step_events(run: Run, rec: dict) -> None:
@@ -1028,7 +1028,7 @@ def export(run: Run, step: int) -> None:
     dist.barrier()
 
 
-def finish(run: Run, metrics: MetricsLog, trained: Trained) -> None:
+def finish(run: Run, metrics: MetricsLog, trained: LoopResult) -> None:
     """The end record, the meter stopped, the metrics closed, rank 0's last line."""
     import torch
 

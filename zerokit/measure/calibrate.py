@@ -647,7 +647,7 @@ def _fit_compute(coll: dict, compute_spec: dict, world_size: int, threads: int |
 
     # a slow precision's fit is not held to its (unrepresentative) matmul
     plausible = {p: (None if p in slow else t) for p, t in tflops.items()}
-    seconds = measure_until_sane(best_of_passes, lambda v: compute_fit.fit_problems(fitted(v), plausible), log=say)
+    seconds = measure_until_sane(best_of_passes, lambda v: compute_fit.compute_fit_problems(fitted(v), plausible), log=say)
     compute_timing = fitted(seconds)
     adapter_runs = compute_fit.adapter_jobs([p for p in PRECISIONS if tflops[p] and p not in slow],
                                             device.type == "cuda", quick) if adapters else []

@@ -45,7 +45,7 @@ SHAPES_GPU = ((1, 512, 512, 8, 8192), (4, 1024, 1024, 16, 32000), (2, 2048, 1024
 SHAPES_GPU_QUICK = SHAPES_GPU[:5]
 
 
-def synthetic_config(family: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> dict:
+def synthetic_block_config(family: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> dict:
     """An HF config of the family (no shape of a bundled or benchmark model)."""
     if family == "gated":
         inter = 64 * max(1, round(2.75 * hidden / 64))
@@ -74,7 +74,7 @@ def benchmark_jobs(precisions: list[str], on_gpu: bool, quick: bool, smallest: i
         for family in families:
             for b, s, h, a, v in shapes:
                 for layers, ckpt in RUNS:
-                    cfg = synthetic_config(family, layers, h, a, v, s)
+                    cfg = synthetic_block_config(family, layers, h, a, v, s)
                     d = Path(tmp) / f"{family}-{b}-{s}-{h}-{a}-{v}-{layers}"
                     if str(d) not in specs:  # the checkpointed run reuses its depth's model
                         d.mkdir()
@@ -120,7 +120,7 @@ def adapter_jobs(precisions: list[str], on_gpu: bool, quick: bool) -> list[dict]
             finetune = Finetune(mode=mode, lora_r=ADAPTER_LORA_R)
             for family in FAMILIES:
                 for b, s, h, a, v in shapes:
-                    cfg = synthetic_config(family, ADAPTER_DEPTH, h, a, v, s)
+                    cfg = synthetic_block_config(family, ADAPTER_DEPTH, h, a, v, s)
                     d = Path(tmp) / f"{mode}-{family}-{b}-{s}-{h}-{a}-{v}"
                     d.mkdir()
                     (d / "config.json").write_text(json.dumps(cfg))
@@ -311,7 +311,7 @@ def max_fit_error(compute_timing: dict) -> float:
     return max(errs) if errs else 0.0
 
 
-def fit_problems(compute_timing: dict, matmul_tflops: dict) -> dict[tuple[str, str], str]:
+def compute_fit_problems(compute_timing: dict, matmul_tflops: dict) -> dict[tuple[str, str], str]:
     """{(family, precision): why its fit is degenerate} under spec.profile.SANITY (empty when all are sane)."""
     out = {}
     for family, by_prec in compute_timing.items():

@@ -74,7 +74,7 @@ RING_RUNS = ((1, 1, False, "none"), (8, 1, False, "none"))
 RING_PASSES = 2
 
 
-def synthetic_config(layers: int, heads: tuple[int, int] = (3, 1)) -> dict:
+def synthetic_engine_config(layers: int, heads: tuple[int, int] = (3, 1)) -> dict:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 96, "intermediate_size": 256,
             "num_attention_heads": heads[0], "num_key_value_heads": heads[1], "num_hidden_layers": layers, "vocab_size": 1024,
             "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
@@ -230,7 +230,7 @@ def _run_engines(profile: dict, precisions: list[str], stages, runs_of, world_si
             d = tmp / f"layers{layers}"
             d.mkdir()
             heads = MODEL_PARALLEL_HEADS if kind in ("tp", "sp") else (3, 1)
-            (d / "config.json").write_text(json.dumps(synthetic_config(layers, heads)))
+            (d / "config.json").write_text(json.dumps(synthetic_engine_config(layers, heads)))
             spec = load_model_spec(str(d))
             specs[layers] = (str(d), finetune(spec, str(d)) if finetune else spec)
         for precision in precisions:

@@ -24,7 +24,7 @@ def shape_config(model: ModelSpec) -> dict:
 def shape_finetuned_spec(model: ModelSpec, finetune: Finetune) -> ModelSpec:
     """A bare count fine-tuned with LoRA or QLoRA: peft's adapters counted on shape_config's Llama (written once to
     the cache, keyed by its bytes), added to the stated count, which stays the base model's; --freeze names modules a
-    bare count has none of, so it is refused where it is parsed (api.apply_finetune)."""
+    bare count has none of, so it is refused where it is parsed (api.finetuned_model)."""
     import hashlib
     import json
     import tempfile

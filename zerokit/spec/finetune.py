@@ -139,7 +139,7 @@ def _freeze_matches(pattern: str, name: str) -> bool:
 
 def is_frozen(name: str, patterns: tuple[str, ...]) -> bool:
     """Whether --freeze PATTERN(s) freeze the parameter `name`: the one rule the plan counts with (freeze_split) and
-    the ranks freeze with (launching/train.py apply_finetune), so what is planned is what trains."""
+    the ranks freeze with (launching/train.py wrap_for_finetune), so what is planned is what trains."""
     return any(_freeze_matches(p, name) for p in patterns)
 
 
@@ -189,7 +189,7 @@ def lora_split(model, finetune: Finetune) -> TrainableSplit:
 
 def lora_config(model, finetune: Finetune):
     """peft's LoraConfig for `finetune` on `model`: the one plan counts with (lora_split) and the ranks train with
-    (launching/train.py apply_finetune). --lora-targets names go to target_modules, except a name that matches no module
+    (launching/train.py wrap_for_finetune). --lora-targets names go to target_modules, except a name that matches no module
     but a fused MoE parameter (transformers 5's experts.gate_up_proj / experts.down_proj, a router's gate.weight): peft
     adapts those only through target_parameters (its ParamWrapper, lora/layer.py), matching a parameter whose
     `module.param` name ends with the given one (tuners_utils.py BaseTuner._inject_parameters). all-linear stays
