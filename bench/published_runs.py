@@ -74,6 +74,11 @@ class CorpusError(Exception):
     """A corpus file that cannot be read as runs: one line naming the run, the problem and the fix."""
 
 
+class SetupRefused(CorpusError):
+    """A well-formed run whose setup zerokit refuses to plan (TP across nodes, a shape Ulysses cannot split): a blind
+    set reports it as not planned; an entry naming a GPU, model or option value zerokit lacks stays a CorpusError."""
+
+
 def load_runs(path: Path = DATA) -> list[dict]:
     """The runs of a corpus file, each checked (check_run): a CorpusError names the first bad one."""
     import yaml
@@ -170,15 +175,22 @@ def predict(run: dict) -> dict:
 
     from zerokit.core.errors import ZerokitError
 
+    from zerokit.spec.hardware import resolve_gpu_name
+
     setup = run["setup"]
     said = io.StringIO()
-    try:
+    try:  # the entry itself: option values the parser takes, a GPU and a model zerokit knows
         with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
             req = request(plan_argv(setup))
-        plan = build_plan(req, model=planned(req, setup))
+        resolve_gpu_name(str(setup["gpu"]))
+        model = planned(req, setup)
     except (ZerokitError, SystemExit) as e:
         why = str(e) if isinstance(e, ZerokitError) else (said.getvalue().strip().splitlines() or ["bad value"])[-1]
         raise CorpusError(f"run {run['id']}: zerokit cannot plan its setup: {why}") from e
+    try:
+        plan = build_plan(req, model=model)
+    except ZerokitError as e:
+        raise SetupRefused(f"run {run['id']}: zerokit cannot plan its setup: {e}") from e
     ev = plan.best  # the chosen setup, or the smallest when nothing fits: its time is priced either way
     t = ev.time
     acc = plan.cluster.accelerator
@@ -406,12 +418,13 @@ BLIND_COMMAND = "python bench/published_runs.py --blind --out bench/results/publ
 
 
 def blind_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
-    """evaluate() of each blind run, and the one-line reasons of those zerokit cannot plan (reported, not dropped)."""
+    """evaluate() of each blind run, and the one-line reasons of those whose setup zerokit refuses (reported, not
+    dropped); an entry naming a GPU, model or option value zerokit lacks is a CorpusError, as in the corpus."""
     rows, unplanned = [], []
     for run in runs:
         try:
             rows += evaluate([run])
-        except CorpusError as e:
+        except SetupRefused as e:
             unplanned.append(str(e))
     return rows, unplanned
 
@@ -469,7 +482,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmd = "python bench/published_runs.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
     if a.blind:
-        text = blind_table(*blind_rows(runs), cmd, data)
+        try:
+            text = blind_table(*blind_rows(runs), cmd, data)
+        except CorpusError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(text, end="")
         if a.out:
             Path(a.out).write_text(text)

@@ -215,6 +215,33 @@ def test_bad_corpus_entries_get_one_line_and_exit_2(pr, tmp_path, capsys):
         assert not out.exists(), name
 
 
+def test_a_blind_set_reports_refused_setups_but_not_bad_entries(pr, tmp_path, capsys):
+    """A blind set keeps a run whose setup zerokit refuses (tensor parallelism across nodes) as "not planned"; an entry
+    naming a GPU zerokit lacks or a feature value no option takes is the entry's error there too: one line, exit 2,
+    nothing written (issue 42's bad input)."""
+    good = {"id": "x", "source": "https://example.org", "group": "blind-source", "framework": "deepspeed",
+            "quote": "a quoted figure", "measured": "1 s", "step_seconds": 1, "conversion": "c", "assumptions": "a",
+            "setup": {"model": "llama-2-7b", "gpu": "a100-80gb", "gpus_per_node": 8, "nodes": 1, "stage": 3,
+                      "offload_optimizer": "none", "offload_param": "none", "precision": "bf16", "micro_batch": 1,
+                      "grad_accum": 1, "seq_len": 512, "activation_checkpointing": "off"}}
+    refused = {**good, "id": "y", "setup": {**good["setup"], "stage": 1, "nodes": 2, "tensor_parallel": 16,
+                                            "tensor_parallel_kind": "autotp"}}
+    path, out = tmp_path / "blind.yaml", tmp_path / "table.txt"
+    path.write_text(json.dumps({"runs": [good, refused]}))
+    assert pr.main(["--blind", "--data", str(path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "not planned (1 runs" in text and "run y: zerokit cannot plan its setup" in text
+    capsys.readouterr()
+    for name, setup, said in (("gpu", {"gpu": "a200"}, "unknown GPU 'a200'"),
+                              ("feature", {"compile": "turbo"}, "invalid choice: 'turbo'")):
+        path.write_text(json.dumps({"runs": [{**good, "setup": {**good["setup"], **setup}}]}))
+        out = tmp_path / f"{name}.txt"
+        assert pr.main(["--blind", "--data", str(path), "--out", str(out)]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err and err.startswith("error: run x"), (name, err)
+        assert not out.exists(), name
+
+
 def test_the_ring_rule_meets_a_published_multi_node_nccl_measurement():
     """nccl-tests all_reduce_perf over 2 nodes x 8 H100 with 25 GB/s of NIC per GPU: bus bandwidth 338.8 GB/s at
     8 GiB (github.com/lessizzmore/create-a3mega-ztan-fork, ztan-NCCL-test-result), 13.6x one NIC's rate. Within 15%."""
