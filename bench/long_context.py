@@ -95,6 +95,27 @@ def check_entry(r) -> str | None:
         return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join(['model', *pr.FLAGS])}"
     if "model" not in setup and not all(k in setup for k in ("params", "hidden_size", "num_layers", "vocab_size")):
         return f"{name}: no model: give model, or params, hidden_size, num_layers and vocab_size"
+    return named_problem(r)
+
+
+def named_problem(r: dict) -> str | None:
+    """What the entry names that zerokit lacks (a value no option takes, a GPU not in the catalog, a model it cannot
+    resolve): the entry's error in every half and in a blind set, unlike a setup zerokit refuses to plan (plan_of)."""
+    from zerokit.api import planned_model
+    from zerokit.cli import request
+    from zerokit.core.errors import ZerokitError
+    from zerokit.spec.hardware import resolve_gpu_name
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
+            req = request(plan_argv(r, r["seq_len"]))
+        resolve_gpu_name(str(r["setup"]["gpu"]))
+        planned_model(req)
+    except ZerokitError as e:
+        return f"result {r['id']}: {e}"
+    except SystemExit:
+        return f"result {r['id']}: {(said.getvalue().strip().splitlines() or ['bad value'])[-1]}"
     return None
 
 

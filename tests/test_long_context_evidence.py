@@ -89,6 +89,13 @@ def test_fpdt_is_refused_with_its_name_never_planned_as_ulysses():
     ({"kind": "longest"}, "kind 'longest'"),
     ({"quote": ""}, "missing quote"),
     ({"setup": {"gpu": "h100-80gb"}}, "setup lacks"),
+    # what the entry names that zerokit lacks is the entry's error, not a setup reported as "not planned"
+    ({"setup": {"model": "llama-3.1-8b", "gpu": "h900", "gpus_per_node": 8, "nodes": 1, "stage": 3,
+                "precision": "bf16"}}, "unknown GPU 'h900'"),
+    ({"setup": {"model": "no-such-model-here", "gpu": "h100-80gb", "gpus_per_node": 8, "nodes": 1, "stage": 3,
+                "precision": "bf16"}}, "result x:"),
+    ({"setup": {"model": "llama-3.1-8b", "gpu": "h100-80gb", "gpus_per_node": 8, "nodes": 1, "stage": 3,
+                "precision": "bf16", "attention": "ring"}}, "invalid choice: 'ring'"),
 ])
 def test_a_bad_entry_is_one_line_and_exit_2(tmp_path, capsys, broken, fragment):
     import yaml
@@ -98,9 +105,12 @@ def test_a_bad_entry_is_one_line_and_exit_2(tmp_path, capsys, broken, fragment):
                                        "stage": 3, "precision": "bf16"}}
     path = tmp_path / "evidence.yaml"
     path.write_text(yaml.safe_dump({"results": [{**good, **broken}]}))
-    assert lc().main(["--data", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert fragment in err and "\n" not in err
+    out = tmp_path / "table.txt"
+    for blind in ([], ["--blind"]):
+        assert lc().main(["--data", str(path), "--out", str(out), *blind]) == 2
+        err = capsys.readouterr().err.strip()
+        assert fragment in err and "\n" not in err, err
+        assert not out.exists()
 
 
 def test_the_blind_set_is_new_sources_and_its_committed_table_is_what_the_model_gives_now():
