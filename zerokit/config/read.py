@@ -95,16 +95,19 @@ def bf16_block(config: Mapping):
 
 def precision_of(config: Mapping, auto: str | None = None) -> str:
     """The model's dtype as DeepSpeed's engine takes it (engine.get_data_types: fp16 if enabled, else bf16 under
-    either name, else fp32). An enabled that is "auto" (the HF Trainer fills it) raises, unless `auto` says what to
-    read it as."""
+    either name, else fp32). Where none is enabled, an enabled that is "auto" (the HF Trainer fills it) raises, unless
+    `auto` says what to read the model's dtype as."""
+    enabled = {}
     for name, block in (("fp16", config.get("fp16")), ("bf16", bf16_block(config))):
-        enabled = block.get("enabled", False) if isinstance(block, Mapping) else False
-        if enabled == "auto" and auto is None:
-            raise ZerokitError(f"{name}.enabled is \"auto\": fill it first (fill_auto) with the precision the Trainer "
-                               "uses")
-        if enabled is True:
-            return name
-    return "fp32"
+        enabled[name] = block.get("enabled", False) if isinstance(block, Mapping) else False
+    on = [name for name, v in enabled.items() if v is True]
+    if on:
+        return on[0]
+    waiting = [name for name, v in enabled.items() if v == "auto"]
+    if waiting and auto is None:
+        raise ZerokitError(f"{waiting[0]}.enabled is \"auto\": fill it first (fill_auto) with the precision the "
+                           "Trainer uses")
+    return auto if waiting else "fp32"
 
 
 def with_bf16_name(config: dict) -> dict:

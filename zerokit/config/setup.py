@@ -11,8 +11,8 @@ from dataclasses import replace
 from zerokit.config.auto import AUTO, auto_keys, fill_auto
 from zerokit.config.keys import ZERO_FIELD_TO_ALIAS
 from zerokit.config.lint import batch_findings
-from zerokit.config.read import (batch_world_size, precision_of, checked_block, checked_config, checked_world_size,
-                                 derive_batch, grad_accum_dtype_of, is_int)
+from zerokit.config.read import (batch_world_size, checked_block, checked_config, checked_world_size, derive_batch,
+                                 grad_accum_dtype_of, is_int, precision_of)
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.optimizer import ADAMW, ADAMW_TORCH, deepspeed_optimizer
 from zerokit.spec.optimizer import client_optimizer as client_optimizer_named
