@@ -455,3 +455,19 @@ def test_fp32_grad_accumulation_as_the_engine_takes_it(stage, port, kind, tmp_pa
         assert not errors
         _, knobs = setup_from_config(cfg, 1)
         assert knobs.grad_accum_dtype == "fp32"
+
+
+def test_precision_is_read_as_deepspeeds_engine_reads_it():
+    """config/read.py precision_of, the one reader setup and lint share: fp16 before bf16 (engine.get_data_types), the
+    old "bfloat16" name, an enabled one over an "auto" beside it, and an "auto" with nothing enabled refused in one
+    line unless the caller says what to read it as."""
+    from zerokit.config.read import precision_of
+
+    assert precision_of({}) == "fp32"
+    assert precision_of({"bfloat16": {"enabled": True}}) == "bf16"
+    assert precision_of({"fp16": {"enabled": True}, "bf16": {"enabled": False}}) == "fp16"
+    assert precision_of({"fp16": {"enabled": "auto"}, "bf16": {"enabled": True}}) == "bf16"
+    assert precision_of({"bf16": {"enabled": "auto"}}, auto="fp32") == "fp32"
+    with pytest.raises(ZerokitError, match=r'bf16.enabled is "auto": fill it first') as e:
+        precision_of({"bf16": {"enabled": "auto"}})
+    assert "\n" not in str(e.value)
