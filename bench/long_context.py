@@ -48,6 +48,10 @@ WITHIN = 0.15  # issue 45: maxima within 15%, none promised more than 1.15x
 FACTOR_BOUNDS = (1.0, 2.0)  # the factor's physical bounds: at least what is counted, at most the allocator's worst case
 
 REQUIRED = ("id", "group", "source", "quote", "kind", "seq_len", "setup")
+# whose sequence parallelism the source ran (setup key sequence_parallel_kind, default ulysses): zerokit plans
+# DeepSpeed's Ulysses; a ring (EasyContext's and 360-LLaMA-Factory's zigzag ring attention, ms-swift's ring) holds the
+# same sequence share per rank and is priced as Ulysses here, and where Ulysses' rule refuses it the table says so
+SEQUENCE_PARALLEL_KINDS = ("ulysses", "ring")
 REQUIRED_SETUP = ("gpu", "gpus_per_node", "nodes", "stage", "precision")
 
 
@@ -90,9 +94,13 @@ def check_entry(r) -> str | None:
     missing = [k for k in REQUIRED_SETUP if k not in setup]
     if missing:
         return f"{name}: setup lacks {', '.join(missing)}: state it, or the default taken, in assumptions"
-    unknown = sorted(set(setup) - set(pr.FLAGS) - {"model"})
+    unknown = sorted(set(setup) - set(pr.FLAGS) - {"model", "sequence_parallel_kind"})
     if unknown:
-        return f"{name}: unknown setup key {unknown[0]}: use one of {', '.join(['model', *pr.FLAGS])}"
+        return (f"{name}: unknown setup key {unknown[0]}: use one of "
+                f"{', '.join(['model', 'sequence_parallel_kind', *pr.FLAGS])}")
+    if setup.get("sequence_parallel_kind", "ulysses") not in SEQUENCE_PARALLEL_KINDS:
+        return (f"{name}: sequence_parallel_kind {setup['sequence_parallel_kind']!r}: use one of "
+                f"{', '.join(SEQUENCE_PARALLEL_KINDS)}")
     if "model" not in setup and not all(k in setup for k in ("params", "hidden_size", "num_layers", "vocab_size")):
         return f"{name}: no model: give model, or params, hidden_size, num_layers and vocab_size"
     return named_problem(r)
@@ -144,6 +152,8 @@ def plan_of(r: dict, seq_len):
             req = request(plan_argv(r, seq_len))
         return build_plan(req), None
     except ZerokitError as e:
+        if r["setup"].get("sequence_parallel_kind") == "ring":
+            return None, f"the source ran ring attention, priced here as Ulysses, whose rule refuses it: {e}"
         return None, str(e)
     except SystemExit:
         return None, (said.getvalue().strip().splitlines() or ["bad value"])[-1]
