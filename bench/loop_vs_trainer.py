@@ -178,6 +178,7 @@ def main(argv=None) -> int:
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
     cfg, tokens, setup = prepare(args, runs)
+    from zerokit.report.run_dir import metrics_file, metrics_files
     from zerokit.report.run_report import read_metrics
 
     t_all = time.perf_counter()
@@ -188,11 +189,11 @@ def main(argv=None) -> int:
         res = {}
         for side, sub in zip(SIDES, ("loop", "trainer")):
             out = rdir / sub
-            if not (args.reuse and (out / "metrics" / "rank0.jsonl").is_file()):
+            if not (args.reuse and metrics_file(out, 0).is_file()):
                 print(f"round {r}/{args.rounds}: {side} ...", file=sys.stderr, flush=True)
                 launch = run(cmds[side], out, args.timeout)
                 print(f"    rc={launch['returncode']} {launch['wall_s']:.1f} s", file=sys.stderr, flush=True)
-            tp = steady_throughput(read_metrics(out), args.warmup) if (out / "metrics").is_dir() else None
+            tp = steady_throughput(read_metrics(out), args.warmup) if metrics_files(out) else None
             res[side] = tp
         res["same_rows"] = same_rows(rdir / "loop" / "data" / "tokens.npy", tokens)
         per_round.append(res)

@@ -149,7 +149,9 @@ def job_of(acc, model: str, seq_len: int, setup):
 
 def measured_step_s(acc, out: Path, warmup: int) -> float | None:
     """The slowest rank's median step time (a step ends when every rank's does)."""
-    if not (out / "metrics").is_dir():
+    from zerokit.report.run_dir import metrics_files
+
+    if not metrics_files(out):
         return None
     times = [m["step_seconds"] for m in acc.measure(out, warmup).values() if m["step_seconds"] is not None]
     return max(times) if times else None
@@ -160,6 +162,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     check_args(ap, args)
     acc = _accuracy_run()
+    from zerokit.report.run_dir import metrics_file
     from zerokit.spec.hardware import build_cluster
 
     if args.model not in acc.MODELS:
@@ -187,7 +190,7 @@ def main(argv=None) -> int:
         rdir.mkdir(parents=True, exist_ok=True)
         for i, ev in enumerate(chosen, 1):
             job = job_of(acc, args.model, args.seq_len, ev.setup)
-            if args.reuse and (rdir / job.name / "metrics" / "rank0.jsonl").is_file():
+            if args.reuse and metrics_file(rdir / job.name, 0).is_file():
                 continue
             print(f"[{i}/{len(chosen)}] {ev.setup.label} (repeat {r}/{args.repeat}) ...", file=sys.stderr, flush=True)
             run = acc.run_job(job, rdir, "cpu", ranks, cluster, args.steps, 2, args.timeout)

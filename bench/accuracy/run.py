@@ -45,6 +45,8 @@ sys.path.insert(0, str(HERE))
 from accuracy import (MEASURED_GROUPS, TERM_GROUPS, format_table, format_terms, group_terms,
                       rel_err, summary_of_rows)
 
+from zerokit.report.run_dir import metrics_file, metrics_files  # light: no torch, no DeepSpeed
+
 MODELS = {
     "tiny-llama": "tiny-llama",  # bundled: Llama with GQA (4 heads, 2 KV heads), 1.3M params
     "tiny-gpt2": "tiny-gpt2",  # bundled: GPT-2 (gelu_new, dropout), 1.1M params
@@ -609,7 +611,7 @@ def main(argv=None) -> int:
     run_of = {}
     for r, rdir in enumerate(rep_dirs, 1):
         for i, job in enumerate(jobs, 1):
-            have = (rdir / job.name / "metrics" / "rank0.jsonl").is_file()
+            have = metrics_file(rdir / job.name, 0).is_file()
             if not (args.reuse and have) and not foreign:
                 tag = f" (repeat {r}/{args.repeat})" if args.repeat > 1 else ""
                 print(f"[{i}/{len(jobs)}] {job.name}{tag} ...", file=sys.stderr, flush=True)
@@ -626,10 +628,10 @@ def main(argv=None) -> int:
         cfg_path = runs / f"{job.name}.ds_config.json"
         cfg = load_config_file(cfg_path) if cfg_path.is_file() else render(job, cluster_of(job), args.steps)
         pred = predict(job, cluster_of(job), cfg)
-        meas = measure(out, args.warmup) if (out / "metrics").is_dir() else {}
+        meas = measure(out, args.warmup) if metrics_files(out) else {}
         if meas and args.repeat > 1:
             meas = fastest_of_repeats(meas, [measure(d / job.name, args.warmup) for d in rep_dirs[1:]
-                                             if (d / job.name / "metrics").is_dir()])
+                                             if metrics_files(d / job.name)])
         jobs_out.append({"job": asdict(job), "name": job.name, "run": run, "prediction": pred, "measured": meas})
         if not meas:
             rows.append({"job": job.name, "rank": "-", "pred_mem": pred["per_rank_bytes"],
