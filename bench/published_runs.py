@@ -40,6 +40,7 @@ TABLE_COMMAND = "python bench/published_runs.py --out bench/results/published_ru
 FLAGS = {
     "gpu": "--gpu", "gpus_per_node": "--gpus-per-node", "nodes": "--nodes", "params": "--params",
     "hidden_size": "--hidden-size", "num_layers": "--num-layers", "vocab_size": "--vocab-size",
+    "num_attention_heads": "--num-attention-heads", "num_kv_heads": "--num-kv-heads",
     "stage": "--stage", "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
     "precision": "--precision", "micro_batch": "--micro-batch", "grad_accum": "--grad-accum", "seq_len": "--seq-len",
     "activation_checkpointing": "--activation-checkpointing", "sequence_parallel": "--sequence-parallel",

@@ -617,6 +617,24 @@ def test_spec_from_params_overrides():
     assert only_l.num_layers == 32 and only_l.hidden_size % 128 == 0 and 3584 <= only_l.hidden_size <= 4608
 
 
+def test_spec_from_params_takes_the_heads_it_is_given():
+    """--num-attention-heads / --num-kv-heads on a bare count: head_dim is h / heads; the key/value heads default to the
+    heads (LlamaConfig's num_key_value_heads default), so BigScience's tr3m 1.3B (NHEADS=16, multi-head) is 16 x 128,
+    not the anchor's grouped 32 x 64 at h 2048. Eager attention's scores per token are per
+    head: half the guessed shape's."""
+    from zerokit.estimate.gpu_time import elementwise_bytes_per_token
+
+    guessed = spec_from_params(1.316e9, hidden_size=2048, num_layers=24, vocab_size=50304)
+    stated = spec_from_params(1.316e9, hidden_size=2048, num_layers=24, vocab_size=50304, num_attention_heads=16)
+    assert (guessed.num_attention_heads, guessed.head_dim) == (32, 64) and guessed.num_kv_heads < 32
+    assert (stated.num_attention_heads, stated.num_kv_heads, stated.head_dim) == (16, 16, 128)
+    gqa = spec_from_params(7e9, hidden_size=3584, num_attention_heads=28, num_kv_heads=4)  # Qwen2-7B's heads
+    assert (gqa.num_attention_heads, gqa.num_kv_heads, gqa.head_dim) == (28, 4, 128)
+    eager = [elementwise_bytes_per_token(s, 2048, "bf16", "eager") - elementwise_bytes_per_token(s, 0, "bf16", "eager")
+             for s in (guessed, stated)]
+    assert eager[1] == eager[0] / 2
+
+
 @pytest.mark.parametrize("params, h, layers, vocab, tied", [
     (3_212_749_824, 3072, 28, 128256, True),    # Llama-3.2-3B (tie_word_embeddings true; its model card's count)
     (6_738_415_616, 4096, 32, 32000, False),    # Llama-2-7B (lm_head apart)

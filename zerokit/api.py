@@ -103,6 +103,10 @@ def load_model(req):
     return model.with_liger_kernels(None if liger == "on" else liger)
 
 
+# the options that shape a bare --params count (spec_from_params); a model's config fixes its own
+SHAPE_OPTIONS = ("hidden_size", "num_layers", "vocab_size", "num_attention_heads", "num_kv_heads")
+
+
 def _counted_model(req):
     if getattr(req, "params", None):
         if getattr(req, "model", None):
@@ -111,7 +115,13 @@ def _counted_model(req):
         from zerokit.spec.model import spec_from_params
 
         return spec_from_params(parse_param_count(req.params, flag("params")), hidden_size=req.hidden_size,
-                                num_layers=req.num_layers, vocab_size=req.vocab_size)
+                                num_layers=req.num_layers, vocab_size=req.vocab_size,
+                                num_attention_heads=getattr(req, "num_attention_heads", None),
+                                num_kv_heads=getattr(req, "num_kv_heads", None))
+    shaped = [k for k in SHAPE_OPTIONS if getattr(req, k, None) is not None]
+    if shaped and getattr(req, "model", None):
+        raise ZerokitError(f"{flag(shaped[0].replace('_', '-'))} shapes a bare {flag('params')} count; {req.model}'s "
+                           f"config fixes its shapes: drop {flag(shaped[0].replace('_', '-'))}")
     if not getattr(req, "model", None):
         raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or "
                            f"{flag('params')} N")

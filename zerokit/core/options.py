@@ -268,6 +268,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("hidden-size", PLANNING, "", type=positive_int, group=_MODEL),
     Option("num-layers", PLANNING, "", type=positive_int, group=_MODEL),
     Option("vocab-size", PLANNING, "", type=positive_int, group=_MODEL),
+    Option("num-attention-heads", PLANNING, "attention heads of a bare --params shape, with --hidden-size (default: "
+           "the nearest Llama's)", type=positive_int, metavar="N", group=_MODEL),
+    Option("num-kv-heads", PLANNING, "key/value heads of a bare --params shape (grouped-query attention; default: the "
+           "attention heads when those are given)", type=positive_int, metavar="N", group=_MODEL),
     # -- workload
     Option("seq-len", RUNS, "tokens per sample (default: plan/render/check 2048, launch 512, or the model's maximum "
            "when smaller); plan/render/check: max, the longest that fits the pinned (or chosen) setup",

@@ -25,7 +25,7 @@ MAX_SETUP_ROWS = 8  # the stacked bars: the chosen setup and the closest others
 # The options the page sends: the plan's own, never one that reads or writes a file on the server (hostfile,
 # hardware-profile other than none, nvme-path, config-file, output, plot) or runs the model (trace).
 PAGE_OPTIONS = frozenset({
-    "model", "params", "hidden_size", "num_layers", "vocab_size", "gpu", "gpu_memory", "gpus_per_node", "nodes",
+    "model", "params", "hidden_size", "num_layers", "vocab_size", "num_attention_heads", "num_kv_heads", "gpu", "gpu_memory", "gpus_per_node", "nodes",
     "cpu_memory", "intra_node_bandwidth", "inter_node_bandwidth", "nvme_size", "dist_backend", "seq_len", "doc_len",
     "global_batch", "samples", "epochs", "attention", "liger_kernels", "checkpoint_reentrant", "training_loop",
     "stage", "zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch", "micro_batch_size",

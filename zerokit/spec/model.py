@@ -750,12 +750,32 @@ def _shape_for_hidden(h: int) -> tuple[int, int, int]:
     return _llama_intermediate(h), heads, heads
 
 
+def _given_heads(h: int, heads: int, kv: int, num_attention_heads: int | None,
+                 num_kv_heads: int | None) -> tuple[int, int]:
+    """The heads and key/value heads of a bare count's shape: as given, the key/value heads defaulting to the heads
+    (LlamaConfig's num_key_value_heads default), else the guessed ones. Heads must split the width evenly and the
+    key/value heads the heads (grouped-query attention), as transformers' Llama asserts."""
+    if num_attention_heads is None and num_kv_heads is None:
+        return heads, kv
+    heads = num_attention_heads or heads
+    kv = num_kv_heads or (heads if num_attention_heads else kv)
+    if h % heads:
+        raise ZerokitError(f"{flag('num-attention-heads')} {heads} does not divide {flag('hidden-size')} {h}: give a "
+                           "divisor of it")
+    if kv > heads or heads % kv:
+        raise ZerokitError(f"{flag('num-kv-heads')} {kv} does not divide the {heads} attention heads: give a divisor "
+                           "of them")
+    return heads, kv
+
+
 def spec_from_params(
     params: float,
     hidden_size: int | None = None,
     num_layers: int | None = None,
     vocab_size: int | None = None,
     seq_len: int | None = None,
+    num_attention_heads: int | None = None,
+    num_kv_heads: int | None = None,
 ) -> ModelSpec:
     """A plausible Llama-like (SwiGLU, RMSNorm; untied unless the shape's count says tied) ModelSpec for a bare
     parameter count.
@@ -764,8 +784,11 @@ def spec_from_params(
     + 2·V·h (I ≈ 8h/3; GQA where the family uses it). With no shape given, h/I/heads come from the
     published Llama anchor nearest in log-size and L is solved for the count; ``hidden_size`` fixes
     h and solves L; ``num_layers`` alone solves h (multiple of 128); both given are taken as is.
-    ``vocab_size`` defaults to 32000. ``seq_len`` is accepted for interface symmetry: RoPE models
-    have no position parameters, so it does not change the shapes. Pure Python: no torch.
+    ``vocab_size`` defaults to 32000. ``num_attention_heads`` sets the heads (head_dim = h / heads)
+    and ``num_kv_heads`` the key/value heads, which default to the attention heads when only those
+    are given (LlamaConfig's num_key_value_heads default). ``seq_len`` is accepted for interface
+    symmetry: RoPE models have no position parameters, so it does not change the shapes. Pure
+    Python: no torch.
     """
     try:
         total = int(params)
@@ -775,7 +798,9 @@ def spec_from_params(
         raise ZerokitError(f"{flag('params')} must be positive, got {params!r}")
     at_most(total, "MAX_PARAMS", flag("params"))
     for label, value, limit in (("hidden_size", hidden_size, "MAX_DIMENSION"), ("num_layers", num_layers, "MAX_LAYERS"),
-                                ("vocab_size", vocab_size, "MAX_VOCAB"), ("seq_len", seq_len, "MAX_SEQ_LEN")):
+                                ("vocab_size", vocab_size, "MAX_VOCAB"), ("seq_len", seq_len, "MAX_SEQ_LEN"),
+                                ("num_attention_heads", num_attention_heads, "MAX_DIMENSION"),
+                                ("num_kv_heads", num_kv_heads, "MAX_DIMENSION")):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ZerokitError(f"{label} must be a positive integer, got {value!r}")
         if value is not None:
@@ -796,6 +821,7 @@ def spec_from_params(
     elif hidden_size is not None:
         h = hidden_size
         inter, heads, kv = _shape_for_hidden(h)
+        heads, kv = _given_heads(h, heads, kv, num_attention_heads, num_kv_heads)
     else:
         # num_layers only: the width (multiple of 128) whose Llama-rule total is nearest.
         best = None
@@ -806,6 +832,9 @@ def spec_from_params(
                 best = (err, h_try)
         h = best[1]
         inter, heads, kv = _shape_for_hidden(h)
+    if hidden_size is None and (num_attention_heads or num_kv_heads):
+        raise ZerokitError(f"{flag('num-attention-heads')} and {flag('num-kv-heads')} split a given width: give "
+                           f"{flag('hidden-size')} too")
 
     # The smallest model of these shapes holds its vocabulary's embeddings (input and untied output) and one layer:
     # 4,161,728 parameters for the default 32,000-token vocabulary at the narrowest width, 64. A count below that
