@@ -175,7 +175,6 @@ def predict(run: dict) -> dict:
     import io
 
     from zerokit.core.errors import ZerokitError
-
     from zerokit.spec.hardware import resolve_gpu_name
 
     setup = run["setup"]

@@ -118,10 +118,10 @@ def _counted_model(req):
                                 num_layers=req.num_layers, vocab_size=req.vocab_size,
                                 num_attention_heads=getattr(req, "num_attention_heads", None),
                                 num_kv_heads=getattr(req, "num_kv_heads", None))
-    shaped = [k for k in SHAPE_OPTIONS if getattr(req, k, None) is not None]
+    shaped = [flag(k.replace("_", "-")) for k in SHAPE_OPTIONS if getattr(req, k, None) is not None]
     if shaped and getattr(req, "model", None):
-        raise ZerokitError(f"{flag(shaped[0].replace('_', '-'))} shapes a bare {flag('params')} count; {req.model}'s "
-                           f"config fixes its shapes: drop {flag(shaped[0].replace('_', '-'))}")
+        raise ZerokitError(f"{shaped[0]} shapes a bare {flag('params')} count; {req.model}'s config fixes its shapes: "
+                           f"drop {shaped[0]}")
     if not getattr(req, "model", None):
         raise ZerokitError("no model given: pass a model id/directory/bundled name (e.g. tiny-llama) or "
                            f"{flag('params')} N")

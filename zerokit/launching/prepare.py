@@ -411,7 +411,7 @@ def held_global_batch(req: LaunchRequest, resize: Resize | None) -> int | None:
         try:
             setup = (launch_record(req.output_dir) or {})["setup"]
             held = setup["micro_batch_size"] * setup["gradient_accumulation_steps"] * resize.old.world_size
-        except (OSError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError):
             raise ZerokitError(f"{flag('resume')}: checkpoint {resize.old.tag} was written by {resize.old.world_size} "
                                f"ranks but neither it nor {req.output_dir}/launch.json gives its global batch: resume "
                                f"on {resize.old.world_size} ranks") from None

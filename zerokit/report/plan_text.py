@@ -11,7 +11,7 @@ TERM_LABELS = {
     "master_weights": "fp32 master weights",
     "optimizer_states": "Adam moments (m, v)",
     "fp32_gradients": "fp32 gradient partition",
-    "bf16_optimizer_grad_accum": "fp32 grad accumulation (BF16 optimizer)",
+    "bf16_optimizer_grad_accum": "gradient accumulation buffer (BF16 optimizer)",
     "stage3_gathered_params": "stage-3 gathered layer (params+grads)",
     "reduce_buckets": "reduce buckets",
     "stage3_prefetch": "stage-3 prefetch bucket",

@@ -805,6 +805,9 @@ def spec_from_params(
             raise ZerokitError(f"{label} must be a positive integer, got {value!r}")
         if value is not None:
             at_most(value, limit, f"--{label.replace('_', '-')}")
+    if hidden_size is None and (num_attention_heads or num_kv_heads):
+        raise ZerokitError(f"{flag('num-attention-heads')} and {flag('num-kv-heads')} split a given width: give "
+                           f"{flag('hidden-size')} too")
     V = vocab_size or _DEFAULT_VOCAB
 
     if hidden_size is None and num_layers is None:
@@ -832,9 +835,6 @@ def spec_from_params(
                 best = (err, h_try)
         h = best[1]
         inter, heads, kv = _shape_for_hidden(h)
-    if hidden_size is None and (num_attention_heads or num_kv_heads):
-        raise ZerokitError(f"{flag('num-attention-heads')} and {flag('num-kv-heads')} split a given width: give "
-                           f"{flag('hidden-size')} too")
 
     # The smallest model of these shapes holds its vocabulary's embeddings (input and untied output) and one layer:
     # 4,161,728 parameters for the default 32,000-token vocabulary at the narrowest width, 64. A count below that
