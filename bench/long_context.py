@@ -25,8 +25,6 @@ Usage: python bench/long_context.py [--split] [--fit] [--out bench/results/long_
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import statistics
@@ -110,20 +108,15 @@ def named_problem(r: dict) -> str | None:
     """What the entry names that zerokit lacks (a value no option takes, a GPU not in the catalog, a model it cannot
     resolve): the entry's error in every half and in a blind set, unlike a setup zerokit refuses to plan (plan_of)."""
     from zerokit.api import planned_model
-    from zerokit.cli import request
     from zerokit.core.errors import ZerokitError
     from zerokit.spec.hardware import resolve_gpu_name
 
-    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
-            req = request(plan_argv(r, r["seq_len"]))
+        req = pr.plan_request(plan_argv(r, r["seq_len"]))
         resolve_gpu_name(str(r["setup"]["gpu"]))
         planned_model(req)
     except ZerokitError as e:
         return f"result {r['id']}: {e}"
-    except SystemExit:
-        return f"result {r['id']}: {(said.getvalue().strip().splitlines() or ['bad value'])[-1]}"
     return None
 
 
@@ -141,22 +134,16 @@ def plan_argv(r: dict, seq_len) -> list[str]:
 def plan_of(r: dict, seq_len):
     """build_plan of the pinned setup; (plan, None) or (None, the one-line reason zerokit refuses it)."""
     from zerokit.api import build_plan
-    from zerokit.cli import request
     from zerokit.core.errors import ZerokitError
 
     if r.get("fpdt"):
         return None, "FPDT (DeepSpeed's chunked, offloaded sequence parallelism) is not planned by zerokit"
-    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):
-            req = request(plan_argv(r, seq_len))
-        return build_plan(req), None
+        return build_plan(pr.plan_request(plan_argv(r, seq_len))), None
     except ZerokitError as e:
         if r["setup"].get("sequence_parallel_kind") == "ring":
             return None, f"the source ran ring attention, priced here as Ulysses, whose rule refuses it: {e}"
         return None, str(e)
-    except SystemExit:
-        return None, (said.getvalue().strip().splitlines() or ["bad value"])[-1]
 
 
 def evaluate(r: dict) -> dict:

@@ -166,27 +166,37 @@ def planned(req, setup: dict):
     return replace(model, vocab_parallel=True) if setup.get("tensor_parallel_kind") == "megatron" else model
 
 
-def predict(run: dict) -> dict:
-    """zerokit's plan of one run (pinned) and the rule of thumb on the same run."""
-    from zerokit.api import build_plan
-    from zerokit.cli import request
-
+def plan_request(argv: list[str]):
+    """`zerokit plan`'s parsed request for argv, quietly: a value no option takes raises ZerokitError with argparse's
+    own line (it prints its usage and the error, then exits), as every other refusal does. The corpus harnesses'
+    one parser (this file, bench/long_context.py)."""
     import contextlib
     import io
 
+    from zerokit.cli import request
+    from zerokit.core.errors import ZerokitError
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return request(argv)
+    except SystemExit:
+        raise ZerokitError((said.getvalue().strip().splitlines() or ["bad value"])[-1]) from None
+
+
+def predict(run: dict) -> dict:
+    """zerokit's plan of one run (pinned) and the rule of thumb on the same run."""
+    from zerokit.api import build_plan
     from zerokit.core.errors import ZerokitError
     from zerokit.spec.hardware import resolve_gpu_name
 
     setup = run["setup"]
-    said = io.StringIO()
     try:  # the entry itself: option values the parser takes, a GPU and a model zerokit knows
-        with contextlib.redirect_stderr(said):  # argparse prints its usage and the error, then exits
-            req = request(plan_argv(setup))
+        req = plan_request(plan_argv(setup))
         resolve_gpu_name(str(setup["gpu"]))
         model = planned(req, setup)
-    except (ZerokitError, SystemExit) as e:
-        why = str(e) if isinstance(e, ZerokitError) else (said.getvalue().strip().splitlines() or ["bad value"])[-1]
-        raise CorpusError(f"run {run['id']}: zerokit cannot plan its setup: {why}") from e
+    except ZerokitError as e:
+        raise CorpusError(f"run {run['id']}: zerokit cannot plan its setup: {e}") from e
     try:
         plan = build_plan(req, model=model)
     except ZerokitError as e:
