@@ -12,6 +12,8 @@
 # Tiny models measure the host, not the GPU (the last lend): these are sized so that the GPU sets the step time.
 #   LEND_SET=long bash bench/gpu_lend.sh: issue 45's check instead: run.py's LONG rows (gpu-1b at 32K, 64K and 128K
 #   tokens, ZeRO-3, checkpoint offload, tiled MLP), measured against the plan at each length, then plan --seq-len max.
+#   LEND_JOBS=N runs only the list's first N rows (LONG: 3 by default; its 256K row takes ~3 min at 2 steps, run alone);
+#   LEND_PROBES=0 skips step 0 (a second call on the same lend).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} ZEROKIT_CACHE_DIR=/tmp/zerokit-cache
@@ -22,7 +24,7 @@ STAMP=$(date +%Y%m%d_%H%M)
 # last); no probes and no calibration, so the jobs get the time
 SET=${LEND_SET:-lend}
 STEPS=8 WARMUP=2
-case "$SET" in lend) LIST=LEND;; long) LIST=LONG STEPS=4 WARMUP=1; CALIBRATE_S=${CALIBRATE_S:-0};; *)
+case "$SET" in lend) LIST=LEND;; long) LIST=LONG STEPS=4 WARMUP=1 LEND_JOBS=${LEND_JOBS:-3}; CALIBRATE_S=${CALIBRATE_S:-0};; *)
   echo "gpu_lend: LEND_SET is lend or long, not $SET"; exit 2;; esac
 BUDGET_S=${BUDGET_S:-480}  # stop starting jobs after this; a job took 34-76 s on an H200 (run with timeout_s 600)
 t0=$(date +%s)
@@ -36,7 +38,7 @@ python3 -c "import deepspeed" 2>/dev/null || {
 case "${TORCH_CUDA_ARCH_LIST:-}" in *[0-9]a*) export TORCH_CUDA_ARCH_LIST=$(echo "$TORCH_CUDA_ARCH_LIST" | sed 's/\([0-9]\)a/\1/g');; esac
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
-if [ "$SET" = lend ]; then
+if [ "$SET" = lend ] && [ "${LEND_PROBES:-1}" != 0 ]; then
   # issue 28: one Ulysses rank's attention at Llama-3.1-8B's per-rank heads, SP 8 / 16 / 32, at 1M tokens (~1 min)
   timeout 150 python3 bench/ulysses_attention_probe.py --out "$RES/ulysses_attention_probe_$STAMP.txt" \
     || echo "gpu_lend: the attention probe did not finish"
@@ -51,7 +53,7 @@ CALIBRATE_S=${CALIBRATE_S:-240}  # 0: no calibration (a second short lend: the r
 [ "$CALIBRATE_S" -gt 0 ] && { timeout "$CALIBRATE_S" python3 -m zerokit calibrate --quick --model bench/accuracy/models/gpu-1b \
   -o "$PROFILE" || echo "gpu_lend: calibrate did not finish in $CALIBRATE_S s; the runs are predicted on the catalog only"; }
 RUNS=/tmp/zerokit-lend
-for name in $(python3 -c "import sys; sys.path.insert(0, 'bench/accuracy'); import run; print(' '.join(j.name for j in run.$LIST))"); do
+for name in $(python3 -c "import sys; sys.path.insert(0, 'bench/accuracy'); import run; print(' '.join(j.name for j in run.$LIST[:${LEND_JOBS:-99}]))"); do
   if [ $(( $(date +%s) - t0 )) -gt "$BUDGET_S" ]; then echo "gpu_lend: budget spent, $name and later not run"; break; fi
   j0=$(date +%s)
   python3 bench/accuracy/run.py "--$SET" --only "^${name}\$" --steps $STEPS --warmup $WARMUP --runs "$RUNS" --no-save \

@@ -256,7 +256,7 @@ def test_the_long_lend_rows_train_with_checkpoint_offload_as_planned(tmp_path):
     from zerokit.spec.hardware import build_cluster
 
     cluster = build_cluster(gpu="h200", gpus_per_node=1, hardware_profile="none")
-    assert [j.seq_len for j in run.LONG] == sorted(j.seq_len for j in run.LONG) and len(run.LONG) == 3
+    assert [j.seq_len for j in run.LONG] == sorted(j.seq_len for j in run.LONG) and len(run.LONG) == 4
     for job in run.LONG:
         assert job.setup().checkpoint_offload and job.setup().tiled_mlp and "ckptoff" in job.name
         cmd = run.launch_command(job, tmp_path / "c.json", tmp_path / "o", "cuda", 1, 4)

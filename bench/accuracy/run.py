@@ -287,11 +287,13 @@ LEND = [
 ]
 # issue 45: one model at three long lengths on one GPU, ALST's single-GPU recipe (checkpoint offload, tiled MLP; no
 # Ulysses on one GPU), each measured allocated, reserved and nvidia-smi against the plan at its length (bench/gpu_lend.sh
-# with LEND_SET=long: 4 steps each, ~4 min on an H200 by the plan's own step times)
+# with LEND_SET=long: 4 steps each, 74-127 s a job on an H200), then 256K where the budget leaves time (~3 min at 2
+# steps: bench/results/accuracy_gpu_long_20261128_1826.txt)
 LONG = [
     Job("gpu-1b", 3, "bf16", 1, 32768, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
     Job("gpu-1b", 3, "bf16", 1, 65536, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
     Job("gpu-1b", 3, "bf16", 1, 131072, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
+    Job("gpu-1b", 3, "bf16", 1, 262144, ckpt=True, tiled_loss=True, tiled_mlp=True, ranks=1, ckpt_offload=True),
 ]
 FP16_HARNESS = HERE / "fp16_on_cpu"  # sitecustomize.py: CPU_Accelerator.is_fp16_supported -> True
 
@@ -386,6 +388,22 @@ def launch_command(job: Job, cfg: Path, out: Path, device: str, ranks: int, step
     return cmd + job.finetune_args() + job.tiled_args()
 
 
+BUNDLED_CORPUS = ROOT / "zerokit" / "data" / "corpus" / "tiny_corpus.txt"  # launch's default data: ~31K Llama tokens
+
+
+def long_data(job: Job, runs: Path) -> list[str]:
+    """`--data` for a sequence longer than the bundled corpus holds (the LONG rows, 32K-128K tokens): the corpus
+    repeated into one document of at least two sequences (~31K tokens a copy; 16K counted, for tokenizers that pack
+    it tighter). Random weights train on it as on any text: only the step's time and memory are measured."""
+    if job.seq_len <= 16384:
+        return []
+    copies = -(-2 * job.seq_len // 16384)
+    path = runs / f"corpus_x{copies}.txt"
+    if not path.is_file():
+        path.write_text(BUNDLED_CORPUS.read_text() * copies)
+    return ["--data", str(path)]
+
+
 def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, memory_steps: int,
             timeout: int, profile: str | None = None, no_save: bool = False) -> dict:
     import shutil
@@ -396,7 +414,7 @@ def run_job(job: Job, runs: Path, device: str, ranks: int, cluster, steps: int, 
     out.mkdir(parents=True)
     cfg = runs / f"{job.name}.ds_config.json"
     cfg.write_text(json.dumps(render(job, cluster, steps), indent=2) + "\n")
-    cmd = launch_command(job, cfg, out, device, ranks, steps, profile, no_save)
+    cmd = launch_command(job, cfg, out, device, ranks, steps, profile, no_save) + long_data(job, runs)
     env = dict(os.environ, ZEROKIT_MEMORY_STEPS=str(memory_steps) if device == "cpu" else "0")
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(rank_threads(job.ranks))

@@ -11,6 +11,14 @@ call and offloads only those when torch.utils.checkpoint saves them (_NoopSaveIn
 checkpoint's own inner hooks), keeping the newest one on the device (keep_last_count=1). The context must span forward
 and backward (its docstring: "keep engine.backward(loss) ... so the offload context stays open until unpack").
 
+Each input comes back once: DeepSpeed's unpack hook restores with cache=True, keeping every restored input on the
+device until the context exits (for a graph backed through twice, retain_graph), so by the end of backward all L inputs
+are back and the peak is plain checkpointing's. Measured on an H200 (gpu-1b, 22 layers, 64K-256K tokens:
+bench/results/accuracy_gpu_long_20261128_*.txt), the allocated peak was the plan's plus 20 more layer inputs. zerokit's
+loop backs each graph once, so it restores with cache=False (DeepSpeed's `restore_input`, "for a single consumption"):
+the restored input is freed with its layer's recompute, as ArcticTraining's reentrant form frees it, and the plan's 2
+inputs on the device hold. A second unpack of one input raises DeepSpeed's "no longer tracked" error.
+
 On a CPU rank DeepSpeed's engine skips every tensor (_should_skip: a synchronized device, nothing "on the
 accelerator"), since host memory is the rank's memory. zerokit runs the same engine there with that one test dropped,
 so a CPU run goes through the path a GPU run takes (copy into a host buffer in the pack hook, copy back into a fresh
@@ -21,15 +29,30 @@ from __future__ import annotations
 
 
 def offload_context(on_accelerator: bool):
-    """A fresh CheckpointHiddenStatesOffload (one per micro batch: its __enter__ resets, its __exit__ syncs and clears),
-    its stats readable after the with-block."""
+    """A CheckpointHiddenStatesOffload that restores each input once, for one run: entered once per micro batch (its
+    __enter__ resets the stats and the tracking, its __exit__ syncs and clears them), its stats readable after each
+    with-block. One for the run, not one per micro batch: each instance makes its own side stream, and the caching
+    allocator keeps a stream's freed blocks for that stream only. On the H200 (128K tokens, a fresh context per micro
+    batch) the reserve grew by the 20 restored inputs every step, 47 to 80 GB over 4 steps, with the allocated peak
+    flat (bench/results/gpu_long_s131072_rank0_20261128.jsonl); one instance also keeps its pinned host buffers."""
     import torch
-    from deepspeed.runtime.activation_checkpointing.offload_activations import CheckpointHiddenStatesOffload
+    from deepspeed.runtime.activation_checkpointing.offload_activations import (
+        CheckpointHiddenStatesOffload,
+        _OffloadedTensorRef,
+    )
+
+    class RestoreOnce(CheckpointHiddenStatesOffload):
+        """DeepSpeed's context, each offloaded input restored for one use (no cache: see the module docstring)."""
+
+        def _unpack_tensor(self, maybe_ref):
+            if isinstance(maybe_ref, _OffloadedTensorRef):
+                return self._restore_tensor(maybe_ref.tensor_id, cache=False)
+            return maybe_ref
 
     if on_accelerator:
-        return CheckpointHiddenStatesOffload()
+        return RestoreOnce()
 
-    class CpuRankOffload(CheckpointHiddenStatesOffload):
+    class CpuRankOffload(RestoreOnce):
         """DeepSpeed's engine on a CPU rank: every marked input is copied out and back (no pinning, no streams: the
         CPU accelerator has neither); its other skips kept (tiny, parameters, buffers, overlapping views)."""
 

@@ -871,6 +871,9 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Loop
     steps_run = 0  # optimizer steps of this run: a resumed run meters its own first steps (memory_steps)
     train_t0 = time.time()
     e_cur, b_cur = pos.epoch, pos.batch_in_epoch
+    # one checkpoint-offload context for the run, entered per micro batch (launching/ckpt_offload.py: its side stream
+    # and its pinned host buffers are reused, where a fresh one each micro batch left the last one's blocks cached)
+    offload = ckpt_offload.offload_context(run.on_cuda) if args.checkpoint_offload else contextlib.nullcontext()
     while step < total_steps:
         metered = phases.active and not run.on_cuda
         phases.new_step()
@@ -893,7 +896,6 @@ def train_loop(run: Run, data: Data, pos: Position, metrics: MetricsLog) -> Loop
                 batch = {k: v.to(engine.device) for k, v in batch.items()}
                 # checkpoint offload: the checkpointed layer inputs go to host memory in forward and come back for the
                 # recompute; the context spans forward and backward (launching/ckpt_offload.py)
-                offload = ckpt_offload.offload_context(run.on_cuda) if args.checkpoint_offload else contextlib.nullcontext()
                 with offload:
                     # out_ (the model's outputs, with its logits) lives until the next micro batch replaces it, as in a
                     # loop that keeps `outputs = model(**batch)`: the memory model counts those logits
