@@ -1021,6 +1021,15 @@ def _step_extra_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, opti
                 at_cast["fp32_gradients"] = 4 * trainable // n
             if sum(at_cast.values()) > sum(step_extra.values()):
                 step_extra = at_cast
+        elif e != 4:
+            # ZeRO-3 makes each sub-group's fp32 gradient the same way (stage3.py _prepare_fp32_grad_for_sub_group:
+            # self.flatten(averaged_gradients).to(fp32)), its 16-bit partition buffer staying (the persistent
+            # "gradients"): the sub-group's flat 16-bit copy is alive beside its fp32 cast. Measured on an H200,
+            # gpu-1b ZeRO-3 bf16 at 2K and 8K tokens, whose step phase peaks: 1.77 GB above the in-step terms, the copy
+            # of a sub-group of ~1.0e9 elements (bench/results/accuracy_gpu_lend_20261128_1821.txt)
+            at_cast = {"gradient_flat_copy": e * updated, "fp32_gradients": 4 * updated}
+            if sum(at_cast.values()) > sum(step_extra.values()):
+                step_extra = at_cast
     return step_extra
 
 
