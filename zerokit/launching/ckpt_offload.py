@@ -19,6 +19,14 @@ loop backs each graph once, so it restores with cache=False (DeepSpeed's `restor
 the restored input is freed with its layer's recompute, as ArcticTraining's reentrant form frees it, and the plan's 2
 inputs on the device hold. A second unpack of one input raises DeepSpeed's "no longer tracked" error.
 
+A mark follows the tensor's memory, not its Python object. DeepSpeed marks the hidden states a
+GradientCheckpointingLayer is called with by id() and offloads the saved tensor with that id. transformers 5.23
+checkpoints the layer's forward, not its __call__, so module hooks run before the checkpoint saves its inputs, and
+ZeRO-3's forward pre-hook (PostBackwardFunctionModule over the inputs) hands forward a new tensor over the same memory.
+Under ZeRO-3 no mark was ever consumed and nothing was offloaded, with no error (a CPU launch: 2 marked, 0 offloaded;
+the H200 lend's transformers 5.17 checkpointed __call__ and offloaded 21 of 22). zerokit keys a mark by storage,
+offset, shape, stride and dtype, which the hook's tensor shares.
+
 On a CPU rank DeepSpeed's engine skips every tensor (_should_skip: a synchronized device, nothing "on the
 accelerator"), since host memory is the rank's memory. zerokit runs the same engine there with that one test dropped,
 so a CPU run goes through the path a GPU run takes (copy into a host buffer in the pack hook, copy back into a fresh
@@ -42,7 +50,29 @@ def offload_context(on_accelerator: bool):
     )
 
     class RestoreOnce(CheckpointHiddenStatesOffload):
-        """DeepSpeed's context, each offloaded input restored for one use (no cache: see the module docstring)."""
+        """DeepSpeed's context, each offloaded input restored for one use (no cache), its marks keyed by memory (see
+        the module docstring)."""
+
+        @staticmethod
+        def _mark_key(tensor):
+            return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                    tuple(tensor.stride()), tensor.dtype)
+
+        def mark(self, tensor):
+            key = self._mark_key(tensor)
+            self._allowed[key] = self._allowed.get(key, 0) + 1
+            self.stats.marked_tensors += 1
+
+        def _consume_mark(self, tensor):
+            key = self._mark_key(tensor)
+            count = self._allowed.get(key, 0)
+            if count <= 0:
+                return False
+            if count == 1:
+                del self._allowed[key]
+            else:
+                self._allowed[key] = count - 1
+            return True
 
         def _unpack_tensor(self, maybe_ref):
             if isinstance(maybe_ref, _OffloadedTensorRef):
