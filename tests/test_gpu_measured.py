@@ -152,12 +152,15 @@ def test_the_run_report_reads_a_real_cuda_metrics_file():
 LONG_RESULTS = [REPO / "bench" / "results" / f"accuracy_gpu_long_20261128_{t}.json" for t in ("1816", "1826")]
 
 
-def test_the_long_rows_missing_memory_is_mostly_the_restored_inputs_deepspeed_kept():
-    """Measured allocated peaks at 32K-256K tokens were 3-44% over the plan's. DeepSpeed's unpack hook caches every
-    restored layer input until its context exits, so at layer 0's recompute the other 21 inputs are back on the GPU,
-    20 more than the plan's 2, at tokens x h x 2 bytes each. The plan's recompute phase plus that term comes within
-    3-10% under the measured backward peak at every length; what is left grows with the tokens
-    (docs/long-context.md, "Measured on an H200")."""
+def test_the_long_rows_backward_peak_is_the_plan_plus_the_inputs_deepspeed_kept():
+    """Measured allocated peaks at 32K-256K tokens were 3-44% over the plan's, term by term:
+    - DeepSpeed's unpack hook cached every restored layer input until its context exited, so at layer 0's recompute
+      the other 21 inputs were back on the GPU, 20 more than the plan's 2, at tokens x h x 2 bytes each (zerokit's loop
+      now restores each once: tests/test_ckpt_offload.py);
+    - the plan missed the second norm's own backward under TiledMLP, after the MLP's and before attention's, with
+      autograd's fp32 temporaries (memory.RMSNORM_BACKWARD_PEAK_BYTES, measured on CPU).
+    The plan's recompute phase plus the cached inputs is now within 0-2% over the measured backward peak at every
+    length, where without the norm's backward it was 3-10% under."""
     cluster = _cluster()
     errs = {}
     for path in LONG_RESULTS:
@@ -169,7 +172,6 @@ def test_the_long_rows_missing_memory_is_mostly_the_restored_inputs_deepspeed_ke
             recompute = pred["phases"]["backward_recompute"] - pred["nvidia_smi"]["nvidia_smi_terms"]["cuda_context_bytes"]
             meas = j["measured"]["0"]["phase_peaks"]["backward"]
             errs[job.seq_len] = (recompute + 20 * job.seq_len * 2048 * 2 - meas) / meas
-            assert (recompute - meas) / meas < -0.14  # without the cached inputs: 14-44% under
+            assert (recompute - meas) / meas < -0.10  # DeepSpeed's cache: 11-32% under without it
     assert sorted(errs) == [32768, 65536, 131072, 262144], errs
-    assert all(-0.11 <= e <= -0.03 for e in errs.values()), errs
-    assert errs[262144] < errs[131072] < errs[65536] < errs[32768], errs
+    assert all(0 <= e <= 0.02 for e in errs.values()), errs

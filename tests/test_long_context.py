@@ -280,9 +280,10 @@ def test_offload_without_host_ram_does_not_fit_and_says_how_much(capsys):
 
 
 def test_the_recomputed_layers_backward_is_priced_in_its_phase():
-    """FlashAttention-2's (and -3's) mha_bwd buffers (GPU), the residual stream's two gradients, TiledMLP's slice: the largest
-    moment, less the second norm's saved bytes once the MLP's backward is done (memory.recompute_backward_terms)."""
-    from zerokit.estimate.memory import _norm_bytes_per_token
+    """FlashAttention-2's (and -3's) mha_bwd buffers (GPU), the residual stream's two gradients, TiledMLP's slice, the
+    second norm's own backward: the largest moment, less the second norm's saved bytes where they are gone by then
+    (memory.recompute_backward_terms). With TiledMLP the norm's backward is the largest at 128K."""
+    from zerokit.estimate.memory import RMSNORM_BACKWARD_PEAK_BYTES, _norm_bytes_per_token
 
     model = load_model_spec("llama-3.1-8b")
     w = Workload(seq_len=131072)
@@ -296,21 +297,50 @@ def test_the_recomputed_layers_backward_is_priced_in_its_phase():
     assert phase["hidden_state_grads"] == 2 * tokens * h * e
     flash = tokens * (2 * e * a * d + 2 * e * a * d + 4 * a * d + 4 * a)  # GQA: dk, dv expanded to every head
     norm2 = tokens * _norm_bytes_per_token(model, "bf16")
-    assert phase["recompute_layer_backward"] == max(flash - norm2, gpu.phase_terms["backward"]["tiled_mlp_backward"])
+    norm_backward = tokens * (RMSNORM_BACKWARD_PEAK_BYTES - e) * h - norm2
+    tiled = gpu.phase_terms["backward"]["tiled_mlp_backward"]
+    assert phase["recompute_layer_backward"] == max(flash - norm2, tiled, norm_backward) == norm_backward
     assert gpu.peak_phase == "backward_recompute"
+    untiled = estimate_memory(model, Cluster(accelerator("h100-80gb"), gpus_per_node=1), replace(setup, tiled_mlp=False), w)
+    assert untiled.phase_terms["backward_recompute"]["recompute_layer_backward"] == flash - norm2  # its MLP's freed
     # FlashAttention-3's mha_bwd (hopper/flash_api.cpp): dk, dv at the KV heads with fp32 dk_accum/dv_accum, and
     # softmax_lse_log2 beside softmax_d
     k = model.num_kv_heads
     fa3 = estimate_memory(model, Cluster(accelerator("h100-80gb"), gpus_per_node=1), setup,
                           Workload(seq_len=131072, attention="flash3"))
     flash3 = tokens * (2 * e * a * d + 2 * e * k * d + 4 * a * d + 8 * k * d + 8 * a)
-    assert fa3.phase_terms["backward_recompute"]["recompute_layer_backward"] == \
-        max(flash3 - norm2, fa3.phase_terms["backward"]["tiled_mlp_backward"])
+    assert fa3.phase_terms["backward_recompute"]["recompute_layer_backward"] == max(flash3 - norm2, tiled, norm_backward)
     assert flash3 < flash  # GQA: 8 KV heads in fp32 hold less than 32 expanded in bf16
     # on CPU ranks the flash moment is not added (torch's CPU kernel differs; the measured CPU rows are the oracle)
     cpu = estimate_memory(model, Cluster(accelerator("cpu"), gpus_per_node=1), setup, w)
-    assert cpu.phase_terms["backward_recompute"].get("recompute_layer_backward", 0) == \
-        cpu.phase_terms["backward"].get("tiled_mlp_backward", 0)
+    assert cpu.phase_terms["backward_recompute"].get("recompute_layer_backward", 0) == max(
+        cpu.phase_terms["backward"].get("tiled_mlp_backward", 0), norm_backward)
+
+
+@pytest.mark.parametrize("norm", ["LlamaRMSNorm", "GemmaRMSNorm"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_an_rmsnorms_backward_peaks_at_the_bytes_the_model_prices(norm, dtype):
+    """memory.RMSNORM_BACKWARD_PEAK_BYTES, measured: transformers' RMSNorm on 4096 x 2048 elements, its backward's peak
+    of live tensor bytes (its saved tensors, its output, the incoming gradient, autograd's fp32 temporaries) per
+    element, counted by zerokit's meter; the input is the caller's."""
+    import torch
+    from transformers.models.gemma import modeling_gemma
+    from transformers.models.llama import modeling_llama
+
+    from zerokit.estimate.memory import RMSNORM_BACKWARD_PEAK_BYTES
+    from zerokit.measure.meter import MemoryMeter
+
+    cls = getattr(modeling_llama if norm.startswith("Llama") else modeling_gemma, norm)
+    rows, h = 4096, 2048
+    layer = cls(h).to(getattr(torch, dtype))
+    x = torch.randn(1, rows, h, dtype=getattr(torch, dtype), requires_grad=True)
+    meter = MemoryMeter("cpu").start()
+    y = layer(x)
+    with meter.phase("backward"):
+        y.backward(torch.ones_like(y))
+    meter.stop()
+    peak = meter.summary()["phases"]["backward"]["peak_bytes"]
+    assert abs(peak / (rows * h) - RMSNORM_BACKWARD_PEAK_BYTES) < 0.01
 
 
 def _measured_steps(cfg, seq: int, steps: dict) -> tuple[dict, dict]:

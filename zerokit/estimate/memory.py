@@ -1205,6 +1205,14 @@ def flash_backward_bytes(tokens: int, a: int, k: int, d: int, e: int, attention:
     return tokens * (2 * e * a * d + 2 * e * kv * d + 4 * a * d + 4 * a)
 
 
+# What one unfused RMSNorm (transformers' LlamaRMSNorm, GemmaRMSNorm) holds at the peak of its backward, per element of
+# its input: its saved tensors, its output, the incoming gradient and autograd's fp32 temporaries (the cast, the
+# rsqrt product's and pow's gradients, their sum). Measured with zerokit's live-tensor meter on CPU, bf16, fp16 and
+# fp32 alike (tests/test_long_context.py); the same aten backward formulas run on a GPU. On an H200 it closed the gap
+# of gpu-1b's recompute phase at 32K-256K tokens (docs/long-context.md, "Measured on an H200").
+RMSNORM_BACKWARD_PEAK_BYTES = 28
+
+
 def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workload, acts: dict[str, int],
                              on_cpu: bool) -> dict[str, int]:
     """What the recomputed layer's own backward holds beside its saved activations (issue 28: without it the longest
@@ -1227,6 +1235,9 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
          E a d + E a d + 2 E k d + 4 a d (+ 8 k d with grouping) + 8 a.
       3. Ulysses' backward all-to-all of the q/k/v gradients (sp_all_to_all_buffers), beside those gradients, less the
          second norm's saved bytes.
+      4. With TiledMLP, the second norm's own backward (transformers' RMSNorm, unfused): after the MLP's backward and
+         before attention's, every saved tensor but the MLP input alive, and the norm's autograd in fp32 beside them
+         (RMSNORM_BACKWARD_PEAK_BYTES). An unfused MLP's freed intermediates outweigh it.
       On CPU torch's flash kernel differs and the measured CPU runs are the oracle there: moment 2 is not added.
     - reentrant_recompute_output (Workload.checkpoint_reentrant): reentrant checkpointing's backward
       (torch.utils.checkpoint.CheckpointFunction.backward, and ArcticTraining's CheckpointFunctionWithCPUOffload, a copy
@@ -1248,6 +1259,8 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
         moments.append(flash_backward_bytes(tokens, a, k, d, e, attention) - norm2)
     if acts.get("sp_all_to_all_buffers"):
         moments.append(acts["sp_all_to_all_buffers"] + tokens * e * (a + 2 * k) * d - norm2)
+    if setup.tiled_mlp and model.norm == "rmsnorm" and not model.liger_kernels and model.norms_per_layer > 1:
+        moments.append(tokens * (RMSNORM_BACKWARD_PEAK_BYTES - e) * model.hidden_size - norm2)
     terms = {"hidden_state_grads": 2 * tokens * model.hidden_size * e}
     if workload.checkpoint_reentrant:
         terms["reentrant_recompute_output"] = tokens * model.hidden_size * e
