@@ -65,6 +65,16 @@ def test_one_rank_zero3_holds_no_gathered_copy():
     assert est.phase_terms["backward"].get("stage3_live_params", 0) == 0
 
 
+def _repredicted(paths, cluster):
+    """(job, rank 0's measurement, the harness's prediction now) for every measured job of these H200 result files."""
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert data["device"] == "cuda" and "H200" in data["machine"]
+        for j in (j for j in data["jobs"] if j["measured"]):
+            job = harness.Job(**j["job"])
+            yield job, j["measured"]["0"], harness.predict(job, cluster, harness.render(job, cluster, data["steps"]))
+
+
 # bench/gpu_lend.sh's runs on H200s: the first lend, the second's three other rows (its repeat, _0557, ran the same),
 # and the third's ZeRO-3 rows at 2K and 8K tokens (its 16K row measured the second's to the byte)
 LEND_RESULTS = [REPO / "bench" / "results" / f"accuracy_gpu_lend_{t}.json"
@@ -83,15 +93,10 @@ def test_the_lend_rows_and_the_zero2_step_peak():
     sub-group DeepSpeed can make)."""
     cluster = _cluster()
     errs, phases = {}, {}
-    for path in LEND_RESULTS:
-        data = json.loads(path.read_text())
-        assert data["device"] == "cuda" and "H200" in data["machine"]
-        for j in (j for j in data["jobs"] if j["measured"]):
-            job = harness.Job(**j["job"])
-            pred = harness.predict(job, cluster, harness.render(job, cluster, data["steps"]))
-            meas = j["measured"]["0"]["peak_bytes"]
-            errs[job.name] = (pred["per_rank_bytes"] - meas) / meas
-            phases[job.name] = j["measured"]["0"]["peak_phase"]
+    for job, measured, pred in _repredicted(LEND_RESULTS, cluster):
+        meas = measured["peak_bytes"]
+        errs[job.name] = (pred["per_rank_bytes"] - meas) / meas
+        phases[job.name] = measured["peak_phase"]
     assert len(errs) == 8 and max(abs(e) for e in errs.values()) <= 0.015, errs
     assert phases["gpu-3b_z2_bf16_mb2_s2048_ckpt_r1"] == phases["gpu-1b_z3_bf16_mb1_s2048_ckpt_r1"] == "step"
     from zerokit.estimate.memory import estimate_memory
@@ -161,17 +166,11 @@ def test_the_long_rows_backward_peak_is_the_plan_plus_the_inputs_deepspeed_kept(
       autograd's fp32 temporaries (memory.RMSNORM_BACKWARD_PEAK_BYTES, measured on CPU).
     The plan's recompute phase plus the cached inputs is now within 0-2% over the measured backward peak at every
     length, where without the norm's backward it was 3-10% under."""
-    cluster = _cluster()
     errs = {}
-    for path in LONG_RESULTS:
-        data = json.loads(path.read_text())
-        assert data["device"] == "cuda" and "H200" in data["machine"]
-        for j in (j for j in data["jobs"] if j["measured"]):
-            job = harness.Job(**j["job"])
-            pred = harness.predict(job, cluster, harness.render(job, cluster, data["steps"]))
-            recompute = pred["phases"]["backward_recompute"] - pred["nvidia_smi"]["nvidia_smi_terms"]["cuda_context_bytes"]
-            meas = j["measured"]["0"]["phase_peaks"]["backward"]
-            errs[job.seq_len] = (recompute + 20 * job.seq_len * 2048 * 2 - meas) / meas
-            assert (recompute - meas) / meas < -0.10  # DeepSpeed's cache: 11-32% under without it
+    for job, measured, pred in _repredicted(LONG_RESULTS, _cluster()):
+        recompute = pred["phases"]["backward_recompute"] - pred["nvidia_smi"]["nvidia_smi_terms"]["cuda_context_bytes"]
+        meas = measured["phase_peaks"]["backward"]
+        errs[job.seq_len] = (recompute + 20 * job.seq_len * 2048 * 2 - meas) / meas
+        assert (recompute - meas) / meas < -0.10  # DeepSpeed's cache: 11-32% under without it
     assert sorted(errs) == [32768, 65536, 131072, 262144], errs
     assert all(0 <= e <= 0.02 for e in errs.values()), errs
