@@ -24,8 +24,8 @@ GradientCheckpointingLayer is called with by id() and offloads the saved tensor 
 checkpoints the layer's forward, not its __call__, so module hooks run before the checkpoint saves its inputs, and
 ZeRO-3's forward pre-hook (PostBackwardFunctionModule over the inputs) hands forward a new tensor over the same memory.
 Under ZeRO-3 no mark was ever consumed and nothing was offloaded, with no error (a CPU launch: 2 marked, 0 offloaded;
-the H200 lend's transformers 5.17 checkpointed __call__ and offloaded 21 of 22). zerokit keys a mark by storage,
-offset, shape, stride and dtype, which the hook's tensor shares.
+the H200 lend, on transformers 5.17, offloaded 21 of 22). zerokit keys a mark by storage, offset, shape, stride and
+dtype, which the hook's tensor shares.
 
 On a CPU rank DeepSpeed's engine skips every tensor (_should_skip: a synchronized device, nothing "on the
 accelerator"), since host memory is the rank's memory. zerokit runs the same engine there with that one test dropped,
