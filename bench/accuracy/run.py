@@ -392,7 +392,7 @@ BUNDLED_CORPUS = ROOT / "zerokit" / "data" / "corpus" / "tiny_corpus.txt"  # lau
 
 
 def long_data(job: Job, runs: Path) -> list[str]:
-    """`--data` for a sequence longer than the bundled corpus holds (the LONG rows, 32K-128K tokens): the corpus
+    """`--data` for a sequence longer than the bundled corpus holds (the LONG rows, 32K-256K tokens): the corpus
     repeated into one document of at least two sequences (~31K tokens a copy; 16K counted, for tokenizers that pack
     it tighter). Random weights train on it as on any text: only the step's time and memory are measured."""
     if job.seq_len <= 16384:

@@ -1009,27 +1009,23 @@ def _step_extra_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, opti
         step_extra = {"fp32_gradients": 4 * updated}
         if temporaries:
             step_extra["optimizer_step_temporaries"] = temporaries * updated
-        if setup.zero_stage in (1, 2):
-            # just before it: stage_1_and_2.py step() flattens the partition's 16-bit gradients (self.flatten, a
-            # torch.cat copy) and casts the copy .to(fp32) while the gradients it copied are alive (freed after, by
-            # free_grad_in_param_list); for an fp32 model the cast returns the copy itself. With an optimizer that
-            # updates in place (FusedAdam on GPUs) this moment is the step's peak: measured on an H200, 3B Llama
-            # ZeRO-2 bf16, 4 bytes per parameter above the in-step terms (bench/results/accuracy_gpu_lend_20261127_0251.txt).
-            partition16 = e * trainable // n
-            at_cast = {"gradients": partition16, "gradient_flat_copy": partition16}
-            if e != 4:
-                at_cast["fp32_gradients"] = 4 * trainable // n
-            if sum(at_cast.values()) > sum(step_extra.values()):
-                step_extra = at_cast
-        elif e != 4:
-            # ZeRO-3 makes each sub-group's fp32 gradient the same way (stage3.py _prepare_fp32_grad_for_sub_group:
-            # self.flatten(averaged_gradients).to(fp32)), its 16-bit partition buffer staying (the persistent
-            # "gradients"): the sub-group's flat 16-bit copy is alive beside its fp32 cast. Measured on an H200,
-            # gpu-1b ZeRO-3 bf16 at 2K and 8K tokens, whose step phase peaks: 1.77 GB above the in-step terms, the copy
-            # of a sub-group of ~1.0e9 elements (bench/results/accuracy_gpu_lend_20261128_1821.txt)
-            at_cast = {"gradient_flat_copy": e * updated, "fp32_gradients": 4 * updated}
-            if sum(at_cast.values()) > sum(step_extra.values()):
-                step_extra = at_cast
+        # just before it: stage_1_and_2.py step() flattens the partition's 16-bit gradients (self.flatten, a torch.cat
+        # copy) and casts the copy .to(fp32) while the gradients it copied are alive (freed after, by
+        # free_grad_in_param_list); for an fp32 model the cast returns the copy itself. ZeRO-3 makes each sub-group's
+        # fp32 gradient the same way (stage3.py _prepare_fp32_grad_for_sub_group: self.flatten(averaged_gradients)
+        # .to(fp32)), its 16-bit partition buffer staying (the persistent "gradients"). With an optimizer that updates
+        # in place (FusedAdam on GPUs) this moment is the step's peak. Measured on an H200: 3B Llama ZeRO-2 bf16, 4 bytes
+        # per parameter above the in-step terms (bench/results/accuracy_gpu_lend_20261127_0251.txt); gpu-1b ZeRO-3 bf16
+        # at 2K and 8K tokens, 1.77 GB above them, the copy of a sub-group of ~1.0e9 elements
+        # (bench/results/accuracy_gpu_lend_20261128_1821.txt).
+        whole = setup.zero_stage < 3  # ZeRO-1/2 cast the whole partition at once, ZeRO-3 a sub-group
+        flat16 = e * trainable // n if whole else e * updated
+        at_cast = {"gradients": flat16} if whole else {}
+        at_cast["gradient_flat_copy"] = flat16
+        if e != 4:
+            at_cast["fp32_gradients"] = 4 * trainable // n if whole else 4 * updated
+        if sum(at_cast.values()) > sum(step_extra.values()):
+            step_extra = at_cast
     return step_extra
 
 
