@@ -27,6 +27,19 @@ def _tiny_llama(seed: int = 0):
     return model, cfg
 
 
+def _stock_on_cpu():
+    """DeepSpeed 0.19.8's own CheckpointHiddenStatesOffload on a CPU rank: only its CPU skip dropped (as zerokit's CPU
+    rank drops it), no pinning, no streams; its id()-keyed marks and cached restores as they ship."""
+    import torch
+    from deepspeed.runtime.activation_checkpointing.offload_activations import CheckpointHiddenStatesOffload
+
+    class StockOnCpu(CheckpointHiddenStatesOffload):
+        def _should_skip(self, tensor):
+            return self._num_bytes(tensor) < self.min_offload_bytes or isinstance(tensor, torch.nn.Parameter)
+
+    return StockOnCpu(use_pin_memory=False, use_streams=False)
+
+
 def _step(model, ids, ctx):
     with ctx:
         loss = model(input_ids=ids, labels=ids).loss
@@ -72,15 +85,10 @@ def test_each_input_comes_back_once_so_backward_does_not_hold_them_all():
     zerokit's, to the byte, and the losses and gradients are equal."""
     pytest.importorskip("deepspeed")
     import torch
-    from deepspeed.runtime.activation_checkpointing.offload_activations import CheckpointHiddenStatesOffload
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from zerokit.launching.ckpt_offload import offload_context
     from zerokit.measure.meter import MemoryMeter
-
-    class StockOnCpu(CheckpointHiddenStatesOffload):
-        def _should_skip(self, tensor):
-            return self._num_bytes(tensor) < self.min_offload_bytes or isinstance(tensor, torch.nn.Parameter)
 
     layers, hidden, seq = 8, 256, 1024
     torch.manual_seed(0)
@@ -91,7 +99,7 @@ def test_each_input_comes_back_once_so_backward_does_not_hold_them_all():
     model.train()
     ids = torch.randint(0, 128, (1, seq))
     peaks, results = {}, {}
-    for name, ctx in (("stock", StockOnCpu(use_pin_memory=False, use_streams=False)),
+    for name, ctx in (("stock", _stock_on_cpu()),
                       ("zerokit", offload_context(on_accelerator=False))):
         meter = MemoryMeter("cpu").start()
         with ctx:
@@ -121,20 +129,15 @@ def test_a_hook_that_hands_forward_a_new_tensor_keeps_the_offload():
     import contextlib
 
     import torch
-    from deepspeed.runtime.activation_checkpointing.offload_activations import CheckpointHiddenStatesOffload
 
     from zerokit.launching.ckpt_offload import offload_context
-
-    class StockOnCpu(CheckpointHiddenStatesOffload):
-        def _should_skip(self, tensor):
-            return self._num_bytes(tensor) < self.min_offload_bytes or isinstance(tensor, torch.nn.Parameter)
 
     model, cfg = _tiny_llama()
     for layer in model.model.layers:
         layer.register_forward_pre_hook(lambda mod, args: (args[0].view_as(args[0]),) + tuple(args[1:]))
     ids = torch.randint(0, cfg.vocab_size, (2, 64))
     plain_loss, plain_grads = _step(model, ids, contextlib.nullcontext())
-    stock, ours = StockOnCpu(use_pin_memory=False, use_streams=False), offload_context(on_accelerator=False)
+    stock, ours = _stock_on_cpu(), offload_context(on_accelerator=False)
     _step(model, ids, stock)
     loss, grads = _step(model, ids, ours)
     layers = cfg.num_hidden_layers
