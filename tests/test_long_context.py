@@ -739,6 +739,7 @@ def test_a_zero3_launch_with_tiled_mlp_peaks_in_backward_where_the_plan_says(tmp
     import subprocess
     import sys
 
+    from zerokit.report.run_dir import launch_record
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
 
@@ -758,13 +759,12 @@ def test_a_zero3_launch_with_tiled_mlp_peaks_in_backward_where_the_plan_says(tmp
                         str(tmp_path / "data.txt"), "--output-dir", str(tmp_path / "run"), "--no-save", "--no-report"],
                        capture_output=True, text=True, cwd=str(repo), env=env, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics" / "rank0.jsonl").read_text().splitlines()
-             if '"step"' in x]
-    measured = [r for r in steps if r.get("event") == "step"][-1]["phases"]["backward"]["peak_bytes"]
-    model = load_model_spec(str(tmp_path / "model"))
-    setup = ZeroSetup(zero_stage=3, precision="bf16", activation_checkpointing=True, checkpoint_offload=True,
-                      tiled_loss=True, tiled_mlp=True)
-    est = estimate_memory(model, build_cluster(gpu="cpu", gpus_per_node=1), setup, Workload(seq_len=8192))
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics" / "rank0.jsonl").read_text().splitlines() if x.strip()]
+    measured = [r for r in recs if r.get("event") == "step"][-1]["phases"]["backward"]["peak_bytes"]
+    setup = ZeroSetup(**launch_record(tmp_path / "run")["setup"])  # what the launch planned and ran
+    assert setup.zero_stage == 3 and setup.checkpoint_offload and setup.tiled_mlp
+    est = estimate_memory(load_model_spec(str(tmp_path / "model")), build_cluster(gpu="cpu", gpus_per_node=1), setup,
+                          Workload(seq_len=8192))
     phase = est.phase_terms["backward_recompute"]
     planned = sum(phase.values())
     without = planned - phase["recompute_layer_backward"] + est.phase_terms["backward"].get("tiled_mlp_backward", 0)
