@@ -26,6 +26,7 @@ SET=${LEND_SET:-lend}
 STEPS=8 WARMUP=2
 case "$SET" in lend) LIST=LEND;; long) LIST=LONG STEPS=4 WARMUP=1 LEND_JOBS=${LEND_JOBS:-3}; CALIBRATE_S=${CALIBRATE_S:-0};; *)
   echo "gpu_lend: LEND_SET is lend or long, not $SET"; exit 2;; esac
+case "${LEND_JOBS:-99}" in ''|*[!0-9]*) echo "gpu_lend: LEND_JOBS is a count of rows, not ${LEND_JOBS}"; exit 2;; esac
 BUDGET_S=${BUDGET_S:-480}  # stop starting jobs after this; a job took 34-76 s on an H200 (run with timeout_s 600)
 t0=$(date +%s)
 python3 -c "import deepspeed" 2>/dev/null || {
