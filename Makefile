@@ -5,6 +5,8 @@ VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export ZEROKIT_CACHE_DIR ?= $(CURDIR)/.cache/zerokit
+# torch.compile's Inductor kernels (the compile tests' ranks): in the clone, not /tmp, so they leave with it
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
 DEMO := runs/demo
 
 .PHONY: setup demo test bench clean

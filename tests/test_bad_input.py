@@ -9,6 +9,7 @@ Rows run in-process (zerokit.cli.main) in a fresh working directory; none gets a
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -568,3 +569,29 @@ def test_hub_id_offline_is_one_quiet_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert "hub" in lines[0] and not EXCEPTION_NAME.search(lines[0]) and r.stdout == "", lines[0]
+
+
+def test_setup_on_a_full_disk_is_one_line_before_it_writes_anything(tmp_path):
+    """scripts/setup.sh checks the free space before it makes the venv: a full disk was pip's traceback
+    ("[Errno 28] No space left on device") halfway through an install, the venv half-written."""
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(repo / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    for name in ("pyproject.toml", "constraints-cpu.txt"):
+        shutil.copy(repo / name, tmp_path / name)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    # df -Pk as coreutils prints it, with 1 GiB available (setup needs 4 for a fresh venv)
+    (shim / "df").write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                             "echo '/dev/vda 263174212 262125636 1048576 100% /'\n")
+    (shim / "df").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    out = subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("setup: 1024 MiB free on ") and "needs about 4 GiB" in last and "rerun" in last
+    assert "Traceback" not in out.stderr and not (tmp_path / ".venv").exists()
