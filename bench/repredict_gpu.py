@@ -29,12 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "bench" / "accuracy"))
     import run as grid  # bench/accuracy/run.py
 
-    data = json.loads(Path(a.results).read_text())
-    measured = {r["job"]: r["meas_time"] for r in data["rows"] if r.get("meas_time")}
-    jobs = {j.name: j for j in [*grid.ONE_GPU, *grid.LEND, *grid.full_grid()]}
+    try:
+        data = json.loads(Path(a.results).read_text())
+        measured = {r["job"]: r["meas_time"] for r in data["rows"] if r.get("meas_time")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: {a.results}: not a results file of bench/accuracy/run.py ({type(e).__name__}): give the .json it "
+              "wrote (bench/results/accuracy_*.json)", file=sys.stderr)
+        return 2
+    path = Path(a.results).resolve()
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    jobs = {j.name: j for j in [*grid.ONE_GPU, *grid.LEND, *grid.LONG, *grid.full_grid()]}
     cluster = grid.make_cluster("cuda", int(data.get("ranks") or 1), a.gpu, None, None)
     cmd = "python bench/repredict_gpu.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
-    lines = [f"command: {cmd}", f"measured: {Path(a.results).resolve().relative_to(REPO)} ({data.get('machine', '')})",
+    lines = [f"command: {cmd}", f"measured: {shown} ({data.get('machine', '')})",
              f"predicted: the catalog's figures for {a.gpu} (estimate/gpu_time.py), no hardware profile", "",
              f"{'job':45} {'meas ms':>8} {'pred ms':>8} {'ratio':>6} {'device ms':>10} {'host ms':>8}"]
     ratios = []
@@ -47,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(t["step_seconds"] / seconds)
         lines.append(f"{name:45} {seconds * 1e3:>8.1f} {t['step_seconds'] * 1e3:>8.1f} {ratios[-1]:>6.2f} "
                      f"{device * 1e3:>10.1f} {t['host_seconds'] * 1e3:>8.1f}")
+    if not ratios:
+        print(f"error: none of the {len(measured)} measured jobs in {a.results} is a job of bench/accuracy/run.py's "
+              "grids: give a results file that run.py wrote", file=sys.stderr)
+        return 2
     folds = sorted(max(r, 1 / r) for r in ratios)
     lines += ["", f"{len(ratios)} jobs: median x{statistics.median(folds):.2f}, max x{folds[-1]:.2f} "
                   "(max(ratio, 1/ratio); ratio = predicted / measured)"]

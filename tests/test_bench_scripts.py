@@ -84,3 +84,23 @@ def test_best_of_rounds_and_arguments():
     assert lvt.best_of_rounds([None], "k") is None
     args = lvt.build_parser().parse_args([])
     assert (args.model, args.rounds, args.stage) == ("small-llama", 3, 2)
+
+
+def test_repredict_gpu_reads_the_long_rows_and_refuses_a_file_it_cannot_read(tmp_path, capsys):
+    """bench/repredict_gpu.py: the LONG grid's H200 rows are its jobs too (they were skipped, and an empty table
+    ended in statistics' traceback); a file that is not run.py's results, or names none of its jobs, is one line, 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("repredict_gpu", BENCH / "repredict_gpu.py")
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    assert rp.main(["--results", str(BENCH / "results" / "accuracy_gpu_long_20261128_1816.json")]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-1b_z3_bf16_mb1_s131072_ckptoff_tloss_tmlp_r1" in out and "3 jobs:" in out
+    (tmp_path / "none.json").write_text('{"rows": [{"job": "not-a-job", "meas_time": 1.0}]}')
+    (tmp_path / "list.json").write_text("[1]")
+    for name, needle in (("none.json", "none of the 1 measured jobs"), ("list.json", "not a results file"),
+                         ("missing.json", "not a results file")):
+        assert rp.main(["--results", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, err
