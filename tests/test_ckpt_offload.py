@@ -149,7 +149,7 @@ def test_a_hook_that_hands_forward_a_new_tensor_keeps_the_offload():
         assert torch.equal(g, plain_grads[name]), name
 
 
-def _launch(tmp: Path, name: str, checkpointing: str, stage: int = 2) -> Path:
+def _launch(tmp: Path, name: str, checkpointing: str, stage: int = 2, extra: tuple[str, ...] = ()) -> Path:
     import os
     import subprocess
     import sys
@@ -160,7 +160,7 @@ def _launch(tmp: Path, name: str, checkpointing: str, stage: int = 2) -> Path:
     p = subprocess.run([sys.executable, "-m", "zerokit", "launch", "--model", "tiny-llama", "--plan", "--gpu", "cpu",
                         "--gpus-per-node", "2", "--seq-len", "64", "--steps", "3", "--stage", str(stage), "--precision",
                         "fp32", "--micro-batch", "2", "--grad-accum", "1", "--activation-checkpointing", checkpointing,
-                        "--data", str(tmp / "data.txt"), "--output-dir", str(out), "--no-report"],
+                        "--data", str(tmp / "data.txt"), "--output-dir", str(out), "--no-report", *extra],
                        capture_output=True, text=True, cwd=str(REPO), env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out
@@ -196,3 +196,26 @@ def test_offload_launched_on_cpu_ranks_moves_the_inputs_every_step(tmp_path, sta
             assert stats["offloaded_tensors"] == stats["restored_tensors"] == layers - 1
             assert stats["offloaded_bytes"] == stats["restored_bytes"] == (layers - 1) * per_layer
         assert steps[-1]["loss"] < steps[0]["loss"]
+
+
+@pytest.mark.slow
+def test_offload_with_ulysses_and_tiling_on_cpu_ranks_moves_each_ranks_shard(tmp_path):
+    """ALST's recipe on 2 CPU ranks: Ulysses SP 2, checkpoint offload, TiledMLP and the tiled loss at ZeRO-3 run
+    together, and each rank moves the inputs of its own half of the sequence (seq 64 / SP 2 tokens a layer input), all
+    layers but the newest, every step."""
+    corpus = (REPO / "zerokit" / "data" / "corpus" / "tiny_corpus.txt").read_text()
+    (tmp_path / "data.txt").write_text((corpus[:1500] + "\n") * 12)
+    out = _launch(tmp_path, "ulysses", "offload", 3,
+                  ("--sequence-parallel", "2", "--tiled-mlp", "on", "--tiled-loss", "on"))
+    opts = json.loads((out / "rank_options.json").read_text())
+    assert opts["checkpoint_offload"] and opts["tiled_mlp"] and opts["tiled_loss"]
+    assert json.loads((out / "ds_config.json").read_text())["sequence_parallel_size"] == 2
+    cfg = json.loads((REPO / "zerokit" / "data" / "models" / "tiny-llama" / "config.json").read_text())
+    layers, per_layer = cfg["num_hidden_layers"], 2 * (64 // 2) * cfg["hidden_size"] * 4  # micro 2 x seq/SP x h, fp32
+    for rank in (0, 1):
+        steps = _steps(out, rank)
+        assert len(steps) == 3
+        for r in steps:
+            stats = r["checkpoint_offload"]
+            assert stats["offloaded_tensors"] == stats["restored_tensors"] == layers - 1
+            assert stats["offloaded_bytes"] == stats["restored_bytes"] == (layers - 1) * per_layer
