@@ -26,14 +26,14 @@ LR = 1e-3
 SEQ = 256  # > hidden 128: TiledMLP runs 2 slices on a TP rank (ceil(256 / 128))
 
 
-def ds_config(stage: int, micro: int = 1, **top) -> dict:
+def ds_config(stage: int, micro: int = 1, ga: int = 2, **top) -> dict:
     """fp32, no clipping, constant LR, small buckets; train_batch_size left for DeepSpeed to derive (it counts
     world / sequence_parallel_size)."""
     zero: dict = {"stage": stage, "reduce_bucket_size": 128 * 128, "allgather_bucket_size": 128 * 128,
                   "overlap_comm": False, "contiguous_gradients": True}
     if stage == 3:
         zero.update(stage3_prefetch_bucket_size=int(0.9 * 128 * 128), stage3_param_persistence_threshold=1280)
-    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 2,
+    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": ga,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
                                                       "weight_decay": 0.0, "torch_adam": True}},
             "gradient_clipping": 0.0, "zero_optimization": zero, "steps_per_print": 10**6, **top}
@@ -41,6 +41,7 @@ def ds_config(stage: int, micro: int = 1, **top) -> dict:
 
 CONFIGS = {
     "z2": ds_config(2),
+    "z2_ga1": ds_config(2, ga=1),
     "z2_mb4": ds_config(2, micro=4),
     "z2_sp2": ds_config(2, sequence_parallel_size=2),
     "z3_sp2": ds_config(3, sequence_parallel_size=2),
@@ -161,29 +162,56 @@ def test_launch_refuses_parallel_pins_with_a_config(workdir):
     assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-@pytest.mark.slow
-def test_tiling_drops_the_predicted_memory_and_keeps_the_loss(workdir):
-    """One process, ZeRO-2 fp32, seq 256, with and without the tiled loss and MLP (2 slices each): the same losses, and
-    the measured per-rank peak (live tensor bytes) falls by what the memory model predicts, within 10%."""
+def _tiling(workdir, config: str, ga: int) -> tuple[list[int], list[int]]:
+    """One process, ZeRO-2 fp32, seq 256, micro batch 1 x accumulation `ga`, without and with the tiled loss and MLP
+    (2 slices each): the same losses; returns the measured per-rank peaks (live tensor bytes) and the plan's."""
     from zerokit.planning.planner import evaluate
     from zerokit.spec.hardware import build_cluster
     from zerokit.spec.model import load_model_spec
     from zerokit.spec.setup import Workload, ZeroKnobs, ZeroSetup
 
-    ref = single(workdir)
-    tiled = run(workdir, "single_tiled", "z2", 1, "--tiled-loss", "on", "--tiled-mlp", "on")
+    ref = single(workdir) if config == "z2" else run(workdir, f"single_{config}", config, 1)
+    tiled = run(workdir, f"single_tiled_{config}", config, 1, "--tiled-loss", "on", "--tiled-mlp", "on")
     assert_same_losses(tiled, ref)
 
     def peak(out):
         return max(r["peak_allocated_bytes"] for r in records(out) if r.get("event") == "end")
 
     spec, cluster = load_model_spec("tiny-llama"), build_cluster(gpu="cpu", gpus_per_node=1)
-    knobs = ZeroKnobs.from_zero_config(CONFIGS["z2"]["zero_optimization"])
-    base = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=1, gradient_accumulation_steps=2)
+    knobs = ZeroKnobs.from_zero_config(CONFIGS[config]["zero_optimization"])
+    base = ZeroSetup(zero_stage=2, precision="fp32", micro_batch_size=1, gradient_accumulation_steps=ga)
     predicted = [evaluate(spec, cluster, Workload(seq_len=SEQ), s, knobs).memory.per_gpu_total
                  for s in (base, ZeroSetup(**{**base.to_dict(), "tiled_loss": True, "tiled_mlp": True}))]
-    drop_predicted, drop_measured = predicted[0] - predicted[1], peak(ref) - peak(tiled)
+    return [peak(ref), peak(tiled)], predicted
+
+
+@pytest.mark.slow
+def test_tiling_drops_the_predicted_memory_and_keeps_the_loss(workdir):
+    """Without accumulation the measured peak falls by what the memory model predicts, within 10% (4.08 MB measured,
+    4.14 predicted), and each peak is within 3% of the plan's."""
+    measured, predicted = _tiling(workdir, "z2_ga1", 1)
+    drop_predicted, drop_measured = predicted[0] - predicted[1], measured[0] - measured[1]
     assert drop_predicted > 0 and abs(drop_measured - drop_predicted) <= 0.1 * drop_predicted, (drop_measured, drop_predicted)
+    for m, p in zip(measured, predicted):
+        assert abs(p - m) <= 0.03 * m, (measured, predicted)
+
+
+@pytest.mark.slow
+def test_tiling_with_accumulation_keeps_the_loss(workdir):
+    """Micro batch 1 x accumulation 2, with and without the tiled loss and MLP: the same losses (the peaks: below)."""
+    ref = single(workdir)
+    assert_same_losses(run(workdir, "single_tiled_z2", "z2", 1, "--tiled-loss", "on", "--tiled-mlp", "on"), ref)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="ZeRO-2 with accumulation: from the second micro step on, the partition's new "
+                   "contiguous gradient buffer (stage_1_and_2.py copy_grads_in_partition) sits beside the accumulated one "
+                   "mid-backward, with activations alive; the plan has no such moment, and with the loss tiled it is the "
+                   "peak: 37.26 MB measured, 35.57 MB planned (docs/long-context.md)")
+def test_tiling_with_accumulation_peaks_where_the_plan_says(workdir):
+    """Micro batch 1 x accumulation 2: the same losses; the tiled run's peak within 3% of the plan's."""
+    measured, predicted = _tiling(workdir, "z2", 2)
+    assert abs(predicted[1] - measured[1]) <= 0.03 * measured[1], (measured, predicted)
 
 
 @pytest.mark.slow
