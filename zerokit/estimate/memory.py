@@ -835,7 +835,7 @@ def host_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup,
 
 # The per-rank phases at which a training step can peak (measured per phase by zerokit launch's
 # metrics; bench/accuracy). See phase_terms.
-PHASES = ("backward", "backward_recompute", "backward_end", "step")
+PHASES = ("backward", "backward_reduce", "backward_recompute", "backward_end", "step")
 
 
 def _stage3_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, states: dict[str, int], bufs: dict[str, int],
@@ -1046,6 +1046,10 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
       With activation checkpointing only the layer inputs and the final norm are saved at that point.
     - backward_recompute (checkpointing): the last layer recomputed while the logits the outputs hold
       are alive.
+      With ZeRO-2 also the partition's contiguous gradient buffer and, with accumulation, the earlier
+      micro steps' gradients.
+    - backward_reduce (ZeRO-2 without checkpointing): a micro step's first reduction made that buffer;
+      every activation, no loss tensor.
     - backward_end: every gradient (full at stage 0/1, the partition at 2/3) and the buckets, the logits
       the outputs still hold, no activations.
     - step: the optimizer step: gradients, the fp32 gradient partition and torch AdamW's foreach
@@ -1105,11 +1109,26 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     backward = _backward_start_terms(model, setup, acts, bufs, zeropp, persistent, live, start_acts, grads, tokens,
                                      logits, chunked_loss, e)
     phases = {"backward": backward}
+    # ZeRO-2: a micro step's first reduction allocates the partition's contiguous gradient buffer (stage_1_and_2.py
+    # copy_grads_in_partition: grads_in_partition, in the training dtype), dropped at the micro step's end
+    # (_release_ipg_buffers), while most activations and, with accumulation, the earlier micro steps' gradients (views
+    # of their own such buffer) are alive. Measured, a snapshot of the meter's live tensors: tiny-llama fp32, micro 1 x
+    # accumulation 2, tiled loss: two partition-size buffers mid-backward (tests/test_parallel_launch.py).
+    reducing = {}
+    if setup.zero_stage == 2 and knobs.contiguous_gradients and setup.offload_optimizer == "none":
+        reducing = {**(grads if setup.gradient_accumulation_steps > 1 else {}),
+                    "gradient_partition_buffer": e * trainable // n}
     if setup.activation_checkpointing:
         one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
                                         "activations_recompute": one_layer, **held_logits, **bufs,
-                                        **recompute_backward_terms(model, setup, workload, acts, on_cpu)}
+                                        **recompute_backward_terms(model, setup, workload, acts, on_cpu), **reducing}
+    elif reducing:
+        # the loss's backward is done (its logits, their gradient and the head's are gone), one layer's backward runs
+        transients = {k: backward[k] for k in ("tiled_loss_input_grad", "tiled_mlp_backward", "sp_all_to_all_buffers",
+                                                "attention_backward") if k in backward}
+        phases["backward_reduce"] = {**persistent, **live, **start_acts, **held_logits, **bufs, **transients,
+                                     **reducing}
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
     if setup.zero_stage == 3 and setup.offload_param == "none":
         # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
