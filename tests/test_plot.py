@@ -161,3 +161,28 @@ def test_matplotlib_is_imported_only_with_plot(tmp_path):
     with_plot = subprocess.run([*base, "--plot", str(tmp_path / "m.svg")], capture_output=True, text=True, cwd=REPO)
     assert without.stdout.split() == ["0", "False"], without.stderr
     assert with_plot.stdout.split() == ["0", "True"], with_plot.stderr  # the check above can fail
+
+
+def test_every_memory_term_the_plan_can_print_has_a_label():
+    """report.plan_text.TERM_LABELS names each term estimate_memory makes, over stages, checkpointing, tiling,
+    accumulation, optimizer offload and Ulysses on CPU and a GPU: a new term without a label printed its key."""
+    import itertools
+
+    from zerokit.estimate.memory import estimate_memory
+    from zerokit.spec.hardware import build_cluster
+    from zerokit.spec.model import load_model_spec
+    from zerokit.spec.setup import Workload, ZeroSetup
+
+    keys = set()
+    for name, gpu in itertools.product(("tiny-llama", "gpt2"), ("cpu", "h100-80gb")):
+        spec, cluster = load_model_spec(name), build_cluster(gpu=gpu, gpus_per_node=2)
+        for stage, ckpt, tiled, ga, oo, sp in itertools.product((0, 1, 2, 3), (False, True), (False, True), (1, 2),
+                                                                  ("none", "cpu"), (1, 2)):
+            if stage == 0 and oo != "none":
+                continue
+            setup = ZeroSetup(zero_stage=stage, activation_checkpointing=ckpt, tiled_loss=tiled, tiled_mlp=tiled,
+                              gradient_accumulation_steps=ga, offload_optimizer=oo, sequence_parallel=sp)
+            est = estimate_memory(spec, cluster, setup, Workload(seq_len=256))
+            keys |= set(est.per_gpu).union(*est.phase_terms.values())
+    assert {"gradient_partition_buffer", "sp_all_to_all_buffers", "tiled_mlp_backward"} <= keys
+    assert keys <= set(TERM_LABELS), sorted(keys - set(TERM_LABELS))

@@ -14,6 +14,8 @@ TERM_LABELS = {
     "bf16_optimizer_grad_accum": "gradient accumulation buffer (BF16 optimizer)",
     "stage3_gathered_params": "stage-3 gathered layer (params+grads)",
     "reduce_buckets": "reduce buckets",
+    "gradient_partition_buffer": "gradient partition (this micro step's, mid-backward)",
+    "stage3_persistent_params": "stage-3 persistent parameters (kept whole)",
     "stage3_prefetch": "stage-3 prefetch bucket",
     "activations": "activations",
     "pipeline_in_flight": "in-flight micro-batches (pipeline)",
