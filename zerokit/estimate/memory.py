@@ -888,6 +888,14 @@ def _stage3_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, states: 
     return persistent_bytes, hpz_bytes
 
 
+def _one_layer_backward_terms(acts: dict[str, int]) -> dict[str, int]:
+    """The activation terms that exist while one layer's backward runs, not before it: the tiled loss's hidden-state
+    gradient, TiledMLP's backward slice, Ulysses' backward all-to-all, and the attention backward of Falcon's
+    math-kernel attention, which peaks later in backward than its start (activation_terms)."""
+    return {k: acts[k] for k in ("tiled_loss_input_grad", "tiled_mlp_backward", "sp_all_to_all_buffers",
+                                 "attention_backward") if acts.get(k)}
+
+
 def _backward_start_terms(model: ModelSpec, setup: ZeroSetup, acts: dict[str, int], bufs: dict[str, int],
                           zeropp: dict[str, dict[str, int]], persistent: dict[str, int], live: dict[str, int],
                           start_acts: dict[str, int], grads: dict[str, int], tokens: int, logits: int,
@@ -913,12 +921,7 @@ def _backward_start_terms(model: ModelSpec, setup: ZeroSetup, acts: dict[str, in
         backward["tiled_loss_head_grad"] = e * model.vocab_size * model.hidden_size
     # transients of one layer's backward, counted at the start of backward: an upper bound (they come once the logits'
     # gradient is used up)
-    for name in ("tiled_loss_input_grad", "tiled_mlp_backward", "sp_all_to_all_buffers"):
-        if acts.get(name):
-            backward[name] = acts[name]
-    if acts.get("attention_backward"):
-        # Falcon's math-kernel attention peaks later in backward than its start (activation_terms)
-        backward["attention_backward"] = acts["attention_backward"]
+    backward.update(_one_layer_backward_terms(acts))
     backward.update(zeropp["backward"])  # qgZ's per-tensor buffers, in backward's reductions
     if setup.gradient_accumulation_steps > 1:
         # from the second micro step on, the gradients accumulated so far are alive while the next
@@ -1117,7 +1120,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     reducing = {}
     if setup.zero_stage == 2 and knobs.contiguous_gradients and setup.offload_optimizer == "none":
         reducing = {**(grads if setup.gradient_accumulation_steps > 1 else {}),
-                    "gradient_partition_buffer": e * trainable // n}
+                    "gradient_partition_buffer": states["gradients"]}
     if setup.activation_checkpointing:
         one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
@@ -1125,10 +1128,8 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
                                         **recompute_backward_terms(model, setup, workload, acts, on_cpu), **reducing}
     elif reducing:
         # the loss's backward is done (its logits, their gradient and the head's are gone), one layer's backward runs
-        transients = {k: backward[k] for k in ("tiled_loss_input_grad", "tiled_mlp_backward", "sp_all_to_all_buffers",
-                                                "attention_backward") if k in backward}
-        phases["backward_reduce"] = {**persistent, **live, **start_acts, **held_logits, **bufs, **transients,
-                                     **reducing}
+        phases["backward_reduce"] = {**persistent, **live, **start_acts, **held_logits, **bufs,
+                                     **_one_layer_backward_terms(acts), **reducing}
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
     if setup.zero_stage == 3 and setup.offload_param == "none":
         # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
