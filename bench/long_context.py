@@ -128,7 +128,7 @@ def plan_argv(r: dict, seq_len) -> list[str]:
         # a collector's "tiled_loss: true" beside Liger names Liger's own chunked fused cross-entropy, which
         # --liger-kernels prices (zerokit's --tiled-loss is ALST's TiledFusedLogitsLoss, refused beside Liger)
         setup["tiled_loss"] = False
-    return pr.plan_argv(setup)
+    return pr.plan_argv(setup, r["source"])
 
 
 def plan_of(r: dict, seq_len):

@@ -49,7 +49,16 @@ FLAGS = {
     "quantized_weights": "--zero-quantized-weights", "quantized_gradients": "--zero-quantized-gradients",
     "intra_node_bandwidth": "--intra-node-bandwidth", "inter_node_bandwidth": "--inter-node-bandwidth",
     "compile": "--compile", "tiled_loss": "--tiled-loss", "tiled_mlp": "--tiled-mlp", "cpu_memory": "--cpu-memory",
+    "seq_parallel_comm_dtype": "--seq-parallel-comm-dtype",
 }
+# Sequence parallelism run outside DeepSpeed's engine: the framework builds its own SP groups and all-to-alls and gives
+# deepspeed.initialize no SP mpu, so the engine sees data parallelism and reduces gradients in the training precision,
+# not in seq_parallel_communication_data_type (engine.py sets that only with an SP group). XTuner (mmengine's
+# DeepSpeedStrategy calls deepspeed.initialize without an mpu: xtuner/engine/_strategy/deepspeed.py), ms-swift and
+# 360-LLaMA-Factory (the HF Trainer's deepspeed_init passes none) and EasyContext (accelerate without a parallelism
+# config). ArcticTraining and accelerate's sp_backend deepspeed pass the mpu: the engine's rule holds for them.
+SP_OUTSIDE_ENGINE = ("github.com/InternLM/xtuner", "github.com/modelscope/ms-swift",
+                     "github.com/Qihoo360/360-LLaMA-Factory", "github.com/jzhang38/EasyContext")
 # what a run did not use unless its setup says so: the planner would otherwise reach for them where the published
 # setup does not fit its memory model (AutoTP, Ulysses, hpZ, ALST's tiling), pricing a setup the run never ran
 UNSTATED_PINS = {"tensor_parallel": 1, "sequence_parallel": 1, "hpz": 1, "tiled_loss": False, "tiled_mlp": False}
@@ -135,12 +144,15 @@ def check_run(run) -> str | None:
     return None
 
 
-def plan_argv(setup: dict) -> list[str]:
-    """The `zerokit plan` command line that pins every dimension of a published setup."""
+def plan_argv(setup: dict, source: str = "") -> list[str]:
+    """The `zerokit plan` command line that pins every dimension of a published setup (from `source`: whose sequence
+    parallelism it ran, SP_OUTSIDE_ENGINE)."""
     argv = ["plan"]
     if "model" in setup:
         argv.append(str(setup["model"]))
     setup = {**UNSTATED_PINS, **setup}
+    if int(setup["sequence_parallel"]) > 1 and any(s in source for s in SP_OUTSIDE_ENGINE):
+        setup.setdefault("seq_parallel_comm_dtype", setup["precision"])
     for key, flag in FLAGS.items():
         if key in setup:
             value = setup[key]
@@ -192,7 +204,7 @@ def predict(run: dict) -> dict:
 
     setup = run["setup"]
     try:  # the entry itself: option values the parser takes, a GPU and a model zerokit knows
-        req = plan_request(plan_argv(setup))
+        req = plan_request(plan_argv(setup, run["source"]))
         resolve_gpu_name(str(setup["gpu"]))
         model = planned(req, setup)
     except ZerokitError as e:

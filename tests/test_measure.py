@@ -167,3 +167,33 @@ def test_stop_restores_resize():
 def test_overhead_runs():
     r = measure_overhead(steps=2, hidden=32, layers=2, batch=4)
     assert r["ratio"] > 0 and r["peak_bytes"] > 0
+
+
+def _make_big():
+    return torch.ones(100_000).to(torch.float64)  # a float32 input, then its 800 kB float64 copy
+
+
+def test_explain_names_the_op_and_the_call_site_of_what_was_live_at_the_peak(monkeypatch):
+    """ZEROKIT_METER_EXPLAIN=1 (or explain=True): each storage keeps the op and the Python frames that made it, and
+    the live set at the peak is summed by category and origin. The peak here is the float64 copy beside its input,
+    not the small tensor made after both are gone."""
+    monkeypatch.setenv("ZEROKIT_METER_EXPLAIN", "1")
+    m = MemoryMeter("cpu").start()
+    try:
+        keep = torch.zeros(1000)
+        big = _make_big()
+        del big
+        small = torch.ones(10)
+    finally:
+        m.stop()
+    rows = m.peak_tensors()
+    assert sum(r["bytes"] for r in rows) == m.peak_bytes() == 4000 + 400_000 + 800_000
+    assert rows[0]["bytes"] == 800_000 and rows[0]["origin"].startswith("aten._to_copy")
+    assert "test_measure.py" in rows[0]["origin"] and "_make_big" in rows[0]["origin"]
+    assert rows[1]["origin"].startswith("aten.ones") and rows[2]["origin"].startswith("aten.zeros")
+    assert keep.numel() and small.numel()
+    monkeypatch.delenv("ZEROKIT_METER_EXPLAIN")
+    plain = MemoryMeter("cpu").start()
+    torch.ones(10)
+    plain.stop()
+    assert plain.peak_tensors() == []  # off by default: no stack walk, no copy of the live set

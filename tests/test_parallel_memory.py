@@ -63,13 +63,14 @@ def test_hpz_adds_one_secondary_partition_until_the_step(reference_llama):
     again here: 2,525,440 B on tiny-llama, alive after init and the first forward, dropped by the step's
     invalidate_secondary_tensor). A model inside ZeRO-3's live window is released, and its copies made, at the end of
     backward: they count at backward_end and the step, not at the start of backward; a model beyond the window is
-    released layer by layer in forward and holds them through backward."""
+    released layer by layer in forward and holds them through backward (the head's reduction too)."""
     cluster = Cluster(accelerator("cpu"), gpus_per_node=4)
     base = ZeroSetup(zero_stage=3, precision="fp32")
     wl = Workload(seq_len=64)
     sec = 4 * 3_950_848 // 2  # 7.54 MiB
     for knobs, phases_with in ((ZeroKnobs(), {"backward_end", "step"}),
-                               (replace(ZeroKnobs(), stage3_max_live_parameters=10**5), {"backward", "backward_end", "step"})):
+                               (replace(ZeroKnobs(), stage3_max_live_parameters=10**5),
+                                {"backward", "backward_reduce", "backward_end", "step"})):
         with_hpz = phase_terms(reference_llama, cluster, replace(base, hpz_partition_size=2), wl, knobs)
         without = phase_terms(reference_llama, cluster, base, wl, knobs)
         for phase in with_hpz:

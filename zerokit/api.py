@@ -219,6 +219,8 @@ def pins_from(req) -> dict:
     for key in ("compile", "offload_engine"):
         if getattr(req, key, None) is not None:
             pins[key] = getattr(req, key)
+    if getattr(req, "seq_parallel_comm_dtype", None) is not None:
+        pins["seq_parallel_communication_data_type"] = req.seq_parallel_comm_dtype
     for key in ("quantized_weights", "quantized_gradients"):
         v = getattr(req, f"zero_{key}", None)
         if v is not None:

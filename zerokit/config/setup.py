@@ -82,6 +82,9 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
     if isinstance(block, dict) and block.get("deepcompile") is True:  # engine.compile() builds DeepCompile's passes
         # at stage 0 DeepSpeed falls back to torch.compile (engine.get_deepcompile_backend)
         setup = replace(setup, compile="deepcompile" if setup.zero_stage > 0 else "torch")
+    sp_comm = config.get("seq_parallel_communication_data_type")  # the engine's dtype under Ulysses (engine.py)
+    if isinstance(sp_comm, str) and sp_comm.lower() in ("fp32", "fp16", "bf16"):  # get_communication_data_type's
+        setup = replace(setup, seq_parallel_communication_data_type=sp_comm.lower())
     knobs = ZeroKnobs.from_zero_config(zero)
     if zero.get("overlap_comm") in (None, AUTO):
         knobs = ZeroKnobs(**{**knobs.to_dict(), "overlap_comm": setup.zero_stage == 3})

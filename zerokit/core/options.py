@@ -325,6 +325,10 @@ OPTIONS: tuple[Option, ...] = (
            "ulysses (DeepSpeed-Ulysses, ALST's UlyssesSPAttentionHF: all-to-alls over the attention heads) or fpdt "
            "(DeepSpeed's chunked, offloaded FPDT: not planned, refused by name) (default ulysses)",
            choices=SEQUENCE_PARALLEL_MODES, group=_PIN),
+    Option("seq-parallel-comm-dtype", ("plan", "render", "launch"), "the dtype DeepSpeed's engine reduces gradients in "
+           "under Ulysses (seq_parallel_communication_data_type, whatever communication_data_type says): fp32, "
+           "DeepSpeed's default, moves twice a 16-bit run's gradient bytes and casts each reduced gradient to an fp32 "
+           "copy; bf16 or fp16 neither (default fp32)", choices=("fp32", "bf16", "fp16"), group=_PIN),
     Option("hpz", ("plan", "render", "launch"), "ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)",
            type=positive_int, metavar="N", dest="hpz_partition_size", group=_PIN),
     Option("pipeline-parallel", ("plan", "render", "launch"), "pipeline stages of DeepSpeed's pipeline engine (ZeRO-0/1; "

@@ -146,7 +146,8 @@ class MemoryEstimate:
 TRAINABLE_ONLY_TERMS = frozenset({
     "gradients", "tiled_loss_head_grad", "master_weights", "optimizer_states", "fp32_gradients", "optimizer_step_temporaries",
     "fp16_flatten_copies", "gradient_flat_copy", "optimizer_states_offloaded", "fp32_gradients_offloaded", "offload_param_partition",
-    "offload_grad_buffer", "optimizer_swap_buffers", "bf16_optimizer_grad_accum"})
+    "offload_grad_buffer", "optimizer_swap_buffers", "bf16_optimizer_grad_accum", "reduce_gradient", "reduce_comm_cast",
+    "reduce_scatter_flat", "reduce_scatter_gloo_copy"})
 
 # The per-GPU terms that DeepSpeed's estimator calls "model states".
 MODEL_STATE_TERMS = ("parameters", "gradients", "master_weights", "optimizer_states", "fp32_gradients",
@@ -888,6 +889,34 @@ def _stage3_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, states: 
     return persistent_bytes, hpz_bytes
 
 
+def zero3_reduce_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, n: int, on_cpu: bool) -> dict[str, int]:
+    """What one ZeRO-3 gradient reduction adds while it runs, for the largest one: the largest trainable tensor, which
+    is larger than the reduce bucket and so goes alone (stage3.py __add_grad_to_ipg_bucket copies into the bucket only
+    what fits), else a full bucket of several. stage3.py __avg_scatter_grads casts the gradients to the communication
+    dtype when it is not the training dtype (a copy; under Ulysses in the engine, fp32: ZeroSetup.gradient_comm_precision),
+    and reduce_scatter_coalesced flattens them into one buffer unless one tensor divides evenly among the ranks. On CPU
+    ranks gloo's reduce_scatter_tensor makes one more copy of its whole input (measured: a 4 MiB fp32 input, 4 MiB
+    more live). Measured, Ulysses SP 2 on CPU ranks: the untied head's bf16 gradient and two fp32 copies of it
+    (tests/test_long_context.py)."""
+    sizes = model.trained.trainable_tensors or gradient_sizes_in_backward_order(model)
+    if n == 1 or not model.trainable or not sizes:
+        return {}  # one rank: _no_gather path, nothing reduced across ranks
+    e, c = dtype_bytes(setup.precision), dtype_bytes(setup.gradient_comm_precision)
+    largest = max(sizes)
+    alone = largest > knobs.reduce_bucket_size
+    elements = largest if alone else min(knobs.reduce_bucket_size, model.trainable)
+    terms = {}
+    if alone:
+        terms["reduce_gradient"] = e * largest  # its own grad tensor; a bucketed one lives in the reduce bucket
+    if c != e:
+        terms["reduce_comm_cast"] = c * elements
+    if not alone or largest % n:
+        terms["reduce_scatter_flat"] = c * elements
+    if on_cpu:
+        terms["reduce_scatter_gloo_copy"] = c * elements
+    return terms
+
+
 def _one_layer_backward_terms(acts: dict[str, int]) -> dict[str, int]:
     """The activation terms that exist while one layer's backward runs, not before it: the tiled loss's hidden-state
     gradient, TiledMLP's backward slice, Ulysses' backward all-to-all, and the attention backward of Falcon's
@@ -1130,6 +1159,9 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # the loss's backward is done (its logits, their gradient and the head's are gone), one layer's backward runs
         phases["backward_reduce"] = {**persistent, **live, **start_acts, **held_logits, **bufs,
                                      **_one_layer_backward_terms(acts), **reducing}
+    if setup.zero_stage == 3 and setup.offload_param == "none":
+        phases.update(_stage3_reduce_phase(model, setup, knobs, n, on_cpu, persistent, live, start_acts, held_logits,
+                                           bufs, e))
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
     if setup.zero_stage == 3 and setup.offload_param == "none":
         # the parameters backward released are gone, the persistent ones (stage3_persistent_bytes) stay whole
@@ -1141,6 +1173,29 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     step_extra = _step_extra_terms(model, setup, knobs, optimizer, states, grads, e, n, on_cpu)
     phases["step"] = {**persistent, **step_extra, **held_logits, **hpz_after_backward}
     return phases
+
+
+def _stage3_reduce_phase(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, n: int, on_cpu: bool,
+                         persistent: dict[str, int], live: dict[str, int], start_acts: dict[str, int],
+                         held_logits: dict[str, int], bufs: dict[str, int], e: int) -> dict[str, dict[str, int]]:
+    """phase_terms' ZeRO-3 "backward_reduce": the first reduction of backward, that of the untied LM head's gradient
+    (the first gradient ready, and the largest tensor), with every saved activation still alive. A fused or tiled loss
+    made that gradient in forward and it is reduced at the first hook of backward, the head's gathered weight still
+    alive; otherwise the head's module has just released its weight (measured, tiny-llama-like h 1024 on 2 CPU ranks:
+    the peak is 62.5 MiB lower than with the weight). Where the largest tensor is another (a tied embedding, reduced
+    last), the moment is the end of backward, no activation alive. Nothing when no reduction copies anything."""
+    reduce = zero3_reduce_terms(model, setup, knobs, n, on_cpu)
+    if not reduce or set(reduce) == {"reduce_gradient"}:
+        return {}  # the gradient alone: counted by the other phases (tiled_loss_head_grad; below the logits' gradient)
+    sizes = model.trained.trainable_tensors or gradient_sizes_in_backward_order(model)
+    head = model.vocab_size * model.hidden_size
+    head_first = not model.tied_embeddings and not model.trained.frozen_head and sizes[0] == max(sizes) == head
+    if not head_first:
+        return {"backward_reduce": {**persistent, **held_logits, **bufs, **reduce}}
+    held = dict(live)
+    if not (setup.tiled_loss or model.liger_kernels) and "stage3_live_params" in held:
+        held["stage3_live_params"] = max(0, held["stage3_live_params"] - e * head)
+    return {"backward_reduce": {**persistent, **held, **start_acts, **held_logits, **bufs, **reduce}}
 
 
 def zeropp_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, knobs: ZeroKnobs) -> dict[str, dict[str, int]]:

@@ -98,19 +98,41 @@ def _flatten_tensors(obj: Any, out: list[torch.Tensor]) -> None:
 
 
 class _Record:
-    __slots__ = ("nbytes", "category", "ref", "__weakref__")
+    __slots__ = ("nbytes", "category", "ref", "origin", "__weakref__")
 
     def __init__(self, nbytes: int, category: str):
         self.nbytes = nbytes
         self.category = category
         self.ref = None
+        self.origin = None
+
+
+def _origin(op: Any) -> str:
+    """Where a tensor was made, for explain mode: the op and the two innermost Python frames outside torch and this
+    meter ("aten.to <- deepspeed/runtime/zero/stage3.py:1920 __avg_scatter_grads < ...")."""
+    import sys
+
+    sites = []
+    f = sys._getframe(1)
+    while f is not None and len(sites) < 2:
+        name = f.f_code.co_filename
+        if "/torch/" not in name and name != __file__:
+            tail = name.rsplit("site-packages/", 1)[-1]
+            if "/zerokit/" in tail:
+                tail = "zerokit/" + tail.rsplit("/zerokit/", 1)[-1]
+            sites.append(f"{tail}:{f.f_lineno} {f.f_code.co_name}")
+        f = f.f_back
+    what = "registered" if op is None else str(op)
+    return " <- ".join([what, " < ".join(sites)]) if sites else what
 
 
 class _LiveBytes:
     """Live bytes by unique storage, with a peak and a stack of phase windows. Thread-safe."""
 
-    def __init__(self, device_type: str):
+    def __init__(self, device_type: str, explain: bool = False):
         self.device_type = device_type
+        self.explain = explain  # keep each storage's origin and the live set at the peak (MemoryMeter explain)
+        self.peak_snapshot: list[tuple[int, str, str | None]] = []
         self.records: dict[int, _Record] = {}  # id(storage) -> record
         self.live = 0
         self.peak = 0
@@ -128,6 +150,11 @@ class _LiveBytes:
         if self.live > self.peak:
             self.peak = self.live
             self.peak_by_category = dict(self.by_category)
+            if self.explain:  # O(live storages) per new peak: a debugging aid, off by default
+                self.peak_snapshot = self.snapshot()
+
+    def snapshot(self) -> list[tuple[int, str, str | None]]:
+        return [(r.nbytes, r.category, r.origin) for r in self.records.values()]
 
     def _freed(self, key: int, _ref: Any = None) -> None:
         with self.lock:
@@ -137,13 +164,14 @@ class _LiveBytes:
             self.live -= rec.nbytes
             self.by_category[rec.category] -= rec.nbytes
 
-    def track(self, t: torch.Tensor, category: str | None = None, recategorize: bool = False) -> None:
+    def track(self, t: torch.Tensor, category: str | None = None, recategorize: bool = False, op: Any = None) -> None:
         if t.device.type != self.device_type:
             return
         for st in _storages(t):
-            self._track_storage(st, category, recategorize)
+            self._track_storage(st, category, recategorize, op)
 
-    def _track_storage(self, st: torch.UntypedStorage, category: str | None, recategorize: bool) -> None:
+    def _track_storage(self, st: torch.UntypedStorage, category: str | None, recategorize: bool,
+                       op: Any = None) -> None:
         key = id(st)
         with self.lock:
             rec = self.records.get(key)
@@ -162,6 +190,8 @@ class _LiveBytes:
                 return
             cat = category or self.default_category
             rec = _Record(st.nbytes(), cat)
+            if self.explain:
+                rec.origin = _origin(op)
             try:
                 rec.ref = weakref.ref(st, lambda r, k=key: self._freed(k))
             except TypeError:  # not weak-referenceable: cannot follow its lifetime, do not count it
@@ -189,19 +219,26 @@ class _TrackingMode(TorchDispatchMode):
         tensors: list[torch.Tensor] = []
         _flatten_tensors(out, tensors)
         for t in tensors:
-            self.live.track(t)
+            self.live.track(t, op=func)
         return out
 
 
 class MemoryMeter:
     """Measured memory per phase on one rank. See the module docstring for what is counted."""
 
-    def __init__(self, device: str | torch.device | None = None):
+    def __init__(self, device: str | torch.device | None = None, explain: bool | None = None):
+        """explain (CPU; None: env ZEROKIT_METER_EXPLAIN=1): remember the op and call site that made each storage and
+        the live set at each peak, for peak_tensors(). Costs a stack walk per new storage and a copy of the live set
+        per new peak."""
+        import os
+
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
-        self._live = _LiveBytes(self.device.type)
+        if explain is None:
+            explain = os.environ.get("ZEROKIT_METER_EXPLAIN", "").strip() == "1"
+        self._live = _LiveBytes(self.device.type, explain=explain and not self.is_cuda)
         self._mode: _TrackingMode | None = None
         self._orig_resize = None
         self._phases: dict[str, dict[str, int]] = {}
@@ -421,6 +458,20 @@ class MemoryMeter:
         with self._live.lock:
             self._live.peak = self._live.live
             self._live.peak_by_category = dict(self._live.by_category)
+            if self._live.explain:
+                self._live.peak_snapshot = self._live.snapshot()
+
+    def peak_tensors(self, top: int = 12) -> list[dict]:
+        """Explain mode: what was live at the peak (since the last reset_peak), summed by category and origin, the
+        largest first: [{"bytes", "count", "category", "origin"}]. Empty without explain."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        with self._live.lock:
+            for nbytes, category, origin in self._live.peak_snapshot:
+                g = groups.setdefault((category, origin or "?"), [0, 0])
+                g[0] += nbytes
+                g[1] += 1
+        rows = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
+        return [{"bytes": b, "count": c, "category": cat, "origin": o} for (cat, o), (b, c) in rows]
 
     # -- results -------------------------------------------------------------------------------------
     def summary(self) -> dict:

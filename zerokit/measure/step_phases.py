@@ -101,6 +101,8 @@ class StepPhaseMeter:
                 peak = int(live.peak)
                 cats = {k: int(v) for k, v in live.peak_by_category.items() if v}
             rec = {"peak_bytes": peak, "start_bytes": start, "categories": cats}
+            if live.explain:  # ZEROKIT_METER_EXPLAIN=1: what made the tensors live at this phase's peak
+                rec["peak_tensors"] = m.peak_tensors()
         self.overall = max(self.overall, peak)
         prev = self.step_phases.get(name)
         if prev is None or peak > prev["peak_bytes"]:  # accumulation repeats phases: keep the highest

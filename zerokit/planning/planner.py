@@ -30,7 +30,8 @@ OFFLOAD_CHOICES = (  # (optimizer, param) pairs DeepSpeed supports, simplest fir
 )
 # Beyond data parallelism (ZeroSetup's fields of the same names): enumerated by parallel_options
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss", "tiled_mlp",
-                 "quantized_weights", "quantized_gradients", "compile", "offload_engine", "pipeline_parallel")
+                 "quantized_weights", "quantized_gradients", "compile", "offload_engine", "pipeline_parallel",
+                 "seq_parallel_communication_data_type")
 PIN_KEYS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size",
             "gradient_accumulation_steps", "activation_checkpointing", "checkpoint_offload") + PARALLEL_KEYS
 # the PARALLEL_KEYS that need the training script's cooperation (make_plan searches them second): needs_script
@@ -205,7 +206,8 @@ def parallel_options(model: ModelSpec, cluster: Cluster, workload: Workload, pin
         modes, hpzs, tiled_loss, tiled_mlp = [modes[0]], [1], [pins.get("tiled_loss", False)], [pins.get("tiled_mlp", False)]
     return [dict(tensor_parallel=tp, sequence_parallel=sp, hpz_partition_size=h, tiled_loss=tl, tiled_mlp=tm,
                  quantized_weights=qwz, quantized_gradients=qgz, compile=compiled, offload_engine=engine,
-                 pipeline_parallel=pp)
+                 pipeline_parallel=pp,
+                 seq_parallel_communication_data_type=pins.get("seq_parallel_communication_data_type", "fp32"))
             for tp, sp in modes for h in hpzs for tl in tiled_loss for tm in tiled_mlp]
 
 
@@ -353,7 +355,8 @@ def compatible(fam: dict, par: dict) -> bool:
 # what a family fixes (a _families entry merged with a parallel_options one): a setup but its batch split
 FAMILY_FIELDS = ("zero_stage", "offload_optimizer", "offload_param", "precision", "activation_checkpointing",
                  "checkpoint_offload", "tensor_parallel", "sequence_parallel", "hpz_partition_size", "tiled_loss",
-                 "tiled_mlp", "quantized_weights", "quantized_gradients", "compile", "offload_engine", "pipeline_parallel")
+                 "tiled_mlp", "quantized_weights", "quantized_gradients", "compile", "offload_engine", "pipeline_parallel",
+                 "seq_parallel_communication_data_type")
 
 
 def family_key(setup) -> tuple:

@@ -100,18 +100,25 @@ def seq_memory_factor(cluster, seq_len: int | None = None) -> float:
     return float(fit["seq_memory_factor"])
 
 
-def fixed_bytes(model, cluster, workload, setup, knobs=None) -> int:
-    """The setup's per-GPU memory at the shortest sequence it runs (one token per sequence-parallel rank): what does
-    not grow with the sequence (model states, buffers, the context)."""
+def phase_bytes(est) -> dict[str, int]:
+    """A MemoryEstimate's per-GPU total at each phase of the step (estimate.memory.phase_terms), or its one total."""
+    return dict(est.phases) if est.phases else {"total": est.per_gpu_total}
+
+
+def fixed_bytes(model, cluster, workload, setup, knobs=None) -> dict[str, int]:
+    """The setup's per-GPU memory at each phase at the shortest sequence it runs (one token per sequence-parallel rank):
+    what does not grow with the sequence there (model states, buffers, the context, a reduction's copies)."""
     from zerokit.estimate.pipeline import setup_memory
 
     tiny = replace(workload, seq_len=max(1, setup.sequence_parallel), doc_len=None)
-    return setup_memory(model, cluster, setup, tiny, knobs).per_gpu_total
+    return phase_bytes(setup_memory(model, cluster, setup, tiny, knobs))
 
 
-def edge_bytes(fixed: int, total: int, factor: float) -> float:
-    """The memory at a length if what grows with the sequence takes `factor` times what the model counts."""
-    return fixed + factor * max(0, total - fixed)
+def edge_bytes(fixed: dict[str, int], totals: dict[str, int], factor: float) -> float:
+    """The peak at a length if what grows with the sequence takes `factor` times what the model counts, phase by phase
+    (a phase's growth is its own: the end of backward's fixed copies do not offset the recomputed layer's growth)."""
+    floor = min(fixed.values())
+    return max(fixed.get(p, floor) + factor * max(0, t - fixed.get(p, floor)) for p, t in totals.items())
 
 
 def verdict(model, cluster, workload, evaluation, factor: float | None = None, knobs=None) -> str:
@@ -123,13 +130,13 @@ def verdict(model, cluster, workload, evaluation, factor: float | None = None, k
     if factor <= 1.0:
         return "fits"
     fixed = fixed_bytes(model, cluster, workload, evaluation.setup, knobs)
-    over = edge_bytes(fixed, evaluation.memory.per_gpu_total, factor) > evaluation.budget.gpu_bytes
+    over = edge_bytes(fixed, phase_bytes(evaluation.memory), factor) > evaluation.budget.gpu_bytes
     return "at the edge" if over else "fits"
 
 
-def safe_units(total_at, fixed: int, budget: int, factor: float, best: int) -> int:
+def safe_units(total_at, fixed: dict[str, int], budget: int, factor: float, best: int) -> int:
     """The largest n <= best (units of the granule) whose memory, the sequence's part at `factor`, stays in the
-    budget; total_at(n): the setup's memory model total at n units. 0: not even one unit."""
+    budget; total_at(n): the setup's memory model totals by phase at n units (phase_bytes). 0: not even one unit."""
     def fits(n: int) -> bool:
         return edge_bytes(fixed, total_at(n), factor) <= budget
 
@@ -149,8 +156,8 @@ def safe_longest(model, cluster, workload, setup, budget_bytes: int, granule: in
         return best
     fixed = fixed_bytes(model, cluster, workload, setup, knobs)
 
-    def total_at(units: int) -> int:
-        return setup_memory(model, cluster, setup, replace(workload, seq_len=units * granule), knobs).per_gpu_total
+    def total_at(units: int) -> dict[str, int]:
+        return phase_bytes(setup_memory(model, cluster, setup, replace(workload, seq_len=units * granule), knobs))
 
     return safe_units(total_at, fixed, budget_bytes, factor, best)
 

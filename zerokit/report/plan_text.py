@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zerokit.core.options import flag
 from zerokit.core.units import fmt_bytes, fmt_seconds
+from zerokit.spec.setup import bytes_per_element
 
 TERM_LABELS = {
     "parameters": "parameters",
@@ -15,6 +16,10 @@ TERM_LABELS = {
     "stage3_gathered_params": "stage-3 gathered layer (params+grads)",
     "reduce_buckets": "reduce buckets",
     "gradient_partition_buffer": "gradient partition (this micro step's, mid-backward)",
+    "reduce_gradient": "gradient being reduced (the largest tensor)",
+    "reduce_comm_cast": "its copy in the communication dtype",
+    "reduce_scatter_flat": "reduce-scatter's flat buffer",
+    "reduce_scatter_gloo_copy": "gloo reduce-scatter's input copy (CPU ranks)",
     "stage3_persistent_params": "stage-3 persistent parameters (kept whole)",
     "stage3_prefetch": "stage-3 prefetch bucket",
     "activations": "activations",
@@ -155,6 +160,10 @@ def parallel_lines(s, world_size: int) -> list[str]:
     tiled = [n for n, on in (("loss", s.tiled_loss), ("MLP", s.tiled_mlp)) if on]
     if tiled:
         line += f"; tiled {' and '.join(tiled)}"
+    if s.sequence_parallel > 1:  # DeepSpeed's engine overrides communication_data_type under SP (engine.py)
+        line += f"; gradients reduced in {s.gradient_comm_precision} (seq_parallel_communication_data_type"
+        line += (f"; {flag('seq-parallel-comm-dtype')} {s.precision} halves that traffic)"
+                 if bytes_per_element(s.gradient_comm_precision) > bytes_per_element(s.precision) else ")")
     return [line]
 
 

@@ -44,6 +44,12 @@ class ZeroSetup:
     # the ds_config's communication_data_type (fp32 | fp16 | bf16): the dtype gradients are reduced in; None =
     # DeepSpeed's default, the training precision (DeepSpeedEngine.communication_data_type)
     communication_data_type: str | None = None
+    # Ulysses inside DeepSpeed's engine (an SP mpu given to deepspeed.initialize: zerokit's loop, ArcticTraining,
+    # accelerate's sp_backend deepspeed) makes the engine reduce gradients in the config's
+    # seq_parallel_communication_data_type whatever communication_data_type says (engine.py, once the sequence
+    # parallel group is set; default fp32, runtime/constants.py). None: the SP runs outside the engine (a framework's
+    # own all-to-all, as XTuner's and ms-swift's), which sees plain data parallelism and keeps communication_data_type
+    seq_parallel_communication_data_type: str | None = "fp32"
     # Beyond data parallelism (spec.setup.Parallelism says how DeepSpeed 0.19.8 builds each group; 1 = unused):
     # AutoTP ranks, Ulysses sequence-parallel ranks, the ZeRO++ hpZ secondary partition's group size.
     tensor_parallel: int = 1
@@ -87,8 +93,9 @@ class ZeroSetup:
             raise ZerokitError(f"optimizer offload needs ZeRO stage 1, 2 or 3: use {flag('stage')} 1 or higher")
         if self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
             raise ZerokitError("micro batch and gradient accumulation must be at least 1")
-        if self.communication_data_type not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
-            raise ZerokitError(f"communication_data_type must be fp32, fp16 or bf16, got {self.communication_data_type!r}")
+        for key in ("communication_data_type", "seq_parallel_communication_data_type"):
+            if getattr(self, key) not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
+                raise ZerokitError(f"{key} must be fp32, fp16 or bf16, got {getattr(self, key)!r}")
         if self.checkpoint_offload and not self.activation_checkpointing:
             raise ZerokitError("checkpoint offload moves the checkpointed layer inputs to host memory: it needs "
                                f"activation checkpointing ({flag('activation-checkpointing')} offload)")
@@ -161,7 +168,10 @@ class ZeroSetup:
 
     @property
     def gradient_comm_precision(self) -> str:
-        """The dtype gradients travel in: communication_data_type, else the training precision."""
+        """The dtype gradients travel in: under Ulysses in DeepSpeed's engine seq_parallel_communication_data_type,
+        else communication_data_type, else the training precision (DeepSpeedEngine.communication_data_type)."""
+        if self.sequence_parallel > 1 and self.seq_parallel_communication_data_type:
+            return self.seq_parallel_communication_data_type
         return self.communication_data_type or self.precision
 
     @property
@@ -177,8 +187,8 @@ class ZeroSetup:
         if self.offload_param != "none":
             parts.append(f"param->{self.offload_param}")
         parts.append(self.precision)
-        if self.communication_data_type and self.communication_data_type != self.precision:
-            parts.append(f"comm={self.communication_data_type}")
+        if self.gradient_comm_precision != self.precision:
+            parts.append(f"comm={self.gradient_comm_precision}")
         parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
         if self.activation_checkpointing:
             parts.append("ckpt->cpu" if self.checkpoint_offload else "ckpt")
