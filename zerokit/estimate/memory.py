@@ -1159,7 +1159,7 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
         # the loss's backward is done (its logits, their gradient and the head's are gone), one layer's backward runs
         phases["backward_reduce"] = {**persistent, **live, **start_acts, **held_logits, **bufs,
                                      **_one_layer_backward_terms(acts), **reducing}
-    if setup.zero_stage == 3 and setup.offload_param == "none":
+    if setup.zero_stage == 3:  # with the parameters offloaded too: the gradients are reduced on the GPU
         phases.update(_stage3_reduce_phase(model, setup, knobs, n, on_cpu, persistent, live, start_acts, held_logits,
                                            bufs, e))
     phases["backward_end"] = {**persistent, **grads, **held_logits, **bufs}
