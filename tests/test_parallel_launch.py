@@ -207,9 +207,10 @@ def test_tiling_with_accumulation_keeps_the_loss(workdir):
 def test_tiling_with_accumulation_peaks_where_the_plan_says(workdir):
     """Micro batch 1 x accumulation 2, tiled: the peak is mid-backward, where ZeRO-2's new contiguous gradient buffer
     (stage_1_and_2.py copy_grads_in_partition) sits beside the accumulated one with the activations alive (the plan's
-    backward_reduce phase): within 3% of the plan's (37.26 MB measured, 36.49 planned; without that phase 35.57)."""
+    backward_reduce phase) and TiledMLP's accumulating weight gradients (memory.tiled_mlp_weight_grads): within 1.5% of
+    the plan's (37.26 MB measured, 37.03 planned; without the weight gradients 36.49, without that phase 35.57)."""
     measured, predicted = _tiling(workdir, "z2", 2)
-    assert abs(predicted[1] - measured[1]) <= 0.03 * measured[1], (measured, predicted)
+    assert abs(predicted[1] - measured[1]) <= 0.015 * measured[1], (measured, predicted)
 
 
 @pytest.mark.slow

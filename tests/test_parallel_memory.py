@@ -332,3 +332,22 @@ def test_quantized_frozen_partitions_replace_their_16bit_bytes(reference_llama):
     plain = phase_terms(lora, H100x8, hpz, wl, knobs)["step"]["hpz_secondary_partition"]
     q = phase_terms(lora, H100x8, hpz, wl, replace(knobs, zero_quantized_nontrainable_weights=True))["step"]
     assert plain - q["hpz_secondary_partition"] == int((2 - 1 - 4 / 8000) * frozen) // 4
+
+
+def test_tiled_mlp_holds_the_mlp_weight_gradients_at_zero_2_and_3():
+    """TiledMLP.backward defers ZeRO's gradient hook to its last slice (ds_grad_is_ready), so the layer's MLP weight
+    gradients accumulate beside it: tiny-llama (h 128, i 352, gated) in fp32, 3 x 352 x 128 x 4 = 540,672 B, the bytes
+    the meter's explain mode found at the peak of a ZeRO-2 run (tests/test_parallel_launch.py). ZeRO-0/1 keep every
+    gradient already; a LoRA run's MLP weights are frozen."""
+    from zerokit.estimate.memory import tiled_mlp_weight_grads
+
+    spec = load_model_spec("tiny-llama")
+    tiled = ZeroSetup(zero_stage=2, precision="fp32", tiled_mlp=True, gradient_accumulation_steps=2)
+    assert tiled_mlp_weight_grads(spec, tiled) == 3 * spec.intermediate_size * spec.hidden_size * 4 == 540_672
+    assert tiled_mlp_weight_grads(spec, replace(tiled, zero_stage=1)) == 0
+    assert tiled_mlp_weight_grads(spec, replace(tiled, tiled_mlp=False)) == 0
+    adapters = replace(spec, trained=replace(spec.trained, trainable_params=10_000))  # what with_finetune sets for LoRA
+    assert tiled_mlp_weight_grads(adapters, tiled) == 0
+    terms = phase_terms(spec, Cluster(accelerator("cpu"), gpus_per_node=1), replace(tiled, tiled_loss=True),
+                        Workload(seq_len=256), ZeroKnobs())
+    assert terms["backward_reduce"]["tiled_mlp_weight_grads"] == 540_672

@@ -121,11 +121,12 @@ def test_published_sources_whose_sp_runs_outside_the_engine_keep_the_training_dt
     assert "--seq-parallel-comm-dtype" not in pr.plan_argv({**setup, "sequence_parallel": 1}, "github.com/InternLM/xtuner")
 
 
-def test_the_edge_grows_each_phase_from_its_own_fixed_part():
-    """A copy held at one moment (the end of backward's reduction) does not offset another moment's growth (the
-    recomputed layer): each phase's sequence memory at the factor, then the largest."""
-    fixed = {"backward_reduce": 10, "backward_recompute": 2}
-    at = {"backward_reduce": 10, "backward_recompute": 50}
-    assert edge_bytes(fixed, at, 1.2) == pytest.approx(2 + 1.2 * 48)
-    assert edge_bytes(fixed, at, 1.0) == 50
-    assert edge_bytes({"total": 4}, {"total": 14}, 1.5) == pytest.approx(19)
+def test_the_edge_grows_each_phase_from_its_own_terms():
+    """What grows with the sequence is, in each phase, the terms whose bytes differ from the shortest sequence's: a copy
+    held at one moment (the reduction's) does not offset another moment's growth (the recomputed layer's), nor does a
+    constant alternative of a term (the recomputed layer's MLP moment at one token, its attention moment at length)."""
+    fixed = {"backward_reduce": {"states": 8, "copy": 2}, "backward_recompute": {"states": 8, "layer": 3}}
+    at = {"backward_reduce": {"states": 8, "copy": 2}, "backward_recompute": {"states": 8, "layer": 40}}
+    assert edge_bytes(fixed, at, 1.2) == pytest.approx(8 + 1.2 * 40)
+    assert edge_bytes(fixed, at, 1.0) == 48
+    assert edge_bytes({"p": {"states": 8}}, {"p": {"states": 8, "acts": 10}}, 1.5) == pytest.approx(23)

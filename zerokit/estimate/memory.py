@@ -146,7 +146,7 @@ class MemoryEstimate:
 TRAINABLE_ONLY_TERMS = frozenset({
     "gradients", "tiled_loss_head_grad", "master_weights", "optimizer_states", "fp32_gradients", "optimizer_step_temporaries",
     "fp16_flatten_copies", "gradient_flat_copy", "optimizer_states_offloaded", "fp32_gradients_offloaded", "offload_param_partition",
-    "offload_grad_buffer", "optimizer_swap_buffers", "bf16_optimizer_grad_accum", "reduce_gradient", "reduce_comm_cast",
+    "offload_grad_buffer", "optimizer_swap_buffers", "bf16_optimizer_grad_accum", "reduce_gradient", "reduce_comm_cast", "tiled_mlp_weight_grads",
     "reduce_scatter_flat", "reduce_scatter_gloo_copy"})
 
 # The per-GPU terms that DeepSpeed's estimator calls "model states".
@@ -680,6 +680,17 @@ def tiled_mlp_backward_bytes(model: ModelSpec, setup: ZeroSetup, tokens: int, lo
     return tokens * model.hidden_size * e + slice_tokens * _mlp_bytes_per_token(model, setup.precision)
 
 
+def tiled_mlp_weight_grads(model: ModelSpec, setup: ZeroSetup) -> int:
+    """The MLP's weight gradients while its TiledMLP backward runs, at ZeRO-2/3: TiledMLP.backward (ulysses_sp.py) sets
+    ds_grad_is_ready False on its weights until the last slice, so ZeRO's hook (stage_1_and_2.py, stage3.py) leaves
+    each slice's gradient accumulating in param.grad instead of moving it to the bucket: the layer's MLP weights in the
+    training dtype (measured: 3 x 540,672 B on tiny-llama at ZeRO-2 fp32, a snapshot at the peak). A full fine-tune's
+    (the planner tiles no other); ZeRO-0/1 hold every gradient anyway (the gradients term)."""
+    if not setup.tiled_mlp or setup.zero_stage < 2 or model.trained.trainable_params is not None:
+        return 0
+    return dtype_bytes(setup.precision) * (3 if model.gated_mlp else 2) * model.intermediate_size * model.hidden_size
+
+
 @by_identity()
 def sequence_parallel_view(model: ModelSpec, sp: int) -> ModelSpec:
     """The attention one Ulysses rank runs, priced per local token (deepspeed/runtime/sequence_parallel/ulysses_sp.py
@@ -1150,6 +1161,8 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if setup.zero_stage == 2 and knobs.contiguous_gradients and setup.offload_optimizer == "none":
         reducing = {**(grads if setup.gradient_accumulation_steps > 1 else {}),
                     "gradient_partition_buffer": states["gradients"]}
+        if tiled_mlp_weight_grads(model, setup):  # a TiledMLP backward is one of the layer backwards it spans
+            reducing["tiled_mlp_weight_grads"] = tiled_mlp_weight_grads(model, setup)
     if setup.activation_checkpointing:
         one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
@@ -1297,8 +1310,8 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
     - recompute_layer_backward: the largest of the moments below, over the layer's saved activations at that moment.
       Non-reentrant checkpointing frees each recomputed tensor once its backward has unpacked it (torch.utils.checkpoint
       _checkpoint_hook), so after the MLP's backward the second norm's saved tensors are gone.
-      1. The MLP's backward: TiledMLP's slices (tiled_mlp_backward, as activation_terms prices it), every saved
-         tensor still alive.
+      1. The MLP's backward: TiledMLP's slices (tiled_mlp_backward, as activation_terms prices it) and, at ZeRO-2/3,
+         the MLP's weight gradients its slices accumulate (tiled_mlp_weight_grads), every saved tensor still alive.
       2. Flash attention's backward (the kernel ALST runs: HF flash_attention_2; torch sdpa's flash backend vendors the
          same code), on a GPU. FlashAttention-2's mha_bwd (csrc/flash_attn/flash_api.cpp) allocates dq and an fp32
          dq_accum of every query head, dk and dv expanded to every query head when there are fewer KV heads (summed
@@ -1325,7 +1338,7 @@ def recompute_backward_terms(model: ModelSpec, setup: ZeroSetup, workload: Workl
     a, k, d = view.num_attention_heads, view.num_kv_heads, view.head_dim
     # the second norm's saved bytes (a parallel attention + MLP block has one norm: nothing freed before attention)
     norm2 = tokens * _norm_bytes_per_token(model, setup.precision) if model.norms_per_layer > 1 else 0
-    moments = [acts.get("tiled_mlp_backward", 0)]
+    moments = [acts.get("tiled_mlp_backward", 0) + tiled_mlp_weight_grads(model, setup)]
     attention = workload.attention if model.supports_sdpa else "eager"
     masked = _masked_layers(model, workload.seq_len) > 0
     if not on_cpu and (attention == "flash3" or attention in ("sdpa", "flash") and not sdpa_runs_math_kernel(

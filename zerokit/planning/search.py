@@ -100,25 +100,32 @@ def seq_memory_factor(cluster, seq_len: int | None = None) -> float:
     return float(fit["seq_memory_factor"])
 
 
-def phase_bytes(est) -> dict[str, int]:
-    """A MemoryEstimate's per-GPU total at each phase of the step (estimate.memory.phase_terms), or its one total."""
-    return dict(est.phases) if est.phases else {"total": est.per_gpu_total}
+def phase_bytes(est) -> dict[str, dict[str, int]]:
+    """A MemoryEstimate's per-GPU terms at each phase of the step (estimate.memory.phase_terms)."""
+    return {p: dict(terms) for p, terms in est.phase_terms.items()} or {"total": {"total": est.per_gpu_total}}
 
 
-def fixed_bytes(model, cluster, workload, setup, knobs=None) -> dict[str, int]:
-    """The setup's per-GPU memory at each phase at the shortest sequence it runs (one token per sequence-parallel rank):
-    what does not grow with the sequence there (model states, buffers, the context, a reduction's copies)."""
+def fixed_bytes(model, cluster, workload, setup, knobs=None) -> dict[str, dict[str, int]]:
+    """The setup's per-GPU terms at each phase at the shortest sequence it runs (one token per sequence-parallel rank):
+    a term with the same bytes at a length does not grow with the sequence (model states, buffers, the context, a
+    reduction's copies)."""
     from zerokit.estimate.pipeline import setup_memory
 
     tiny = replace(workload, seq_len=max(1, setup.sequence_parallel), doc_len=None)
     return phase_bytes(setup_memory(model, cluster, setup, tiny, knobs))
 
 
-def edge_bytes(fixed: dict[str, int], totals: dict[str, int], factor: float) -> float:
-    """The peak at a length if what grows with the sequence takes `factor` times what the model counts, phase by phase
-    (a phase's growth is its own: the end of backward's fixed copies do not offset the recomputed layer's growth)."""
-    floor = min(fixed.values())
-    return max(fixed.get(p, floor) + factor * max(0, t - fixed.get(p, floor)) for p, t in totals.items())
+def edge_bytes(fixed: dict[str, dict[str, int]], at: dict[str, dict[str, int]], factor: float) -> float:
+    """The peak at a length if what grows with the sequence takes `factor` times what the model counts: in each phase
+    of the step, the terms whose bytes differ from the shortest sequence's at `factor`, the rest as counted; the
+    largest phase. Term by term, so a constant that exists at one moment (the end of backward's copies) or inside one
+    alternative of a term (the recomputed layer's largest moment) is not taken off another's growth."""
+    def peak(phase: str, terms: dict[str, int]) -> float:
+        base = fixed.get(phase, {})
+        growing = sum(v for k, v in terms.items() if v != base.get(k))
+        return sum(terms.values()) + (factor - 1) * growing
+
+    return max(peak(p, terms) for p, terms in at.items())
 
 
 def verdict(model, cluster, workload, evaluation, factor: float | None = None, knobs=None) -> str:
@@ -134,7 +141,7 @@ def verdict(model, cluster, workload, evaluation, factor: float | None = None, k
     return "at the edge" if over else "fits"
 
 
-def safe_units(total_at, fixed: dict[str, int], budget: int, factor: float, best: int) -> int:
+def safe_units(total_at, fixed: dict[str, dict[str, int]], budget: int, factor: float, best: int) -> int:
     """The largest n <= best (units of the granule) whose memory, the sequence's part at `factor`, stays in the
     budget; total_at(n): the setup's memory model totals by phase at n units (phase_bytes). 0: not even one unit."""
     def fits(n: int) -> bool:
@@ -156,7 +163,7 @@ def safe_longest(model, cluster, workload, setup, budget_bytes: int, granule: in
         return best
     fixed = fixed_bytes(model, cluster, workload, setup, knobs)
 
-    def total_at(units: int) -> dict[str, int]:
+    def total_at(units: int) -> dict[str, dict[str, int]]:
         return phase_bytes(setup_memory(model, cluster, setup, replace(workload, seq_len=units * granule), knobs))
 
     return safe_units(total_at, fixed, budget_bytes, factor, best)

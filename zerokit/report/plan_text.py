@@ -55,6 +55,7 @@ TERM_LABELS = {
     "tiled_loss_input_grad": "tiled/fused loss: hidden-state gradient",
     "tiled_loss_head_grad": "tiled/fused loss: LM head gradient",
     "tiled_mlp_backward": "tiled MLP backward (one slice)",
+    "tiled_mlp_weight_grads": "tiled MLP weight gradients (accumulating)",
     "sp_all_to_all_buffers": "Ulysses all-to-all buffers (one layer)",
     "hidden_state_grads": "hidden-state gradients (recomputed layer)",
     "recompute_layer_backward": "recomputed layer's backward buffers",
