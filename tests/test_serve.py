@@ -218,7 +218,7 @@ def test_every_field_of_the_page_is_a_declared_plan_option_with_its_choices():
     form = Form()
     form.feed((STATIC / "index.html").read_text())
     assert {"hpz", "zero_quantized_weights", "zero_quantized_gradients", "offload_engine", "compile", "tiled_loss",
-            "tiled_mlp", "attention"} <= set(form.fields)
+            "tiled_mlp", "attention", "seq_parallel_comm_dtype"} <= set(form.fields)
     for name in form.fields:
         assert name in PAGE_OPTIONS, name
         option = declared(name)

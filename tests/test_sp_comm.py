@@ -6,6 +6,7 @@ that measure the copies are in tests/test_long_context.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -104,6 +105,12 @@ def test_plan_takes_the_option_and_prices_it():
     assert bf16.best.setup.seq_parallel_communication_data_type == "bf16"
     assert fp32.best.time.communication_seconds + fp32.best.time.communication_hidden_seconds > \
         bf16.best.time.communication_seconds + bf16.best.time.communication_hidden_seconds
+    # the page's answer is the library's (zerokit serve's /api/plan, the form's "SP gradient dtype")
+    from zerokit.serve.app import answer
+
+    options = {k: str(v) for k, v in {**common, "seq_parallel_comm_dtype": "bf16"}.items()}
+    status, _, body = answer("POST", "/api/plan", json.dumps({"options": options}).encode())
+    assert status == 200 and json.loads(body)["plan"]["choice"]["seq_parallel_communication_data_type"] == "bf16"
 
 
 def test_published_sources_whose_sp_runs_outside_the_engine_keep_the_training_dtype():

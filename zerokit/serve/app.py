@@ -30,7 +30,7 @@ PAGE_OPTIONS = frozenset({
     "global_batch", "samples", "epochs", "attention", "liger_kernels", "checkpoint_reentrant", "training_loop",
     "stage", "zero_stage", "offload_optimizer", "offload_param", "precision", "micro_batch", "micro_batch_size",
     "grad_accum", "gradient_accumulation_steps", "activation_checkpointing", "tensor_parallel", "sequence_parallel",
-    "hpz", "hpz_partition_size", "pipeline_parallel", "zero_quantized_weights", "zero_quantized_gradients", "offload_engine", "compile",
+    "seq_parallel_comm_dtype", "hpz", "hpz_partition_size", "pipeline_parallel", "zero_quantized_weights", "zero_quantized_gradients", "offload_engine", "compile",
     "tiled_loss", "tiled_mlp", "memory_fraction", "finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_targets",
     "bnb_4bit_quant_storage", "bnb_4bit_use_double_quant", "freeze", "deadline", "compare_gpus", "client_optimizer",
     "profile",
