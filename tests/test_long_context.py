@@ -770,15 +770,14 @@ def _zero3_launch(tmp_path, ranks: int, seq: int, flags: list[str], explain: boo
 
 def _tiled_zero3_launch(tmp_path, ranks: int, seq: int, flags: tuple[str, ...] = (), explain: bool = False):
     """_zero3_launch of ALST's recipe (Ulysses SP = ranks, checkpoint offload, tiled loss, TiledMLP). Returns (the
-    meter's per-phase peaks of the second step on rank 0, the plan's memory estimate) and, with explain, the step's
-    record too."""
+    meter's per-phase peaks of the second step on rank 0, the plan's memory estimate, that step's record)."""
     step, est, setup = _zero3_launch(tmp_path, ranks, seq, ["--activation-checkpointing", "offload", "--tiled-loss",
                                                             "on", "--tiled-mlp", "on", "--sequence-parallel", str(ranks),
                                                             *flags], explain)
     assert setup.zero_stage == 3 and setup.checkpoint_offload and setup.tiled_mlp and setup.tiled_loss
     assert setup.sequence_parallel == ranks
     phases = {k: v["peak_bytes"] for k, v in step["phases"].items()}
-    return (phases, est, step) if explain else (phases, est)
+    return phases, est, step
 
 
 @pytest.mark.slow
@@ -788,7 +787,7 @@ def test_a_zero3_launch_with_tiled_mlp_peaks_in_backward_where_the_plan_says(tmp
     without the second norm's backward (memory.RMSNORM_BACKWARD_PEAK_BYTES) was 4% and more under. The step's peak
     (the tiled loss's slices, in forward) is within 3% over the plan's peak; with the slice's 16-bit logits counted
     as held (memory.activation_terms) it was 9% over."""
-    phases, est = _tiled_zero3_launch(tmp_path, 1, 8192)
+    phases, est, _ = _tiled_zero3_launch(tmp_path, 1, 8192)
     measured = phases["backward"]
     phase = est.phase_terms["backward_recompute"]
     planned = sum(phase.values())
@@ -803,7 +802,7 @@ def test_ulysses_with_checkpoint_offload_and_tiling_peaks_where_the_plan_says(tm
     """ALST's recipe on 2 CPU ranks: Ulysses SP 2 at 16K tokens (8K a rank), checkpoint offload, tiled loss, TiledMLP,
     ZeRO-3. The step's peak per rank (the tiled loss's slices) is within 3% over the plan's; the backward phase (the
     recomputed layer, Ulysses' all-to-all) within 3% either way (measured 1.7% over the plan's recompute phase)."""
-    phases, est = _tiled_zero3_launch(tmp_path, 2, 16384)
+    phases, est, _ = _tiled_zero3_launch(tmp_path, 2, 16384)
     assert 0 <= (est.per_gpu_total - max(phases.values())) / max(phases.values()) <= 0.03, (est.per_gpu_total, phases)
     recompute = sum(est.phase_terms["backward_recompute"].values())
     assert abs(recompute - phases["backward"]) / phases["backward"] <= 0.03, (recompute, phases)
@@ -829,7 +828,7 @@ def test_ulysses_reduces_the_head_in_fp32_where_the_plan_says(tmp_path):
     assert any(t["bytes"] == 4 * vh and "__avg_scatter_grads" in t["origin"] for t in live), live
     assert any(t["bytes"] == 4 * vh and "reduce_scatter" in t["origin"] for t in live), live
 
-    phases16, est16 = _tiled_zero3_launch(tmp_path / "bf16", 2, 2048, ("--seq-parallel-comm-dtype", "bf16"))
+    phases16, est16, _ = _tiled_zero3_launch(tmp_path / "bf16", 2, 2048, ("--seq-parallel-comm-dtype", "bf16"))
     assert json.loads((tmp_path / "bf16" / "run" / "ds_config.json").read_text())[
         "seq_parallel_communication_data_type"] == "bf16"
     drop = phases["backward"] - phases16["backward"]

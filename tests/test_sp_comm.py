@@ -37,6 +37,8 @@ def test_the_engine_reduces_in_the_sequence_parallel_dtype_only_under_sp():
     assert "comm=fp32" in sp.label and "comm" not in dp.label
     with pytest.raises(ZerokitError, match="seq_parallel_communication_data_type must be"):
         ZeroSetup(seq_parallel_communication_data_type="int8")
+    with pytest.raises(ZerokitError, match="seq_parallel_communication_data_type must be"):
+        ZeroSetup(seq_parallel_communication_data_type=None)  # the engine always has one under SP
 
 
 def test_fp32_gradients_move_twice_the_bytes_of_bf16():

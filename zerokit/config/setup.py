@@ -16,7 +16,7 @@ from zerokit.config.read import (batch_world_size, checked_block, checked_config
 from zerokit.core.errors import ZerokitError
 from zerokit.spec.optimizer import ADAMW, ADAMW_TORCH, deepspeed_optimizer
 from zerokit.spec.optimizer import client_optimizer as client_optimizer_named
-from zerokit.spec.setup import ZeroKnobs, ZeroSetup
+from zerokit.spec.setup import PRECISIONS, ZeroKnobs, ZeroSetup
 
 
 def _offload_device(zero: Mapping, block: str, deprecated_flag: str) -> str:
@@ -83,7 +83,7 @@ def setup_from_config(config: dict, world_size: int, auto_values=None, hidden_si
         # at stage 0 DeepSpeed falls back to torch.compile (engine.get_deepcompile_backend)
         setup = replace(setup, compile="deepcompile" if setup.zero_stage > 0 else "torch")
     sp_comm = config.get("seq_parallel_communication_data_type")  # the engine's dtype under Ulysses (engine.py)
-    if isinstance(sp_comm, str) and sp_comm.lower() in ("fp32", "fp16", "bf16"):  # get_communication_data_type's
+    if isinstance(sp_comm, str) and sp_comm.lower() in PRECISIONS:  # get_communication_data_type's
         setup = replace(setup, seq_parallel_communication_data_type=sp_comm.lower())
     knobs = ZeroKnobs.from_zero_config(zero)
     if zero.get("overlap_comm") in (None, AUTO):

@@ -162,6 +162,7 @@ DIST_BACKENDS = ("nccl", "gloo", "mpi", "ccl", "hccl")
 COMMANDS = ("zerokit", "plan", "render", "check", "launch", "calibrate", "serve")
 PLANNING = ("plan", "render", "check")
 RUNS = ("plan", "render", "check", "launch")
+PRECISION_CHOICES = ("bf16", "fp16", "fp32")  # spec.setup.PRECISIONS, which this layer cannot import
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("offload-param", ("plan", "render", "launch"), "", choices=("none", "cpu", "nvme"), group=_PIN),
     Option("precision", RUNS + ("calibrate",), "check: for \"auto\" precision, the Trainer's --bf16/--fp16 (default: "
            "the best the GPU supports); calibrate: measure this precision only (and fp32, which every profile "
-           "prices)", choices=("bf16", "fp16", "fp32"), group=_PIN),
+           "prices)", choices=PRECISION_CHOICES, group=_PIN),
     Option("micro-batch", RUNS, "samples per GPU per forward (check: for \"auto\" configs, the Trainer's "
            "--per_device_train_batch_size; default: the largest that fits)", type=positive_int,
            dest="micro_batch_size", group=_PIN),
@@ -328,7 +329,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("seq-parallel-comm-dtype", ("plan", "render", "launch"), "the dtype DeepSpeed's engine reduces gradients in "
            "under Ulysses (seq_parallel_communication_data_type, whatever communication_data_type says): fp32, "
            "DeepSpeed's default, moves twice a 16-bit run's gradient bytes and casts each reduced gradient to an fp32 "
-           "copy; bf16 or fp16 neither (default fp32)", choices=("fp32", "bf16", "fp16"), group=_PIN),
+           "copy; bf16 or fp16 neither (default fp32)", choices=PRECISION_CHOICES, group=_PIN),
     Option("hpz", ("plan", "render", "launch"), "ZeRO++ hpZ secondary partition size, ranks (ZeRO-3; 1: none)",
            type=positive_int, metavar="N", dest="hpz_partition_size", group=_PIN),
     Option("pipeline-parallel", ("plan", "render", "launch"), "pipeline stages of DeepSpeed's pipeline engine (ZeRO-0/1; "

@@ -34,7 +34,7 @@ from zerokit.estimate.reserved import CUDA_CONTEXT_BYTES as RESERVED_CUDA_CONTEX
 from zerokit.estimate.reserved import ReservedEstimate, reserved_estimate
 from zerokit.spec.hardware import Cluster
 from zerokit.spec.liger import liger_limit_problem
-from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order
+from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order, trainable_gradient_sizes
 from zerokit.spec.optimizer import ADAMW, Optimizer, optimizer_named, step_optimizer
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element
 
@@ -684,7 +684,7 @@ def tiled_mlp_weight_grads(model: ModelSpec, setup: ZeroSetup) -> int:
     """The MLP's weight gradients while its TiledMLP backward runs, at ZeRO-2/3: TiledMLP.backward (ulysses_sp.py) sets
     ds_grad_is_ready False on its weights until the last slice, so ZeRO's hook (stage_1_and_2.py, stage3.py) leaves
     each slice's gradient accumulating in param.grad instead of moving it to the bucket: the layer's MLP weights in the
-    training dtype (measured: 3 x 540,672 B on tiny-llama at ZeRO-2 fp32, a snapshot at the peak). A full fine-tune's
+    training dtype (measured: three tensors, 540,672 B in all, on tiny-llama at ZeRO-2 fp32, a snapshot at the peak). A full fine-tune's
     (the planner tiles no other); ZeRO-0/1 hold every gradient anyway (the gradients term)."""
     if not setup.tiled_mlp or setup.zero_stage < 2 or model.trained.trainable_params is not None:
         return 0
@@ -909,7 +909,7 @@ def zero3_reduce_terms(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, n: 
     ranks gloo's reduce_scatter_tensor makes one more copy of its whole input (measured: a 4 MiB fp32 input, 4 MiB
     more live). Measured, Ulysses SP 2 on CPU ranks: the untied head's bf16 gradient and two fp32 copies of it
     (tests/test_long_context.py)."""
-    sizes = model.trained.trainable_tensors or gradient_sizes_in_backward_order(model)
+    sizes = trainable_gradient_sizes(model)
     if n == 1 or not model.trainable or not sizes:
         return {}  # one rank: _no_gather path, nothing reduced across ranks
     e, c = dtype_bytes(setup.precision), dtype_bytes(setup.gradient_comm_precision)
@@ -1161,8 +1161,9 @@ def phase_terms(model: ModelSpec, cluster: Cluster, setup: ZeroSetup, workload: 
     if setup.zero_stage == 2 and knobs.contiguous_gradients and setup.offload_optimizer == "none":
         reducing = {**(grads if setup.gradient_accumulation_steps > 1 else {}),
                     "gradient_partition_buffer": states["gradients"]}
-        if tiled_mlp_weight_grads(model, setup):  # a TiledMLP backward is one of the layer backwards it spans
-            reducing["tiled_mlp_weight_grads"] = tiled_mlp_weight_grads(model, setup)
+        mlp_grads = tiled_mlp_weight_grads(model, setup)
+        if mlp_grads:  # a TiledMLP backward is one of the layer backwards it spans
+            reducing["tiled_mlp_weight_grads"] = mlp_grads
     if setup.activation_checkpointing:
         one_layer = acts["activations_recompute"] - start_acts["activations_final_norm"]
         phases["backward_recompute"] = {**persistent, **live, "activations_checkpoints": acts["activations_checkpoints"],
@@ -1200,7 +1201,7 @@ def _stage3_reduce_phase(model: ModelSpec, setup: ZeroSetup, knobs: ZeroKnobs, n
     reduce = zero3_reduce_terms(model, setup, knobs, n, on_cpu)
     if not reduce or set(reduce) == {"reduce_gradient"}:
         return {}  # the gradient alone: counted by the other phases (tiled_loss_head_grad; below the logits' gradient)
-    sizes = model.trained.trainable_tensors or gradient_sizes_in_backward_order(model)
+    sizes = trainable_gradient_sizes(model)
     head = model.vocab_size * model.hidden_size
     head_first = not model.tied_embeddings and not model.trained.frozen_head and sizes[0] == max(sizes) == head
     if not head_first:

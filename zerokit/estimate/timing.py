@@ -42,7 +42,7 @@ from zerokit.core.resources import bundled_data
 from zerokit.estimate.gpu_time import GpuStepParts, backward_layers, gpu_compute, gpu_step, time_fit
 from zerokit.estimate.memory import checkpoint_offload_bytes
 from zerokit.spec.hardware import Cluster
-from zerokit.spec.model import ModelSpec, gradient_sizes_in_backward_order
+from zerokit.spec.model import ModelSpec, trainable_gradient_sizes
 from zerokit.spec.optimizer import ADAMW, DEFAULT_OPTIMIZER, Optimizer, optimizer_named
 from zerokit.spec.profile import ADAPTER_FEATURES, COMPUTE_FEATURES, nearest_learned_run
 from zerokit.spec.setup import QWZ_BYTES_PER_ELEMENT, Workload, ZeroKnobs, ZeroSetup, bytes_per_element, steps_per_epoch
@@ -548,7 +548,7 @@ def collective_calls_per_step(model: ModelSpec, cluster: Cluster, setup: ZeroSet
     if setup.zero_stage == 0:
         return CollectiveCalls(1, 0)  # engine.buffered_allreduce_fallback: one flat all-reduce of up to 5e8 elements
     # only trainable parameters have gradients to reduce (a LoRA model's few adapter tensors fill a handful of buckets)
-    sizes = model.trained.trainable_tensors or gradient_sizes_in_backward_order(model)
+    sizes = trainable_gradient_sizes(model)
     reduces = reduce_bucket_calls(list(sizes), max(1, knobs.reduce_bucket_size))
     # ZeRO-1/2's gather of the updated partitions skips a data-parallel group of one rank (runtime/utils.py
     # all_gather_into_tensor_dp_groups: `if dp_world_size == 1: continue`; an AutoTP job with TP = world); its

@@ -102,7 +102,7 @@ def seq_memory_factor(cluster, seq_len: int | None = None) -> float:
 
 def phase_bytes(est) -> dict[str, dict[str, int]]:
     """A MemoryEstimate's per-GPU terms at each phase of the step (estimate.memory.phase_terms)."""
-    return {p: dict(terms) for p, terms in est.phase_terms.items()} or {"total": {"total": est.per_gpu_total}}
+    return {p: dict(terms) for p, terms in est.phase_terms.items()}
 
 
 def fixed_bytes(model, cluster, workload, setup, knobs=None) -> dict[str, dict[str, int]]:

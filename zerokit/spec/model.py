@@ -915,4 +915,13 @@ def gradient_sizes_in_backward_order(model: ModelSpec) -> list[int]:
     return sizes + ([rest] if rest > 0 else [])
 
 
-__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "spec_cache_dir", "gradient_sizes_in_backward_order"]
+@by_identity()
+def trainable_gradient_sizes(model: ModelSpec) -> tuple[int, ...]:
+    """The trainable parameter tensors' elements in the order their gradients become ready: what a fine-tune's module
+    tree recorded (Trained.trainable_tensors), else every tensor of the spec's shapes (gradient_sizes_in_backward_order).
+    Memoized: the planner prices every ZeRO setup's reductions from it."""
+    return tuple(model.trained.trainable_tensors or gradient_sizes_in_backward_order(model))
+
+
+__all__ = ["ModelSpec", "load_model_spec", "spec_from_params", "spec_cache_dir", "gradient_sizes_in_backward_order",
+           "trainable_gradient_sizes"]

@@ -47,9 +47,10 @@ class ZeroSetup:
     # Ulysses inside DeepSpeed's engine (an SP mpu given to deepspeed.initialize: zerokit's loop, ArcticTraining,
     # accelerate's sp_backend deepspeed) makes the engine reduce gradients in the config's
     # seq_parallel_communication_data_type whatever communication_data_type says (engine.py, once the sequence
-    # parallel group is set; default fp32, runtime/constants.py). None: the SP runs outside the engine (a framework's
-    # own all-to-all, as XTuner's and ms-swift's), which sees plain data parallelism and keeps communication_data_type
-    seq_parallel_communication_data_type: str | None = "fp32"
+    # parallel group is set; default fp32, runtime/constants.py). SP run outside the engine (a framework's own
+    # all-to-all, as XTuner's and ms-swift's) leaves the engine plain data parallelism: set it to the dtype that reduces
+    # then, as bench/published_runs.py SP_OUTSIDE_ENGINE does
+    seq_parallel_communication_data_type: str = "fp32"
     # Beyond data parallelism (spec.setup.Parallelism says how DeepSpeed 0.19.8 builds each group; 1 = unused):
     # AutoTP ranks, Ulysses sequence-parallel ranks, the ZeRO++ hpZ secondary partition's group size.
     tensor_parallel: int = 1
@@ -93,8 +94,9 @@ class ZeroSetup:
             raise ZerokitError(f"optimizer offload needs ZeRO stage 1, 2 or 3: use {flag('stage')} 1 or higher")
         if self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
             raise ZerokitError("micro batch and gradient accumulation must be at least 1")
-        for key in ("communication_data_type", "seq_parallel_communication_data_type"):
-            if getattr(self, key) not in (None, *PRECISIONS):  # DeepSpeed's get_communication_data_type
+        for key, allowed in (("communication_data_type", (None, *PRECISIONS)),
+                             ("seq_parallel_communication_data_type", PRECISIONS)):
+            if getattr(self, key) not in allowed:  # DeepSpeed's get_communication_data_type
                 raise ZerokitError(f"{key} must be fp32, fp16 or bf16, got {getattr(self, key)!r}")
         if self.checkpoint_offload and not self.activation_checkpointing:
             raise ZerokitError("checkpoint offload moves the checkpointed layer inputs to host memory: it needs "
@@ -170,7 +172,7 @@ class ZeroSetup:
     def gradient_comm_precision(self) -> str:
         """The dtype gradients travel in: under Ulysses in DeepSpeed's engine seq_parallel_communication_data_type,
         else communication_data_type, else the training precision (DeepSpeedEngine.communication_data_type)."""
-        if self.sequence_parallel > 1 and self.seq_parallel_communication_data_type:
+        if self.sequence_parallel > 1:
             return self.seq_parallel_communication_data_type
         return self.communication_data_type or self.precision
 
